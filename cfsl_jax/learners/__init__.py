@@ -1,0 +1,1 @@
+"""Learners: each module exports a `Learner` of pure functions."""

@@ -1,0 +1,1 @@
+"""flax.linen backbones."""

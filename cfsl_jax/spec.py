@@ -1,0 +1,197 @@
+"""TaskSpec: the numbers that define a continual few-shot learning task.
+
+A CFSL task is ``nss`` support sets seen one at a time, then one target set
+(see DESIGN.md, "The specification"). ``TaskSpec`` is a frozen, validated,
+hashable dataclass, so it can be a static argument of ``jax.jit``.
+
+        spec = TaskSpec(nss=10, nc=5, ks=1, kt=5, cci=1, overwrite=False)
+        spec = TaskSpec.preset("D8")          # a cell of the paper's grid
+        spec = TaskSpec.preset("B", nss=7)    # a task type with overrides
+
+Task types: A new samples (cci >= nss, overwrite), B new classes (cci=1, no
+overwrite), C new classes with overwrite (cci=1, overwrite), D new classes
+and samples (1 < cci < nss, no overwrite).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Literal
+
+TargetMode = Literal["per_support_set", "per_class"]
+TARGET_MODES: tuple[str, ...] = ("per_support_set", "per_class")
+TASK_TYPES: tuple[str, ...] = ("A", "B", "C", "D")
+
+# The paper's grid: NC=5, KS=1, KT=5, per_class targets; cell -> (type, NSS, CCI).
+_GRID: dict[str, tuple[str, int, int]] = {
+        "B3": ("B", 3, 1), "C3": ("C", 3, 1), "A3": ("A", 3, 3), "D4": ("D", 4, 2),
+        "B5": ("B", 5, 1), "C5": ("C", 5, 1), "A5": ("A", 5, 5), "D8": ("D", 8, 2),
+        "B10": ("B", 10, 1), "C10": ("C", 10, 1), "A10": ("A", 10, 10),
+}
+PAPER_GRID: tuple[str, ...] = tuple(_GRID)
+# Defaults for a bare task type ("A", "B", ...): (NSS, CCI).
+_TYPE_DEFAULTS: dict[str, tuple[int, int]] = {"A": (3, 3), "B": (3, 1), "C": (3, 1), "D": (4, 2)}
+_PAPER_SHAPE = dict(nc=5, ks=1, kt=5, target_mode="per_class")
+
+
+def _check_positive_int(field: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"TaskSpec.{field} must be a positive integer, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """A CFSL task specification (symbols as in DESIGN.md)."""
+
+    nss: int  # support sets per task
+    nc: int  # classes per support set (way)
+    ks: int  # samples per class in a support set (shot)
+    kt: int  # samples per class in a target part
+    cci: int  # class change interval (support sets per class group)
+    overwrite: bool  # True: every group labelled 0..nc-1
+    target_mode: TargetMode = "per_support_set"
+
+    def __post_init__(self):
+        for field in ("nss", "nc", "ks", "kt", "cci"):
+            _check_positive_int(field, getattr(self, field))
+        if not isinstance(self.overwrite, bool):
+            raise ValueError(f"TaskSpec.overwrite must be a bool, got {self.overwrite!r}")
+        if self.target_mode not in TARGET_MODES:
+            raise ValueError(
+                    f"TaskSpec.target_mode must be one of {TARGET_MODES}, got {self.target_mode!r}")
+
+    # ---- derived values ------------------------------------------------------
+    @property
+    def num_groups(self) -> int:
+        """I = ceil(NSS / CCI) class groups."""
+        return math.ceil(self.nss / self.cci)
+
+    @property
+    def group_lengths(self) -> tuple[int, ...]:
+        """Support sets in each group; the last one may be shorter."""
+        full = min(self.cci, self.nss)
+        return (full,) * (self.num_groups - 1) + (self.nss - (self.num_groups - 1) * self.cci,)
+
+    @property
+    def max_group_length(self) -> int:
+        """m = min(CCI, NSS): support sets in the longest group."""
+        return min(self.cci, self.nss)
+
+    @property
+    def num_classes(self) -> int:
+        """Distinct classes a task draws: I * NC."""
+        return self.num_groups * self.nc
+
+    @property
+    def support_size(self) -> int:
+        """Samples in one support set: NC * KS."""
+        return self.nc * self.ks
+
+    @property
+    def target_size(self) -> int:
+        """Samples in the target set."""
+        parts = self.nss if self.target_mode == "per_support_set" else self.num_groups
+        return parts * self.nc * self.kt
+
+    @property
+    def num_outputs(self) -> int:
+        """Output units a learner needs: NC with overwrite, else NC * I."""
+        return self.nc if self.overwrite else self.nc * self.num_groups
+
+    def samples_per_class(self, target_mode: str | None = None) -> int:
+        """Distinct samples one class must supply: m*(KS+KT) or m*KS+KT."""
+        mode = target_mode or self.target_mode
+        m = self.max_group_length
+        return m * (self.ks + self.kt) if mode == "per_support_set" else m * self.ks + self.kt
+
+    @property
+    def task_type(self) -> str | None:
+        """'A', 'B', 'C' or 'D' when the spec is one of the paper's types, else None."""
+        if self.cci >= self.nss and self.overwrite:
+            return "A"
+        if self.cci == 1:
+            return "C" if self.overwrite else "B"
+        if 1 < self.cci < self.nss and not self.overwrite:
+            return "D"
+        return None
+
+    @property
+    def name(self) -> str:
+        """Short readable name, e.g. 'D8(cci=2,nc=5,ks=1,kt=5,per_class)'."""
+        kind = self.task_type or "X"
+        return (f"{kind}{self.nss}(cci={self.cci},nc={self.nc},ks={self.ks},kt={self.kt},"
+                        f"{'overwrite,' if self.overwrite else ''}{self.target_mode})")
+
+    # ---- feasibility -----------------------------------------------------------
+    def check_feasible(self, num_classes: int, min_class_size: int) -> None:
+        """Raise ValueError when a split cannot supply this spec."""
+        if self.num_classes > num_classes:
+            raise ValueError(
+                    f"{self.name} needs ceil(NSS/CCI)*NC = {self.num_groups}*{self.nc} = "
+                    f"{self.num_classes} distinct classes, but the split has {num_classes}")
+        need = self.samples_per_class()
+        if need > min_class_size:
+            formula = ("m*(KS+KT)" if self.target_mode == "per_support_set" else "m*KS+KT")
+            message = (f"{self.name} needs {formula} = {need} distinct samples of a class "
+                                  f"(m = min(CCI, NSS) = {self.max_group_length}), but the smallest class "
+                                  f"of the split holds {min_class_size}")
+            other = "per_class" if self.target_mode == "per_support_set" else "per_support_set"
+            other_need = self.samples_per_class(other)
+            if other_need <= min_class_size:
+                message += f"; target_mode={other!r} needs {other_need} and would fit"
+            raise ValueError(message)
+
+    # ---- constructors ----------------------------------------------------------
+    @classmethod
+    def preset(cls, name: str, **overrides) -> TaskSpec:
+        """A paper cell ('B3', 'D8', ...) or a task type ('A'..'D') with overrides.
+
+        The paper's settings are NC=5, KS=1, KT=5 and per_class targets. Overrides
+        that contradict the named type (e.g. ``preset('B', cci=2)``) raise.
+        """
+        if name in _GRID:
+            kind, nss, cci = _GRID[name]
+        elif name in _TYPE_DEFAULTS:
+            kind = name
+            nss, cci = _TYPE_DEFAULTS[name]
+            if "nss" in overrides and "cci" not in overrides:
+                nss = overrides["nss"]
+                cci = nss if kind == "A" else (1 if kind in "BC" else min(2, max(nss - 1, 1)))
+        else:
+            raise ValueError(
+                    f"unknown task preset {name!r}; valid: paper cells {PAPER_GRID} or types {TASK_TYPES}")
+        fields = dict(_PAPER_SHAPE, nss=nss, cci=cci, overwrite=kind in "AC")
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown TaskSpec field(s) {sorted(unknown)} for preset {name!r}")
+        fields.update(overrides)
+        spec = cls(**fields)
+        if spec.task_type != kind:
+            raise ValueError(
+                    f"preset {name!r} is task type {kind} ({_TYPE_RULES[kind]}), but "
+                    f"nss={spec.nss}, cci={spec.cci}, overwrite={spec.overwrite} is "
+                    f"{'type ' + spec.task_type if spec.task_type else 'none of A-D'}")
+        return spec
+
+    @classmethod
+    def parse(cls, text: str) -> TaskSpec:
+        """Parse 'D8' (a paper cell), 'B' (a type) or 'B7' (a type with NSS=7)."""
+        text = text.strip()
+        match = re.fullmatch(r"([A-D])(\d*)", text)
+        if match is None:
+            raise ValueError(
+                f"cannot parse task {text!r}; valid: a paper cell {PAPER_GRID}, "
+                f"a type {TASK_TYPES}, or a type with NSS such as 'B7'")
+        if text in _GRID or not match.group(2):
+            return cls.preset(text)
+        return cls.preset(match.group(1), nss=int(match.group(2)))
+
+
+_TYPE_RULES = {
+        "A": "cci >= nss, overwrite=True",
+        "B": "cci = 1, overwrite=False",
+        "C": "cci = 1, overwrite=True",
+        "D": "1 < cci < nss, overwrite=False",
+}
