@@ -1,1 +1,40 @@
-"""Learners: each module exports a `Learner` of pure functions."""
+"""Learners: each module exports factories that build a ``Learner`` of pure functions.
+
+    from cfsl_jax.learners import get_learner, LEARNERS
+    learner = get_learner("protonets", spec, image_shape=(28, 28, 1))
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from cfsl_jax.learners.base import Learner
+from cfsl_jax.spec import TaskSpec
+
+# name -> (module, factory); modules are imported on first use.
+_REGISTRY: dict[str, tuple[str, str]] = {
+    "protonets": ("protonets", "protonets"),
+    "init_tune": ("finetune", "init_tune"),
+    "pretrain_tune": ("finetune", "pretrain_tune"),
+    "ewc_init": ("finetune", "ewc_init"),
+    "ewc_pretrain": ("finetune", "ewc_pretrain"),
+    "maml_low": ("maml", "maml_low"),
+    "maml_high": ("maml", "maml_high"),
+    "sca": ("sca", "sca"),
+}
+LEARNERS: tuple[str, ...] = tuple(_REGISTRY)
+
+
+def get_learner(name: str, spec: TaskSpec, **options) -> Learner:
+    """Build learner ``name`` for ``spec``; ``options`` go to its factory (e.g. image_shape)."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown learner {name!r}; valid: {LEARNERS}")
+    module, factory = _REGISTRY[name]
+    build = getattr(importlib.import_module(f"cfsl_jax.learners.{module}"), factory)
+    try:
+        return build(spec, **options)
+    except TypeError as error:
+        raise ValueError(f"bad option for learner {name!r}: {error}") from error
+
+
+__all__ = ["LEARNERS", "Learner", "get_learner"]

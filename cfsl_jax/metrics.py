@@ -1,0 +1,125 @@
+"""Metrics: accuracy, cross-entropy, summaries over tasks, ATM from shapes, MACs from XLA.
+
+Definitions (DESIGN.md):
+
+- accuracy / cross-entropy: per task, on the whole target set; then mean, std
+  (population, ddof=0) and a 95% confidence interval half-width
+  ``1.96 * std / sqrt(num_tasks)`` over the evaluation tasks.
+- per-group accuracy: accuracy on the target samples of the classes of each
+  class group -- a curve over groups that shows forgetting.
+- ATM (across-task memory): bytes of the adaptation state carried from one
+  support set to the next, over the bytes of all support inputs of the task,
+  both in the dtypes actually used. ``run_task`` scans a fixed-shape state, so
+  the largest size during the task is its size; a learner that keeps
+  per-label buffers (ProtoNets) counts the full buffer for every label the task
+  can show (``num_outputs``), i.e. its worst case, not the live size.
+  Meta-parameters are not ATM.
+- MACs: XLA's own count, ``jit(fn).lower(*args).compile().cost_analysis()
+  ["flops"] / 2``. XLA counts what it executes: e.g. taps of a convolution
+  that fall on SAME padding are skipped, so a conv layer counts fewer MACs
+  than the textbook ``H*W*K*K*Cin*Cout``. Elementwise ops count too.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+
+def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Fraction of argmax predictions equal to ``labels``; reduces the sample axis."""
+    return jnp.mean(jnp.argmax(logits, axis=-1) == labels, axis=-1)
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Mean softmax cross-entropy (nats); reduces the sample axis."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(axis=-1)
+
+
+def group_accuracy(logits: jax.Array, labels: jax.Array, groups: jax.Array,
+                   num_groups: int) -> jax.Array:
+    """Accuracy on the target samples of each class group: [..., num_groups]."""
+    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    member = jax.nn.one_hot(groups, num_groups, dtype=jnp.float32)  # [..., T, G]
+    hits = jnp.einsum("...t,...tg->...g", correct, member)
+    return hits / jnp.maximum(member.sum(axis=-2), 1.0)
+
+
+def summarize(values) -> dict[str, float]:
+    """mean, std (ddof=0) and 95% CI half-width of per-task values."""
+    values = np.asarray(values, np.float64)
+    std = float(values.std()) if values.size else math.nan
+    return {"mean": float(values.mean()), "std": std,
+            "ci95": 1.96 * std / math.sqrt(values.size)}
+
+
+def tree_bytes(tree: Any) -> int:
+    """Bytes of a pytree of arrays or ShapeDtypeStructs."""
+    return sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+               for leaf in jax.tree.leaves(tree))
+
+
+def support_bytes(spec, image_shape: tuple[int, ...], dtype=jnp.float32) -> int:
+    """Bytes of all support inputs of a task: NSS * NC*KS images in ``dtype``."""
+    return spec.nss * spec.support_size * int(np.prod(image_shape)) * np.dtype(dtype).itemsize
+
+
+def state_shapes(learner, params, image_shape: tuple[int, ...], dtype=jnp.float32):
+    """ShapeDtypeStructs of the adaptation state carried across support sets.
+
+    Raises if ``adapt`` changes the state's structure, shapes or dtypes (the
+    scan in ``run_task`` needs a fixed carry, and ATM relies on it).
+    """
+    spec = learner.spec
+
+    def init_and_adapt(params, key):
+        state = learner.init(params, key, spec)
+        support_x = jnp.zeros((spec.support_size, *image_shape), dtype)
+        support_y = jnp.zeros((spec.support_size,), jnp.int32)
+        return state, learner.adapt(params, state, support_x, support_y)
+
+    init, after = jax.eval_shape(init_and_adapt, params, jax.random.key(0))
+    if jax.tree.structure(init) != jax.tree.structure(after) or any(
+            (a.shape, a.dtype) != (b.shape, b.dtype)
+            for a, b in zip(jax.tree.leaves(init), jax.tree.leaves(after))):
+        raise ValueError(f"{learner.name}: adapt changes the state's structure, shapes or dtypes")
+    return after
+
+
+def atm(learner, params, image_shape: tuple[int, ...], dtype=jnp.float32) -> float:
+    """Across-task memory: state bytes / bytes of all support inputs of the task."""
+    state = state_shapes(learner, params, image_shape, dtype)
+    return tree_bytes(state) / support_bytes(learner.spec, image_shape, dtype)
+
+
+def xla_macs(fn: Callable, *args, **kwargs) -> float:
+    """Multiply-accumulates of ``fn(*args)`` as XLA counts them: flops / 2."""
+    analysis = jax.jit(fn).lower(*args, **kwargs).compile().cost_analysis()
+    if isinstance(analysis, (list, tuple)):  # older jax: one dict per computation
+        analysis = analysis[0]
+    if analysis is None:
+        raise RuntimeError(f"XLA gave no cost analysis for {getattr(fn, '__name__', fn)} "
+                           f"on backend {jax.default_backend()}")
+    return float(analysis.get("flops", 0.0)) / 2  # a program of constants reports no flops
+
+
+def learner_macs(learner, params, image_shape: tuple[int, ...], dtype=jnp.float32
+                 ) -> dict[str, float]:
+    """MACs to adapt to one support set, to predict the target set, and per task."""
+    spec = learner.spec
+    key = jax.random.key(0)
+    state = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                         state_shapes(learner, params, image_shape, dtype))
+    support_x = jnp.zeros((spec.support_size, *image_shape), dtype)
+    support_y = jnp.zeros((spec.support_size,), jnp.int32)
+    target_x = jnp.zeros((spec.target_size, *image_shape), dtype)
+    adapt = xla_macs(learner.adapt, params, state, support_x, support_y)
+    predict = xla_macs(learner.predict, params, state, target_x)
+    init = xla_macs(lambda p, k: learner.init(p, k, spec), params, key)
+    return {"macs_adapt": adapt, "macs_predict": predict,
+            "macs_per_task": init + adapt * spec.nss + predict}

@@ -1,0 +1,68 @@
+"""The Conv-4 family of the paper: 4 x [3x3 conv, norm, ReLU/LeakyReLU, 2x2 max-pool].
+
+64 filters for ProtoNets, 48 for the fine-tuning / MAML++ low-end family. The
+embedding is flattened; a ``LinearHead`` sized by the task spec sits on top
+where a learner needs one. Normalisation uses the statistics of the batch it
+is given (``BatchStatNorm``), with no running averages: a support set or the
+target set is normalised on its own, so no statistics cross sets.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "relu": nn.relu,
+    "leaky_relu": nn.leaky_relu,
+}
+
+
+class BatchStatNorm(nn.Module):
+    """Batch normalisation with the current batch's statistics and a learned scale/bias."""
+
+    epsilon: float = 1e-5
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        features = x.shape[-1]
+        axes = tuple(range(x.ndim - 1))
+        mean = jnp.mean(x, axis=axes, keepdims=True)
+        var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+        scale = self.param("scale", nn.initializers.ones, (features,), jnp.float32)
+        bias = self.param("bias", nn.initializers.zeros, (features,), jnp.float32)
+        normed = (x - mean) * jax.lax.rsqrt(var + self.epsilon)
+        return normed * scale.astype(x.dtype) + bias.astype(x.dtype)
+
+
+class Conv4(nn.Module):
+    """Conv-4 embedding: [n, H, W, C] -> [n, filters * h * w]."""
+
+    filters: int = 64
+    activation: str = "relu"
+    num_blocks: int = 4
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        act = ACTIVATIONS[self.activation]
+        x = x.astype(self.dtype)
+        for _ in range(self.num_blocks):
+            x = nn.Conv(self.filters, (3, 3), padding="SAME", dtype=self.dtype)(x)
+            x = act(BatchStatNorm()(x))
+            x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="VALID")
+        return x.reshape(x.shape[0], -1)
+
+
+class LinearHead(nn.Module):
+    """A linear classifier head: [n, d] -> [n, num_outputs]."""
+
+    num_outputs: int
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, features: jax.Array) -> jax.Array:
+        return nn.Dense(self.num_outputs, dtype=self.dtype)(features)

@@ -1,0 +1,98 @@
+"""Metrics with known values: accuracy, CE, summaries, per-group accuracy, ATM, XLA MACs."""
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cfsl_jax import metrics
+from cfsl_jax.learners import get_learner
+from cfsl_jax.learners.base import Learner
+from cfsl_jax.spec import TaskSpec
+
+IMAGE = (28, 28, 1)
+
+
+def test_accuracy_and_cross_entropy_known_values():
+    logits = jnp.array([[2.0, 0.0, 0.0], [0.0, 3.0, 0.0], [1.0, 0.0, 5.0], [0.0, 0.0, 0.0]])
+    labels = jnp.array([0, 1, 0, 2])
+    assert float(metrics.accuracy(logits, labels)) == pytest.approx(0.5)  # ties -> index 0
+    expected = np.mean([
+        -math.log(math.exp(2) / (math.exp(2) + 2)),
+        -math.log(math.exp(3) / (math.exp(3) + 2)),
+        -math.log(math.exp(1) / (math.exp(1) + 1 + math.exp(5))),
+        math.log(3),
+    ])
+    assert float(metrics.cross_entropy(logits, labels)) == pytest.approx(expected, rel=1e-6)
+
+
+def test_summarize_known_values():
+    summary = metrics.summarize([0.2, 0.4, 0.6, 0.8])
+    assert summary["mean"] == pytest.approx(0.5)
+    assert summary["std"] == pytest.approx(math.sqrt(0.05))
+    assert summary["ci95"] == pytest.approx(1.96 * math.sqrt(0.05) / 2)
+
+
+def test_group_accuracy_known_values():
+    logits = jax.nn.one_hot(jnp.array([0, 1, 2, 3, 0, 0]), 4)  # predictions 0 1 2 3 0 0
+    labels = jnp.array([0, 1, 2, 2, 3, 0])
+    groups = jnp.array([0, 0, 1, 1, 1, 0])
+    np.testing.assert_allclose(metrics.group_accuracy(logits, labels, groups, 3),
+                               [1.0, 1 / 3, 0.0])
+
+
+def test_protonets_atm_is_prototype_bytes_over_support_bytes():
+    spec = TaskSpec.preset("B3")  # 15 output units, 3 support sets of 5 images
+    learner = get_learner("protonets", spec)
+    params = learner.init_params(jax.random.key(0), jnp.zeros((1, *IMAGE)), spec)
+    # Conv-4 on 28x28: 28 -> 14 -> 7 -> 3 -> 1, so a 64-d embedding; sums + counts in float32.
+    state_bytes = 15 * 64 * 4 + 15 * 4
+    support_bytes = 3 * 5 * 28 * 28 * 1 * 4
+    assert metrics.atm(learner, params, IMAGE) == pytest.approx(state_bytes / support_bytes)
+    half = get_learner("protonets", spec, state_dtype=jnp.bfloat16)
+    assert metrics.atm(half, params, IMAGE) == pytest.approx(state_bytes / support_bytes / 2)
+    # bf16 state against bf16 inputs: the ratio is the float32 one again.
+    assert metrics.atm(half, params, IMAGE, jnp.bfloat16) == pytest.approx(
+        state_bytes / support_bytes)
+
+
+class LinearState(NamedTuple):
+    weights: jax.Array  # float32 [784, num_outputs]
+
+
+def linear_learner(spec) -> Learner:
+    """One linear layer whose adapt sets the weights to X^T onehot(y) (a Hebbian read-in)."""
+
+    def adapt(params, state, support_x, support_y):
+        flat = support_x.reshape(support_x.shape[0], -1)
+        return LinearState(flat.T @ jax.nn.one_hot(support_y, spec.num_outputs))
+
+    def predict(params, state, target_x):
+        return target_x.reshape(target_x.shape[0], -1) @ state.weights
+
+    return Learner("linear", spec, lambda key, x, spec: {},
+                   lambda params, key, spec: LinearState(jnp.zeros((784, spec.num_outputs))),
+                   adapt, predict, training="none")
+
+
+def test_linear_learner_macs_equal_the_hand_count():
+    spec = TaskSpec(nss=4, nc=5, ks=2, kt=3, cci=1, overwrite=False)  # 20 outputs
+    macs = metrics.learner_macs(linear_learner(spec), {}, IMAGE)
+    # predict: a [T, 784] x [784, 20] product.
+    assert macs["macs_predict"] == spec.target_size * 784 * 20
+    # adapt: a [784, 10] x [10, 20] product plus the one-hot (compare + convert, 2 flops each).
+    assert macs["macs_adapt"] == 784 * 10 * 20 + 10 * 20
+    assert macs["macs_per_task"] == 4 * macs["macs_adapt"] + macs["macs_predict"]
+    assert metrics.atm(linear_learner(spec), {}, IMAGE) == pytest.approx(
+        784 * 20 * 4 / (4 * 10 * 784 * 4))
+
+
+def test_state_that_changes_shape_is_refused():
+    spec = TaskSpec.preset("B3")
+    bad = linear_learner(spec)._replace(
+        adapt=lambda params, state, x, y: LinearState(jnp.zeros((784, 3))))
+    with pytest.raises(ValueError, match="adapt changes the state"):
+        metrics.atm(bad, {}, IMAGE)

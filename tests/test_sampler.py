@@ -1,0 +1,210 @@
+"""The sampler's rules (DESIGN.md, Algorithm 1) as properties over random specs and keys."""
+
+import collections
+
+import hypothesis
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cfsl_jax.sampler import TaskIndices, sample_task, sample_tasks
+from cfsl_jax.spec import TaskSpec
+
+SETTINGS = hypothesis.settings(max_examples=60, deadline=None, derandomize=True,
+                               suppress_health_check=[hypothesis.HealthCheck.filter_too_much])
+
+
+def padded_table(num_classes, min_size, max_size, seed=0):
+    """A class table with ragged class sizes, padded with -1, over shuffled image ids."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(min_size, max_size + 1, num_classes)
+    sizes[0] = min_size  # the smallest class is exactly the limit
+    ids = rng.permutation(int(sizes.sum()))
+    table = np.full((num_classes, max_size), -1, np.int32)
+    start = 0
+    for c, size in enumerate(sizes):
+        table[c, :size] = ids[start:start + size]
+        start += size
+    return table, sizes.astype(np.int32)
+
+
+# A wide split: up to 20*10 = 200 classes and 20*(5+5) = 200 samples per class fit in most specs.
+WIDE_TABLE, WIDE_SIZES = padded_table(240, 120, 210)
+
+
+@st.composite
+def specs(draw, max_nss=20):
+    nss = draw(st.integers(1, max_nss))
+    return TaskSpec(nss=nss, nc=draw(st.integers(1, 10)), ks=draw(st.integers(1, 5)),
+                    kt=draw(st.integers(1, 5)), cci=draw(st.integers(1, nss + 2)),
+                    overwrite=draw(st.booleans()),
+                    target_mode=draw(st.sampled_from(["per_support_set", "per_class"])))
+
+
+def feasible(spec, sizes):
+    return spec.num_classes <= len(sizes) and spec.samples_per_class() <= sizes.min()
+
+
+def check_task_rules(task: TaskIndices, table: np.ndarray, spec: TaskSpec) -> None:
+    """Assert every rule of DESIGN.md on one sampled task."""
+    task = jax.tree.map(np.asarray, task)
+    nss, nc, ks, kt = spec.nss, spec.nc, spec.ks, spec.kt
+    assert task.support_idx.shape == task.support_labels.shape == (nss, nc * ks)
+    assert task.target_idx.shape == task.target_labels.shape == (spec.target_size,)
+    assert task.classes.shape == (spec.num_groups, nc)
+    for field in task:
+        assert field.dtype == np.int32
+
+    # Classes of different groups (and within a group) are disjoint.
+    assert len(np.unique(task.classes)) == spec.num_classes
+    # No sample appears twice anywhere in the task, and none is padding.
+    all_idx = np.concatenate([task.support_idx.ravel(), task.target_idx])
+    assert (all_idx >= 0).all()
+    assert len(np.unique(all_idx)) == all_idx.size
+
+    rows, slots = np.nonzero(table >= 0)
+    class_of = np.full(table.max() + 1, -1)
+    class_of[table[rows, slots]] = rows
+
+    def expected_label(group, cls):
+        position = list(task.classes[group]).index(cls)
+        return position if spec.overwrite else group * nc + position
+
+    for n in range(nss):
+        group = n // spec.cci
+        classes = class_of[task.support_idx[n]].tolist()
+        # Each support set shows KS samples of each class of its group, and no other class.
+        assert collections.Counter(classes) == {int(c): ks for c in task.classes[group]}
+        assert [expected_label(group, c) for c in classes] == list(task.support_labels[n])
+        # Support sets of one group share classes and labels.
+        first = group * spec.cci
+        assert set(task.support_labels[n]) == set(task.support_labels[first])
+    labels = np.concatenate([task.support_labels.ravel(), task.target_labels])
+    assert labels.min() >= 0 and labels.max() < spec.num_outputs
+
+    target_classes = class_of[task.target_idx].tolist()
+    counts = collections.Counter(zip(task.target_group.tolist(), target_classes))
+    for group, length in enumerate(spec.group_lengths):
+        per_class = kt * (length if spec.target_mode == "per_support_set" else 1)
+        for c in task.classes[group]:
+            assert counts[(group, int(c))] == per_class
+    assert sum(counts.values()) == spec.target_size
+    assert [expected_label(g, c) for g, c in zip(task.target_group, target_classes)] == \
+        list(task.target_labels)
+
+
+def _run_rules(spec, seed, table, sizes):
+    key = jax.random.key(seed)
+    if not feasible(spec, sizes):
+        with pytest.raises(ValueError, match="needs"):
+            sample_task(key, table, sizes, spec)
+        return
+    task = sample_task(key, table, sizes, spec)
+    check_task_rules(task, table, spec)
+    # Same key, same task, bit for bit.
+    again = sample_task(key, table, sizes, spec)
+    for a, b in zip(task, again):
+        np.testing.assert_array_equal(a, b)
+
+
+@SETTINGS
+@hypothesis.given(spec=specs(), seed=st.integers(0, 2**31 - 1))
+def test_rules_on_a_padded_split(spec, seed):
+    _run_rules(spec, seed, WIDE_TABLE, WIDE_SIZES)
+
+
+@SETTINGS
+@hypothesis.given(spec=specs(max_nss=12), seed=st.integers(0, 2**31 - 1))
+def test_rules_on_mini_omniglot(spec, seed, omniglot_train):
+    table, sizes = np.asarray(omniglot_train.class_table), np.asarray(omniglot_train.class_sizes)
+    hypothesis.assume(feasible(spec, sizes))
+    _run_rules(spec, seed, table, sizes)
+
+
+@SETTINGS
+@hypothesis.given(spec=specs(), seed=st.integers(0, 2**31 - 1))
+def test_nss1_cci1_is_the_same_task_whatever_overwrite(spec, seed):
+    spec = TaskSpec(1, spec.nc, spec.ks, spec.kt, 1, True, spec.target_mode)
+    with_overwrite = sample_task(jax.random.key(seed), WIDE_TABLE, WIDE_SIZES, spec)
+    without = sample_task(jax.random.key(seed), WIDE_TABLE, WIDE_SIZES,
+                          TaskSpec(1, spec.nc, spec.ks, spec.kt, 1, False, spec.target_mode))
+    for a, b in zip(with_overwrite, without):
+        np.testing.assert_array_equal(a, b)
+
+
+@hypothesis.settings(max_examples=8, deadline=None, derandomize=True)
+@hypothesis.given(spec=specs(max_nss=8), seed=st.integers(0, 2**31 - 1))
+def test_jit_vmap_equals_a_loop_and_keys_differ(spec, seed):
+    hypothesis.assume(feasible(spec, WIDE_SIZES))
+    keys = jax.random.split(jax.random.key(seed), 4)
+    batch = sample_tasks(keys, WIDE_TABLE, WIDE_SIZES, spec)
+    loop = [sample_task(k, WIDE_TABLE, WIDE_SIZES, spec) for k in keys]
+    for field, batched in zip(TaskIndices._fields, batch):
+        np.testing.assert_array_equal(batched, np.stack([getattr(t, field) for t in loop]))
+    # Different keys give different tasks (all four equal would be a broken key flow).
+    distinct = {tuple(np.concatenate([t.support_idx.ravel(), t.target_idx]).tolist())
+                for t in loop}
+    assert len(distinct) > 1
+
+
+def test_exactly_enough_classes_and_samples():
+    spec = TaskSpec(nss=4, nc=3, ks=2, kt=1, cci=2, overwrite=False, target_mode="per_class")
+    # 2 groups * 3 classes = 6 classes; m*KS+KT = 2*2+1 = 5 samples per class: exactly.
+    table, sizes = padded_table(6, 5, 9, seed=3)
+    task = sample_task(jax.random.key(0), table, sizes, spec)
+    check_task_rules(task, table, spec)
+    assert sorted(np.asarray(task.classes).ravel().tolist()) == list(range(6))
+    # The smallest class (5 samples) gives all of them.
+    smallest = set(table[0, :5].tolist())
+    used = set(np.asarray(task.support_idx).ravel().tolist()) | set(
+        np.asarray(task.target_idx).tolist())
+    assert smallest <= used
+
+
+def test_infeasible_splits_are_refused_before_sampling():
+    table, sizes = padded_table(6, 5, 9)
+    too_many_classes = TaskSpec(nss=7, nc=1, ks=1, kt=1, cci=1, overwrite=False)
+    with pytest.raises(ValueError, match="7 distinct classes, but the split has 6"):
+        sample_task(jax.random.key(0), table, sizes, too_many_classes)
+    too_few_samples = TaskSpec(nss=3, nc=2, ks=1, kt=1, cci=3, overwrite=True)
+    with pytest.raises(ValueError, match=r"= 6 distinct samples .* holds 5; "
+                                         r"target_mode='per_class' needs 4 and would fit"):
+        sample_tasks(jax.random.split(jax.random.key(0), 2), table, sizes, too_few_samples)
+
+
+def test_classes_and_samples_are_uniform():
+    """Top-k of uniforms picks uniform subsets; padding slots are never drawn."""
+    table, sizes = padded_table(10, 4, 8, seed=1)
+    spec = TaskSpec(nss=1, nc=2, ks=1, kt=1, cci=1, overwrite=True, target_mode="per_class")
+    num_tasks = 6000
+    tasks = sample_tasks(jax.random.split(jax.random.key(7), num_tasks), table, sizes, spec)
+    class_counts = np.bincount(np.asarray(tasks.classes).ravel(), minlength=10)
+    expected = num_tasks * spec.nc / 10  # 1200, std ~ 31
+    assert np.abs(class_counts - expected).max() < 5 * np.sqrt(expected)
+    # Within the smallest class (4 samples), each sample is used equally often.
+    used = np.concatenate([np.asarray(tasks.support_idx).ravel(), np.asarray(tasks.target_idx).ravel()])
+    per_sample = np.array([(used == i).sum() for i in table[0, :4]])
+    assert per_sample.sum() == 2 * class_counts[0]
+    assert np.abs(per_sample - per_sample.mean()).max() < 5 * np.sqrt(per_sample.mean())
+
+
+def test_order_is_shuffled_within_sets():
+    spec = TaskSpec(nss=2, nc=5, ks=2, kt=3, cci=1, overwrite=False)
+    tasks = sample_tasks(jax.random.split(jax.random.key(0), 200), WIDE_TABLE, WIDE_SIZES, spec)
+    first_support = np.asarray(tasks.support_labels)[:, 0, 0]
+    first_target = np.asarray(tasks.target_labels)[:, 0]
+    # A shuffled set starts with each of its 5 (or 10) labels about equally often.
+    assert len(np.unique(first_support)) == 5
+    assert len(np.unique(first_target)) == 10
+
+
+def test_sample_task_jits_once_per_spec():
+    spec = TaskSpec.preset("D8")
+    table, sizes = jnp.asarray(WIDE_TABLE), jnp.asarray(WIDE_SIZES)
+    sampler = jax.jit(sample_task, static_argnames="spec")
+    before = sampler._cache_size()  # jit caches are shared by every jit of the same function
+    for seed in range(3):
+        sampler(jax.random.key(seed), table, sizes, spec=spec)
+    assert sampler._cache_size() - before == 1
