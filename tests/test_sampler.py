@@ -115,7 +115,7 @@ def test_rules_on_a_padded_split(spec, seed):
     _run_rules(spec, seed, WIDE_TABLE, WIDE_SIZES)
 
 
-@SETTINGS
+@hypothesis.settings(SETTINGS, max_examples=30)
 @hypothesis.given(spec=specs(max_nss=12), seed=st.integers(0, 2**31 - 1))
 def test_rules_on_mini_omniglot(spec, seed, omniglot_train):
     table, sizes = np.asarray(omniglot_train.class_table), np.asarray(omniglot_train.class_sizes)

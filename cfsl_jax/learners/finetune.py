@@ -1,0 +1,224 @@
+"""Fine-tuning baselines: Init+Tune, Pretrain+Tune, and both with EWC, from one factory.
+
+Every variant is a Conv-4 (48 filters, LeakyReLU by default) with a linear
+head of ``spec.num_outputs`` units, whose weights are copied into the task's
+adaptation state and fine-tuned on each support set in turn; the weights are
+carried from one support set to the next. ``predict`` applies the fast weights.
+
+- ``init_tune``: the network is a fixed random init, a function of the init
+  key (``training="none"``); ``init`` copies it.
+- ``pretrain_tune``: ``params["embed"]`` is pretrained by ``cfsl_jax.pretrain``
+  (ordinary cross-entropy over all training classes, ``training="pretrain"``);
+  ``init(params, key, spec)`` pairs it with a FRESH head drawn from ``key``
+  (``params["head"]`` is never used by ``init``).
+- ``ewc_init`` / ``ewc_pretrain``: the two above plus Elastic Weight
+  Consolidation. After fine-tuning on a support set, that set's diagonal
+  Fisher is ADDED to the carried Fisher and the anchors theta* become the
+  current weights; fine-tuning on the next set minimises
+  ``CE + ewc_lambda / 2 * sum(F * (theta - theta*)**2)``.
+
+Fisher: the *empirical* diagonal Fisher, ``mean_i (d log p(y_i | x_i) / d theta)**2``
+over the support samples, at the weights after fine-tuning on that set, with
+the true labels ``y_i``. The network normalises with the statistics of the
+batch it is given, so each per-sample log-likelihood is that of the sample
+inside its whole support set (one backward pass per sample, via ``jacrev``),
+never of a batch of one (whose statistics would be degenerate).
+
+Inner loop: ``inner_steps`` full-batch steps of plain SGD (no optimiser
+state), so the state -- the ATM -- is exactly the weights (3x the weights
+with EWC: weights, Fisher, anchors), all float32. With EWC each step is a
+proximal gradient step: a gradient step on the CE, then the EWC penalty's
+exact proximal map ``theta <- (theta + s F theta*) / (1 + s F)``,
+``s = learning_rate * ewc_lambda``. To first order in ``s F`` this is SGD on
+CE + penalty, but it is stable for any lambda, where an explicit step on the
+penalty diverges once ``s F > 2`` (an accumulated Fisher reaches that for
+lambda in the thousands). The steps are a ``lax.scan`` with ``unroll=True``:
+XLA's cost analysis counts a while-loop body once, so a rolled loop would
+make ``metrics.learner_macs`` undercount adaptation ``inner_steps``-fold;
+unrolling a few steps of a small net only costs compile time.
+
+Defaults (measured on 30 synthetic-glyph tasks per setting):
+``inner_steps=5``; ``learning_rate=0.03``: 5 steps take a 5-way 1-shot
+support set from ~3.1 nats to ~0.05 from a random init, and it gave the best
+target accuracy on B3 (0.52, vs 0.46 at 0.01 and 0.39 at 0.1: a larger step
+fits the newest set better but forgets the older ones faster) and on B5;
+``ewc_lambda=1e4``: a fitted support set's empirical Fisher is tiny (its
+gradients are; at most ~1e-2 here), so lambda must be large to matter; 1e4
+was best among 1e2..1e5 on B3 (0.61 vs 0.52 without EWC) and B5 (0.43 vs 0.34).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+
+from cfsl_jax.learners.base import Learner, Params, check_image_shape, embedding_dim
+from cfsl_jax.models.conv4 import ACTIVATIONS, Conv4, LinearHead
+from cfsl_jax.spec import TaskSpec
+
+LogitsFn = Callable[[Params, jax.Array], jax.Array]  # (weights, x [n,H,W,C]) -> logits [n, K]
+
+
+class TuneState(NamedTuple):
+    weights: Params  # float32 fast weights {"embed": Conv4 variables, "head": LinearHead variables}
+
+
+class EwcState(NamedTuple):
+    weights: Params  # float32 fast weights, as in TuneState
+    fisher: Params  # float32, tree of ``weights``: diagonal Fisher summed over the sets seen
+    anchors: Params  # float32, tree of ``weights``: theta*, the weights after the last set
+
+
+def diagonal_fisher(logits_fn: LogitsFn, weights: Params, x: jax.Array, y: jax.Array) -> Params:
+    """Empirical diagonal Fisher of one batch: mean over samples of squared log-lik gradients.
+
+    Sample i's log-likelihood ``log softmax(logits_fn(weights, x))[i, y_i]`` is
+    computed on the whole batch (batch-statistics normalisation sees all of
+    ``x``); ``jacrev`` gives its gradient for every i at once.
+    """
+
+    def log_likelihoods(weights):  # [n]
+        log_probs = jax.nn.log_softmax(logits_fn(weights, x))
+        return jnp.take_along_axis(log_probs, y[:, None], axis=-1)[:, 0]
+
+    per_sample = jax.jacrev(log_likelihoods)(weights)  # leaves [n, *leaf.shape]
+    return jax.tree.map(lambda g: jnp.mean(jnp.square(g), axis=0), per_sample)
+
+
+def ewc_proximal(weights: Params, fisher: Params, anchors: Params, strength: float) -> Params:
+    """Exact minimiser of ``|theta - w|^2 / 2 + strength / 2 * sum F (theta - theta*)^2``.
+
+    With ``strength = learning_rate * ewc_lambda`` this is the EWC half of a
+    proximal gradient step: ``(w + strength F theta*) / (1 + strength F)``.
+    """
+    return jax.tree.map(lambda w, f, a: (w + strength * f * a) / (1.0 + strength * f),
+                        weights, fisher, anchors)
+
+
+def sgd(loss_fn: Callable[[Params], jax.Array], weights: Params, steps: int,
+        learning_rate: float, proximal: Callable[[Params], Params] | None = None) -> Params:
+    """``steps`` full-batch gradient steps on ``loss_fn``, each followed by ``proximal``.
+
+    Unrolled (see the module doc); no optimiser state.
+    """
+
+    def step(weights, _):
+        grads = jax.grad(loss_fn)(weights)
+        weights = jax.tree.map(lambda w, g: w - learning_rate * g, weights, grads)
+        return (weights if proximal is None else proximal(weights)), None
+
+    weights, _ = jax.lax.scan(step, weights, None, length=steps, unroll=True)
+    return weights
+
+
+def _check_options(inner_steps, learning_rate, ewc_lambda, filters, activation) -> None:
+    for name, value in (("inner_steps", inner_steps), ("filters", filters)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not isinstance(learning_rate, (int, float)) or not (
+            math.isfinite(learning_rate) and learning_rate > 0):
+        raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate!r}")
+    if ewc_lambda is not None and (not isinstance(ewc_lambda, (int, float)) or not (
+            math.isfinite(ewc_lambda) and ewc_lambda >= 0)):
+        raise ValueError(f"ewc_lambda must be a finite number >= 0, got {ewc_lambda!r}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
+
+
+def _finetune(name: str, spec: TaskSpec, image_shape: tuple[int, int, int], *,
+              pretrained: bool, ewc_lambda: float | None, inner_steps: int,
+              learning_rate: float, filters: int, activation: str) -> Learner:
+    """The one factory behind all four learners; ``ewc_lambda=None`` means no EWC."""
+    _check_options(inner_steps, learning_rate, ewc_lambda, filters, activation)
+    image_shape = tuple(image_shape)
+    embed = Conv4(filters=filters, activation=activation)
+    head = LinearHead(spec.num_outputs)
+
+    def network(weights: Params, x: jax.Array) -> jax.Array:
+        return head.apply(weights["head"], embed.apply(weights["embed"], x))
+
+    def fresh_head(key: jax.Array, embed_params: Params) -> Params:
+        dim = embedding_dim(embed, embed_params, image_shape)
+        return head.init(key, jnp.zeros((1, dim), jnp.float32))
+
+    def init_params(key, example_x, spec):
+        check_image_shape(example_x, image_shape)
+        embed_key, head_key = jax.random.split(key)
+        embed_params = embed.init(embed_key, example_x)
+        return {"embed": embed_params, "head": fresh_head(head_key, embed_params)}
+
+    def init(params, key, spec):
+        if pretrained:
+            weights = {"embed": params["embed"], "head": fresh_head(key, params["embed"])}
+        else:
+            weights = params
+        if ewc_lambda is None:
+            return TuneState(weights)
+        return EwcState(weights, jax.tree.map(jnp.zeros_like, weights), weights)
+
+    def adapt(params, state, support_x, support_y):
+        chex.assert_shape(support_x, (None, *image_shape))
+        chex.assert_shape(support_y, (support_x.shape[0],))
+
+        def loss_fn(weights):
+            logits = network(weights, support_x)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, support_y).mean()
+
+        proximal = None
+        if ewc_lambda is not None:
+            proximal = functools.partial(ewc_proximal, fisher=state.fisher, anchors=state.anchors,
+                                         strength=learning_rate * ewc_lambda)
+        weights = sgd(loss_fn, state.weights, inner_steps, learning_rate, proximal)
+        if ewc_lambda is None:
+            return TuneState(weights)
+        fisher = diagonal_fisher(network, weights, support_x, support_y)
+        return EwcState(weights, jax.tree.map(jnp.add, state.fisher, fisher), weights)
+
+    def predict(params, state, target_x):
+        return network(state.weights, target_x)
+
+    return Learner(name, spec, init_params, init, adapt, predict,
+                   training="pretrain" if pretrained else "none", per_task_weights=True,
+                   embed_apply=embed.apply)
+
+
+def init_tune(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1), *,
+              inner_steps: int = 5, learning_rate: float = 0.03, filters: int = 48,
+              activation: str = "leaky_relu") -> Learner:
+    """Fine-tune a fixed random init on each support set in turn."""
+    return _finetune("init_tune", spec, image_shape, pretrained=False, ewc_lambda=None,
+                     inner_steps=inner_steps, learning_rate=learning_rate, filters=filters,
+                     activation=activation)
+
+
+def pretrain_tune(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1), *,
+                  inner_steps: int = 5, learning_rate: float = 0.03, filters: int = 48,
+                  activation: str = "leaky_relu") -> Learner:
+    """Fine-tune a pretrained embedding plus a fresh head on each support set in turn."""
+    return _finetune("pretrain_tune", spec, image_shape, pretrained=True, ewc_lambda=None,
+                     inner_steps=inner_steps, learning_rate=learning_rate, filters=filters,
+                     activation=activation)
+
+
+def ewc_init(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1), *,
+             inner_steps: int = 5, learning_rate: float = 0.03, ewc_lambda: float = 1e4,
+             filters: int = 48, activation: str = "leaky_relu") -> Learner:
+    """``init_tune`` with Elastic Weight Consolidation across support sets."""
+    return _finetune("ewc_init", spec, image_shape, pretrained=False, ewc_lambda=ewc_lambda,
+                     inner_steps=inner_steps, learning_rate=learning_rate, filters=filters,
+                     activation=activation)
+
+
+def ewc_pretrain(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1), *,
+                 inner_steps: int = 5, learning_rate: float = 0.03, ewc_lambda: float = 1e4,
+                 filters: int = 48, activation: str = "leaky_relu") -> Learner:
+    """``pretrain_tune`` with Elastic Weight Consolidation across support sets."""
+    return _finetune("ewc_pretrain", spec, image_shape, pretrained=True, ewc_lambda=ewc_lambda,
+                     inner_steps=inner_steps, learning_rate=learning_rate, filters=filters,
+                     activation=activation)

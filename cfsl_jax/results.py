@@ -1,0 +1,117 @@
+"""Results of a run: results.json, a CSV row, a readable table.
+
+``results.json`` records what is needed to reproduce and to check a run: the
+seed, the spec, the dataset and its splits with their sizes, the package and
+jax versions, the backend, and the test set's ``task_fingerprint``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import tempfile
+from typing import Any
+
+import jax
+
+import cfsl_jax
+
+CSV_FIELDS = ("learner", "dataset", "spec", "seed", "acc_mean", "acc_std", "acc_ci95",
+              "ce_mean", "ce_std", "atm", "macs_per_task", "macs_per_meta_step",
+              "wall_seconds")
+
+
+def write_json(path: str, payload: Any) -> None:
+    """Write JSON atomically (a temporary file renamed), so a kill never leaves half a file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as f:
+        json.dump(payload, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(f.name, path)
+
+
+def read_json(path: str, default: Any = None) -> Any:
+    if not os.path.exists(path):
+        if default is not None:
+            return default
+        raise FileNotFoundError(f"{path} does not exist")
+    with open(path) as f:
+        return json.load(f)
+
+
+def split_sizes(splits) -> dict[str, dict[str, int]]:
+    return {name: {"classes": int(s.class_table.shape[0]), "images": int(s.images.shape[0])}
+            for name, s in splits.items()}
+
+
+def record(config, learner, splits, report: dict[str, Any], workdir: str,
+           wall_seconds: float, best_epochs: list[int]) -> dict[str, Any]:
+    """Write workdir/results.json and workdir/results.csv, print the table; return the dict."""
+    spec = learner.spec
+    out = {
+        "learner": learner.name,
+        "dataset": config.dataset,
+        "spec": dataclasses.asdict(spec),
+        "spec_name": spec.name,
+        "seed": config.seed,
+        "splits": split_sizes(splits),
+        "image_shape": list(splits["test"].images.shape[1:]),
+        "package_version": cfsl_jax.__version__,
+        "jax_version": jax.__version__,
+        "backend": jax.default_backend(),
+        "best_epochs": best_epochs,
+        "wall_seconds": wall_seconds,
+        "config": config.to_json(),
+        "test": report,
+        "task_fingerprint": report["task_fingerprint"],
+    }
+    write_json(os.path.join(workdir, "results.json"), out)
+    write_csv_row(os.path.join(workdir, "results.csv"), csv_row(out))
+    print(table(out))
+    return out
+
+
+def csv_row(result: dict[str, Any]) -> dict[str, Any]:
+    test = result["test"]
+    row = {"learner": result["learner"], "dataset": result["dataset"],
+           "spec": result["spec_name"], "seed": result["seed"],
+           "wall_seconds": round(result["wall_seconds"], 2)}
+    for field in CSV_FIELDS:
+        if field not in row:
+            row[field] = test.get(field, "")
+    return row
+
+
+def write_csv_row(path: str, row: dict[str, Any]) -> None:
+    """Append a row (writing the header first if the file is new)."""
+    new = not os.path.exists(path)
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+
+
+def table(result: dict[str, Any]) -> str:
+    """A readable summary of one run's test metrics."""
+    test = result["test"]
+    lines = [f"{result['learner']} on {result['dataset']} {result['spec_name']} "
+             f"seed {result['seed']} ({test['num_tasks']} test tasks)",
+             f"  accuracy       {test['acc_mean']:.4f} ± {test['acc_std']:.4f} "
+             f"(95% CI ± {test['acc_ci95']:.4f})",
+             f"  cross-entropy  {test['ce_mean']:.4f} ± {test['ce_std']:.4f}"]
+    if "group_acc" in test:
+        lines.append("  per-group acc  " + " ".join(f"{a:.3f}" for a in test["group_acc"]))
+    if "atm" in test:
+        lines.append(f"  ATM            {test['atm']:.4g}")
+        lines.append(f"  MACs per task  {test['macs_per_task']:.4g} "
+                     f"(adapt {test['macs_adapt']:.4g} x NSS + predict "
+                     f"{test['macs_predict']:.4g})")
+    if "macs_per_meta_step" in test:
+        lines.append(f"  MACs per meta-training step per task  {test['macs_per_meta_step']:.4g}")
+    lines.append(f"  task fingerprint {result['task_fingerprint'][:16]}…  "
+                 f"wall time {result['wall_seconds']:.1f}s")
+    return "\n".join(lines)

@@ -1,0 +1,302 @@
+"""Dataset builders and device splits on real mini-Omniglot, a generated SlimageNet64 archive and
+the synthetic set; missing and corrupt inputs."""
+
+import io
+import os
+import shutil
+import tarfile
+import time
+import zipfile
+
+import jax
+import numpy as np
+import pytest
+from PIL import Image
+
+from cfsl_jax import data
+from cfsl_jax.datasets import synthetic
+from cfsl_jax.datasets.errors import CorruptDatasetError, DatasetNotFoundError
+from cfsl_jax.datasets.omniglot import split_class_counts
+
+
+def test_omniglot_small_has_242_characters_of_20_drawings(omniglot_splits):
+    sizes = {name: split.class_table.shape[0] for name, split in omniglot_splits.items()}
+    assert sizes == {"train": 179, "val": 31, "test": 32}
+    names = [n for split in omniglot_splits.values() for n in split.info.class_names]
+    assert len(names) == len(set(names)) == 242
+    for split in omniglot_splits.values():
+        assert split.images.shape[1:] == (28, 28, 1) and split.images.dtype == np.uint8
+        assert split.images.shape[0] == 20 * split.class_table.shape[0]
+        assert (np.asarray(split.class_sizes) == 20).all()
+        assert split.info.source.startswith("omniglot/small")
+        # Ink dark on light paper: mostly light pixels.
+        assert float(np.asarray(split.images).mean()) > 128
+    # Class table rows are disjoint and cover every image once.
+    table = np.asarray(omniglot_splits["train"].class_table)
+    assert sorted(table.ravel().tolist()) == list(range(179 * 20))
+    # The split rule keeps whole alphabets in order: train starts with the first alphabet.
+    assert omniglot_splits["train"].info.class_names[0] == "Balinese/character01"
+
+
+def test_omniglot_prepares_once_and_picks_the_small_config(omniglot_dir, data_dir,
+                                                           omniglot_train):
+    prepared = os.path.join(data_dir, "cfsl_omniglot", "small", "1.0.0")
+    assert os.path.isdir(prepared)
+    before = os.path.getmtime(os.path.join(prepared, "dataset_info.json"))
+    again = data.load_split("omniglot/small", "train", data_dir=data_dir)  # no manual_dir needed
+    assert os.path.getmtime(os.path.join(prepared, "dataset_info.json")) == before
+    np.testing.assert_array_equal(again.images, omniglot_train.images)
+
+
+def test_split_rule_counts():
+    assert split_class_counts(1623) == {"train": 1200, "val": 211, "test": 212}
+    assert split_class_counts(242) == {"train": 179, "val": 31, "test": 32}
+
+
+def _png(array):
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def make_slimagenet_archive(folder, classes={"train": 3, "val": 2, "test": 2}, images=4):
+    rng = np.random.default_rng(0)
+    pixels = {}
+    path = os.path.join(folder, "SlimageNet64.tar.bz2")
+    with tarfile.open(path, "w:bz2") as archive:
+        for split, count in classes.items():
+            for c in range(count):
+                for i in range(images):
+                    array = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+                    name = f"SlimageNet64/{split}/n{split}{c:03d}/img{i:02d}.png"
+                    pixels[name] = array
+                    payload = _png(array)
+                    info = tarfile.TarInfo(name)
+                    info.size = len(payload)
+                    archive.addfile(info, io.BytesIO(payload))
+    return path, pixels
+
+
+def test_slimagenet64_keeps_its_split(tmp_path):
+    manual = tmp_path / "manual"
+    manual.mkdir()
+    _, pixels = make_slimagenet_archive(str(manual))
+    for split, count in {"train": 3, "val": 2, "test": 2}.items():
+        loaded = data.load_split("slimagenet64", split, data_dir=str(tmp_path / "tfds"),
+                                 manual_dir=str(manual))
+        assert loaded.info.class_names == tuple(f"n{split}{c:03d}" for c in range(count))
+        assert loaded.images.shape == (count * 4, 64, 64, 3)
+        table = np.asarray(loaded.class_table)
+        for c in range(count):
+            for i in range(4):
+                source = pixels[f"SlimageNet64/{split}/n{split}{c:03d}/img{i:02d}.png"]
+                np.testing.assert_array_equal(np.asarray(loaded.images)[table[c, i]], source)
+
+
+def test_synthetic_is_deterministic_and_class_structured():
+    start = time.perf_counter()
+    images, labels = synthetic.generate()
+    print(f"synthetic 1623x20 at 28x28 generated in {time.perf_counter() - start:.2f}s")
+    assert images.shape == (1623 * 20, 28, 28, 1) and images.dtype == np.uint8
+    assert float(images.mean()) > 128  # ink dark on light paper
+    small, small_labels = synthetic.generate(num_classes=40, samples_per_class=20)
+    assert synthetic.generate(num_classes=40, samples_per_class=20)[0].tobytes() == small.tobytes()
+    np.testing.assert_array_equal(small_labels, np.repeat(np.arange(40), 20))
+    other, _ = synthetic.generate(num_classes=40, samples_per_class=20, seed=1)
+    assert not np.array_equal(other, small)
+    assert synthetic.generate(num_classes=5, samples_per_class=3, image_size=32)[0].shape == (
+        15, 32, 32, 1)
+    # load_split applies the Omniglot class split rule to exactly these images.
+    splits = {s: data.load_split("synthetic", s) for s in data.SPLITS}
+    assert {s: v.class_table.shape[0] for s, v in splits.items()} == {
+        "train": 1200, "val": 211, "test": 212}
+    np.testing.assert_array_equal(splits["val"].images, images[1200 * 20:1411 * 20])
+    assert splits["test"].info.class_names[0] == synthetic.class_name(1411)
+    assert splits["train"].info.source.startswith("generated: num_classes=1623")
+    # Samples of a class are closer to each other than to samples of other classes.
+    x = small.reshape(40, 20, -1).astype(np.float32) / 255
+    within = np.mean([np.linalg.norm(x[c, :, None] - x[c, None], axis=-1).mean()
+                      for c in range(40)])
+    between = np.mean([np.linalg.norm(x[c, :, None] - x[(c + 1) % 40, None], axis=-1).mean()
+                       for c in range(40)])
+    assert within < 0.8 * between
+
+
+def test_gather_normalised_in_jit(omniglot_train):
+    indices = np.array([[0, 5, 7], [100, 3, 2]])
+    gathered = jax.jit(data.gather_normalised)(omniglot_train, indices)
+    expected = np.asarray(omniglot_train.images)[indices].astype(np.float32) / 255
+    assert gathered.shape == (2, 3, 28, 28, 1)
+    np.testing.assert_allclose(gathered, expected, rtol=1e-6)
+    raw = jax.jit(data.gather_normalised)(omniglot_train.images, indices[::-1])
+    np.testing.assert_allclose(raw, expected[::-1], rtol=1e-6)
+
+
+def test_missing_zips_name_the_files(tmp_path, omniglot_dir):
+    with pytest.raises(DatasetNotFoundError, match="images_background_small1.zip"):
+        data.load_split("omniglot/small", "train", data_dir=str(tmp_path / "tfds"),
+                        manual_dir=str(tmp_path))
+    with pytest.raises(DatasetNotFoundError,
+                       match="images_background.zip, images_evaluation.zip not found in /"):
+        data.load_split("omniglot/full", "train", data_dir=str(tmp_path / "tfds"),
+                        manual_dir=omniglot_dir)
+    with pytest.raises(DatasetNotFoundError, match="SlimageNet64.tar.bz2 not found in"):
+        data.load_split("slimagenet64", "train", data_dir=str(tmp_path / "tfds"),
+                        manual_dir=str(tmp_path))
+
+
+def _assert_nothing_prepared(data_dir):
+    for config in ("small", "full"):
+        from cfsl_jax.datasets.omniglot import CfslOmniglot
+        assert not CfslOmniglot(config=config, data_dir=data_dir,
+                                file_format="array_record").is_prepared()
+
+
+def test_corrupt_zips_are_refused_and_leave_nothing_prepared(tmp_path, omniglot_dir):
+    manual = tmp_path / "manual"
+    manual.mkdir()
+    shutil.copy(os.path.join(omniglot_dir, "images_background_small2.zip"), manual)
+    # A truncated archive.
+    raw = open(os.path.join(omniglot_dir, "images_background_small1.zip"), "rb").read()
+    (manual / "images_background_small1.zip").write_bytes(raw[: len(raw) // 2])
+    tfds_dir = str(tmp_path / "tfds")
+    with pytest.raises(CorruptDatasetError, match="images_background_small1.zip"):
+        data.load_split("omniglot/small", "train", data_dir=tfds_dir, manual_dir=str(manual))
+    _assert_nothing_prepared(tfds_dir)
+    # A character with a drawing missing.
+    with zipfile.ZipFile(os.path.join(omniglot_dir, "images_background_small1.zip")) as source, \
+            zipfile.ZipFile(manual / "images_background_small1.zip", "w") as target:
+        names = [n for n in source.namelist() if n.endswith(".png")]
+        for name in names[1:]:
+            target.writestr(name, source.read(name))
+    with pytest.raises(CorruptDatasetError, match="has 19 drawings, expected 20"):
+        data.load_split("omniglot/small", "train", data_dir=tfds_dir, manual_dir=str(manual))
+    _assert_nothing_prepared(tfds_dir)
+
+
+def test_bad_names_and_options_list_the_valid_values():
+    with pytest.raises(ValueError, match="unknown dataset 'mnist'; valid: .*synthetic"):
+        data.load_split("mnist", "train")
+    with pytest.raises(ValueError, match="unknown split 'dev'"):
+        data.load_split("synthetic", "dev")
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['classes'\]"):
+        data.load_split("synthetic", "train", classes=3)
+
+
+def _copy_zip(source_path, target_path, replace=None):
+    """Copies a zip member by member, replacing the members named in ``replace``."""
+    with zipfile.ZipFile(source_path) as source, zipfile.ZipFile(target_path, "w") as target:
+        for name in source.namelist():
+            target.writestr(name, (replace or {}).get(name, source.read(name)))
+
+
+def _assert_no_leftovers(data_dir):
+    for _, folders, files in os.walk(data_dir):
+        assert not [n for n in folders + files if n.startswith("incomplete.")]
+
+
+def test_unreadable_zips_are_refused(tmp_path, omniglot_dir):
+    manual = tmp_path / "manual"
+    manual.mkdir()
+    shutil.copy(os.path.join(omniglot_dir, "images_background_small2.zip"), manual)
+    small1 = manual / "images_background_small1.zip"
+    tfds_dir = str(tmp_path / "tfds")
+    load = lambda: data.load_split("omniglot/small", "train", data_dir=tfds_dir,
+                                   manual_dir=str(manual))
+    small1.write_bytes(b"this is not a zip archive" * 100)
+    with pytest.raises(CorruptDatasetError, match="images_background_small1.zip: not a readable zip"):
+        load()
+    # A damaged member: its compressed bytes flipped (bad CRC or bad deflate data).
+    raw = bytearray(open(os.path.join(omniglot_dir, "images_background_small1.zip"), "rb").read())
+    with zipfile.ZipFile(io.BytesIO(bytes(raw))) as archive:
+        info = [i for i in archive.infolist() if i.filename.endswith(".png")][7]
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    for offset in range(start + 10, start + 20):
+        raw[offset] ^= 0xFF
+    small1.write_bytes(bytes(raw))
+    with pytest.raises(CorruptDatasetError, match="images_background_small1.zip"):
+        load()
+    # An intact zip holding an undecodable PNG.
+    source = os.path.join(omniglot_dir, "images_background_small1.zip")
+    _copy_zip(source, small1, {info.filename: b"not a png"})
+    with pytest.raises(CorruptDatasetError, match="undecodable PNG"):
+        load()
+    # The wrong zip under the expected name: 156 characters where 136 are expected.
+    shutil.copy(os.path.join(omniglot_dir, "images_background_small2.zip"), small1)
+    with pytest.raises(CorruptDatasetError, match="holds 156 characters, expected 136"):
+        load()
+    _assert_nothing_prepared(tfds_dir)
+    _assert_no_leftovers(tfds_dir)
+    # Plain "omniglot" finds nothing prepared after the failures.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DatasetNotFoundError, match="images_background.zip and images_evaluation.zip"):
+        data.load_split("omniglot", "train", data_dir=tfds_dir, manual_dir=str(empty))
+
+
+def _tar(path, entries):
+    """entries: name -> bytes (a file) or None (a directory)."""
+    with tarfile.open(path, "w:bz2") as archive:
+        for name, payload in entries.items():
+            info = tarfile.TarInfo(name)
+            if payload is None:
+                info.type = tarfile.DIRTYPE
+                archive.addfile(info)
+            else:
+                info.size = len(payload)
+                archive.addfile(info, io.BytesIO(payload))
+
+
+def test_corrupt_slimagenet_archives_are_refused(tmp_path):
+    manual = tmp_path / "manual"
+    manual.mkdir()
+    path, _ = make_slimagenet_archive(str(manual))
+    tfds_dir = str(tmp_path / "tfds")
+    load = lambda: data.load_split("slimagenet64", "train", data_dir=tfds_dir,
+                                   manual_dir=str(manual))
+    raw = open(path, "rb").read()
+    with open(path, "wb") as handle:
+        handle.write(raw[: len(raw) // 2])
+    with pytest.raises(CorruptDatasetError, match="SlimageNet64.tar.bz2: cannot read the archive"):
+        load()
+    image = _png(np.zeros((64, 64, 3), np.uint8))
+    full = {f"SlimageNet64/{s}/c{s}/0.png": image for s in data.SPLITS}
+    _tar(path, {**full, "SlimageNet64/val/empty_class": None})
+    with pytest.raises(CorruptDatasetError, match="class val/empty_class has no images"):
+        load()
+    _tar(path, {k: v for k, v in full.items() if "/test/" not in k})
+    with pytest.raises(CorruptDatasetError, match="split 'test' has no classes"):
+        load()
+    _tar(path, {**full, "SlimageNet64/train/ctrain/1.jpg": b"garbage"})
+    with pytest.raises(CorruptDatasetError, match="undecodable image"):
+        load()
+    assert not os.path.exists(os.path.join(tfds_dir, "cfsl_slimagenet64", "1.0.0"))
+    _assert_no_leftovers(tfds_dir)
+    # A 32x32 greyscale image is converted to RGB and resized; non-image files are ignored.
+    small = _png(np.full((32, 32), 200, np.uint8))
+    _tar(path, {**full, "SlimageNet64/train/ctrain/1.png": small,
+                "SlimageNet64/train/ctrain/notes.txt": b"hello", "SlimageNet64/README": b"x"})
+    loaded = load()
+    assert loaded.images.shape == (2, 64, 64, 3)
+    np.testing.assert_array_equal(loaded.images[1], np.full((64, 64, 3), 200, np.uint8))
+
+
+def test_synthetic_tfds_builder_matches_the_in_memory_set(tmp_path):
+    config = synthetic.SyntheticConfig(name="tiny", num_classes=10, samples_per_class=3,
+                                       image_size=16, seed=3)
+    builder = synthetic.CfslSynthetic(config=config, data_dir=str(tmp_path),
+                                      file_format="array_record")
+    builder.download_and_prepare()
+    images, _ = synthetic.generate(10, 3, 16, seed=3)
+    counts = {"train": 7, "val": 1, "test": 2}
+    assert split_class_counts(10) == counts
+    first = 0
+    for split, count in counts.items():
+        source = builder.as_data_source(split=split)
+        records = sorted(source.__getitems__(list(range(len(source)))),
+                         key=lambda r: (r["label"], r["drawing"]))
+        assert len(records) == 3 * count
+        np.testing.assert_array_equal(np.stack([r["image"] for r in records]),
+                                      images[3 * first:3 * (first + count)])
+        assert records[0]["class_name"] == synthetic.class_name(first).encode()
+        first += count

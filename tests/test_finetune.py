@@ -1,0 +1,314 @@
+"""Fine-tuning baselines and pretraining: ATM, MACs, learning, EWC's Fisher and anchors."""
+
+import logging
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cfsl_jax import data, episode, metrics
+from cfsl_jax.datasets.synthetic import generate
+from cfsl_jax.learners import get_learner
+from cfsl_jax.learners.finetune import (EwcState, TuneState, diagonal_fisher, ewc_init,
+                                        init_tune, pretrain_tune)
+from cfsl_jax.models.conv4 import Conv4, LinearHead
+from cfsl_jax.pretrain import entry_pool, init_state, pretrain, train_step
+from cfsl_jax.spec import TaskSpec
+
+IMAGE = (28, 28, 1)
+B3 = TaskSpec.preset("B3")  # NSS=3, NC=5, KS=1, KT=5, 15 outputs
+FINETUNERS = ("init_tune", "pretrain_tune", "ewc_init", "ewc_pretrain")
+
+
+@pytest.fixture(scope="module")
+def glyphs():
+    """Synthetic glyphs: float images [20 classes, 10 samples, 28, 28, 1] in [0, 1]."""
+    images, _ = generate(20, 10, 28, 0)
+    return jnp.asarray(images, jnp.float32).reshape(20, 10, *IMAGE) / 255.0
+
+
+def support_set(glyphs, classes, sample, labels):
+    """One sample of each class in ``classes``, labelled ``labels``."""
+    return glyphs[jnp.asarray(classes), sample], jnp.asarray(labels, jnp.int32)
+
+
+def network(num_outputs):
+    """The fine-tuners' default network, built here from the architecture."""
+    embed, head = Conv4(filters=48, activation="leaky_relu"), LinearHead(num_outputs)
+    return lambda weights, x: head.apply(weights["head"], embed.apply(weights["embed"], x))
+
+
+@jax.jit
+def _weighted_sq_distance(a, b, fisher):
+    return sum(jnp.sum(f * (u - v) ** 2) for u, v, f in zip(
+        jax.tree.leaves(a), jax.tree.leaves(b), jax.tree.leaves(fisher)))
+
+
+def sq_distance(a, b, fisher=None):
+    """sum (a - b)**2 over every weight, or sum F * (a - b)**2 when ``fisher`` is given."""
+    fisher = fisher if fisher is not None else jax.tree.map(jnp.ones_like, a)
+    return float(_weighted_sq_distance(a, b, fisher))
+
+
+@pytest.fixture(scope="module")
+def tuned():
+    """init_tune on B3: the learner, its params, and its jitted adapt and predict."""
+    learner = init_tune(B3)
+    params = learner.init_params(jax.random.key(1), jnp.zeros((1, *IMAGE)), B3)
+    return learner, params, jax.jit(learner.adapt), jax.jit(learner.predict)
+
+
+@pytest.fixture(scope="module")
+def two_sets(glyphs):
+    """Two B3 support sets: classes 0-4 labelled 0-4, then classes 5-9 labelled 5-9."""
+    return (support_set(glyphs, [0, 1, 2, 3, 4], 0, [0, 1, 2, 3, 4]),
+            support_set(glyphs, [5, 6, 7, 8, 9], 0, [5, 6, 7, 8, 9]))
+
+
+# ---- ATM and MACs -------------------------------------------------------------------------
+
+def test_atm_is_the_weight_bytes_and_ewc_carries_three_copies(tuned):
+    learner, params, _, _ = tuned
+    # Conv-4, 48 filters, 1 input channel: 3x3 kernels + biases, then scale + bias per norm.
+    conv = (3 * 3 * 1 * 48 + 48) + 3 * (3 * 3 * 48 * 48 + 48)  # 480 + 3 * 20784 = 62832
+    norm = 4 * (48 + 48)  # 384
+    head = 48 * 15 + 15  # 28 -> 14 -> 7 -> 3 -> 1 pixels: 48 features; B3 has 15 outputs
+    weight_bytes = (conv + norm + head) * 4  # 63951 float32 = 255804 bytes
+    support_bytes = 3 * 5 * 1 * 28 * 28 * 1 * 4  # NSS*NC*KS images, float32 = 47040
+    assert metrics.tree_bytes(params) == weight_bytes == 255804
+    assert metrics.support_bytes(B3, IMAGE) == support_bytes
+    assert metrics.atm(learner, params, IMAGE) == pytest.approx(255804 / 47040, rel=1e-12)
+    # weights + Fisher + anchors
+    assert metrics.atm(ewc_init(B3), params, IMAGE) == pytest.approx(3 * 255804 / 47040)
+
+
+def test_macs_are_linear_in_nss_and_adapt_is_a_few_forward_backward_passes():
+    steps = 2
+
+    def macs(nss):  # type A: outputs and target size do not depend on NSS
+        spec = TaskSpec(nss=nss, nc=5, ks=1, kt=5, cci=nss, overwrite=True,
+                        target_mode="per_class")
+        learner = init_tune(spec, inner_steps=steps)
+        params = learner.init_params(jax.random.key(0), jnp.zeros((1, *IMAGE)), spec)
+        return learner, params, metrics.learner_macs(learner, params, IMAGE)
+
+    learner, params, three = macs(3)
+    _, _, six = macs(6)
+    assert six["macs_adapt"] == three["macs_adapt"]
+    assert six["macs_per_task"] - three["macs_per_task"] == 3 * three["macs_adapt"]
+    forward = metrics.xla_macs(learner.predict, params, TuneState(params),
+                               jnp.zeros((5, *IMAGE)))
+    # Each step is a forward and a backward pass (~2 forwards); a rolled loop would count 1 step.
+    assert 2 * steps * forward < three["macs_adapt"] < 4 * steps * forward
+
+
+# ---- fine-tuning ----------------------------------------------------------------------------
+
+def test_adapt_fits_the_support_set(tuned, two_sets):
+    learner, params, adapt, predict = tuned
+    (x, y), _ = two_sets
+    state = learner.init(params, jax.random.key(2), B3)
+    adapted = adapt(params, state, x, y)
+    before = metrics.cross_entropy(predict(params, state, x), y)
+    after = metrics.cross_entropy(predict(params, adapted, x), y)
+    assert float(before) > 2.0  # about chance over 15 outputs: ln 15 = 2.7
+    assert float(after) < 0.25 * float(before)
+    assert float(metrics.accuracy(predict(params, adapted, x), y)) == 1.0
+    # init_tune's init is the params; adapt moves them.
+    assert sq_distance(state.weights, params) == 0.0
+    assert sq_distance(adapted.weights, params) > 0.0
+
+
+def test_diagonal_fisher_is_the_mean_squared_per_sample_gradient(glyphs):
+    # A small batch-normalised net: each sample's log-likelihood depends on the whole batch.
+    embed, head = Conv4(filters=4, num_blocks=2), LinearHead(10)
+    x, y = support_set(glyphs, [5, 6, 7], 1, [0, 4, 9])
+
+    def net(weights, x):
+        return head.apply(weights["head"], embed.apply(weights["embed"], x))
+
+    @jax.jit
+    def fisher_and_sample_grads(key):
+        embed_key, head_key = jax.random.split(key)
+        weights = {"embed": embed.init(embed_key, x)}
+        weights["head"] = head.init(head_key, embed.apply(weights["embed"], x))
+        grads = [jax.grad(lambda w: jax.nn.log_softmax(net(w, x))[i, y[i]])(weights)
+                 for i in range(3)]  # sample i's log-likelihood, normalised with the batch
+        return diagonal_fisher(net, weights, x, y), grads
+
+    fisher, grads = fisher_and_sample_grads(jax.random.key(3))
+    expected = jax.tree.map(lambda *g: sum(gi**2 for gi in g) / 3, *grads)
+    for got, want in zip(jax.tree.leaves(fisher), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(got, want, rtol=5e-3, atol=1e-9)
+    assert float(jnp.max(fisher["head"]["params"]["Dense_0"]["kernel"])) > 0
+
+
+@pytest.fixture(scope="module")
+def huge_ewc(tuned, two_sets):
+    """ewc_init with lambda = 1e7 on the two sets: the states before, after one and after two
+    sets, and each set's Fisher at the weights fine-tuned on it (by ``diagonal_fisher``)."""
+    _, params, _, _ = tuned
+    learner = ewc_init(B3, ewc_lambda=1e7)
+    (x1, y1), (x2, y2) = two_sets
+    net = network(B3.num_outputs)
+
+    @jax.jit
+    def two_sets_seen(params):
+        state0 = learner.init(params, jax.random.key(5), B3)
+        state1 = learner.adapt(params, state0, x1, y1)
+        state2 = learner.adapt(params, state1, x2, y2)
+        return (state0, state1, state2, diagonal_fisher(net, state1.weights, x1, y1),
+                diagonal_fisher(net, state2.weights, x2, y2))
+
+    return two_sets_seen(params)
+
+
+def test_ewc_accumulates_the_fisher_and_anchors_on_the_latest_weights(tuned, two_sets, huge_ewc):
+    _, params, adapt, _ = tuned
+    (x1, y1), _ = two_sets
+    state0, state1, state2, fisher1, fisher2 = huge_ewc
+    assert isinstance(state2, EwcState)
+    assert all(float(jnp.abs(f).max()) == 0 for f in jax.tree.leaves(state0.fisher))
+    for got, want in zip(jax.tree.leaves(state1.fisher), jax.tree.leaves(fisher1)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-12)
+    for got, one, two in zip(jax.tree.leaves(state2.fisher), jax.tree.leaves(fisher1),
+                             jax.tree.leaves(fisher2)):
+        np.testing.assert_allclose(got, one + two, rtol=1e-4, atol=1e-12)
+    assert float(jnp.max(fisher2["head"]["params"]["Dense_0"]["kernel"])) > 0
+    assert sq_distance(state1.anchors, state1.weights) == 0.0
+    assert sq_distance(state2.anchors, state2.weights) == 0.0
+    # With no Fisher yet, the first set is plain fine-tuning, whatever lambda is.
+    plain = adapt(params, TuneState(params), x1, y1)
+    assert sq_distance(plain.weights, state1.weights) < 1e-10
+
+
+def test_a_huge_ewc_lambda_keeps_the_weights_at_the_anchors(tuned, two_sets, huge_ewc):
+    _, params, adapt, predict = tuned
+    (x1, y1), (x2, y2) = two_sets
+    _, ewc1, ewc2, _, _ = huge_ewc
+    tune1 = adapt(params, TuneState(params), x1, y1)
+    tune2 = adapt(params, tune1, x2, y2)
+    assert sq_distance(ewc1.anchors, tune1.weights) < 1e-10  # same start for the second set
+    # EWC pins what the Fisher of set 1 deems important; weights it ignores still move.
+    fisher = ewc1.fisher
+    assert (sq_distance(ewc2.weights, ewc1.anchors, fisher)
+            < 1e-2 * sq_distance(tune2.weights, tune1.weights, fisher))
+    assert sq_distance(ewc2.weights, ewc1.anchors) < 0.25 * sq_distance(tune2.weights,
+                                                                        tune1.weights)
+    # ... so the second set is barely learned, unlike without EWC.
+    def support_loss(weights):
+        return float(metrics.cross_entropy(predict(params, TuneState(weights), x2), y2))
+
+    assert support_loss(ewc2.weights) > 4 * support_loss(tune2.weights)
+
+
+# ---- pretraining ----------------------------------------------------------------------------
+
+def test_pretrain_tune_init_pairs_the_pretrained_embed_with_a_fresh_head():
+    learner = pretrain_tune(B3)
+    params = learner.init_params(jax.random.key(8), jnp.zeros((1, *IMAGE)), B3)
+    assert learner.training == "pretrain" and learner.per_task_weights
+    a = learner.init(params, jax.random.key(9), B3).weights
+    b = learner.init(params, jax.random.key(10), B3).weights
+    again = learner.init(params, jax.random.key(9), B3).weights
+    assert sq_distance(a["embed"], params["embed"]) == 0.0
+    assert a["head"]["params"]["Dense_0"]["kernel"].shape == (48, B3.num_outputs)
+    assert sq_distance(a["head"], b["head"]) > 0.0
+    assert sq_distance(a["head"], params["head"]) > 0.0
+    assert sq_distance(a["head"], again["head"]) == 0.0
+
+
+@pytest.fixture(scope="module")
+def small_split():
+    """The train classes of a 20-class synthetic set: 15 classes x 10 samples."""
+    return data.load_split("synthetic", "train", num_classes=20, samples_per_class=10)
+
+
+@pytest.fixture(scope="module")
+def pretrainer():
+    learner = pretrain_tune(B3)
+    return learner, learner.init_params(jax.random.key(11), jnp.zeros((1, *IMAGE)), B3)
+
+
+PRETRAIN = dict(batch_size=32, learning_rate=1e-3, weight_decay=1e-5)
+
+
+def test_pretrain_train_step_reduces_the_loss_and_compiles_once(small_split, pretrainer):
+    learner, params = pretrainer
+    num_classes = small_split.class_table.shape[0]
+    assert num_classes == 15
+    state = init_state(learner, params, num_classes, IMAGE, jax.random.key(12),
+                       PRETRAIN["learning_rate"], PRETRAIN["weight_decay"])
+    pool = entry_pool(small_split.class_table)
+    assert pool.image_idx.shape == (150,) and int(pool.labels[-1]) == 14
+    train_step.clear_cache()
+    losses = []
+    for i in range(30):
+        state, loss, _ = train_step(state, small_split, pool, jax.random.fold_in(
+            jax.random.key(13), i), learner=learner, num_classes=num_classes, **PRETRAIN)
+        losses.append(float(loss))
+    assert train_step._cache_size() == 1
+    assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10])
+
+
+def test_pretrain_trains_only_the_embed_deterministically(small_split, pretrainer, caplog):
+    learner, params = pretrainer
+    with caplog.at_level(logging.INFO):
+        trained = pretrain(learner, params, small_split, jax.random.key(15), steps=30,
+                           log_every=15, **PRETRAIN)
+    again = pretrain(learner, params, small_split, jax.random.key(15), steps=30, log_every=30,
+                     **PRETRAIN)
+    assert sq_distance(trained["head"], params["head"]) == 0.0
+    assert sq_distance(trained["embed"], params["embed"]) > 0.0
+    assert sq_distance(trained["embed"], again["embed"]) == 0.0
+    logged = [float(m) for m in re.findall(r"step \d+/30: loss ([\d.]+)", caplog.text)]
+    assert len(logged) == 2 and logged[1] < 0.5 * logged[0]
+
+
+def test_pretrain_refuses_bad_values(small_split, pretrainer):
+    learner, params = pretrainer
+    with pytest.raises(ValueError, match="steps must be an integer >= 1, got 0"):
+        pretrain(learner, params, small_split, jax.random.key(0), steps=0)
+    with pytest.raises(ValueError, match="learning_rate must be a finite number > 0, got 0"):
+        pretrain(learner, params, small_split, jax.random.key(0), learning_rate=0)
+    with pytest.raises(ValueError, match="no embed_apply"):
+        pretrain(get_learner("protonets", B3), params, small_split, jax.random.key(0))
+
+
+# ---- options and the episode ------------------------------------------------------------------
+
+@pytest.mark.parametrize("options, message", [
+    (dict(inner_steps=0), "inner_steps must be a positive integer, got 0"),
+    (dict(learning_rate=-0.1), "learning_rate must be a finite number > 0, got -0.1"),
+    (dict(ewc_lambda=float("nan")), "ewc_lambda must be a finite number >= 0, got nan"),
+    (dict(filters=2.5), "filters must be a positive integer, got 2.5"),
+    (dict(activation="gelu"), "activation must be one of .*, got 'gelu'"),
+])
+def test_bad_options_are_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        get_learner("ewc_init", B3, **options)
+
+
+def test_ewc_lambda_is_not_an_option_of_plain_fine_tuning():
+    with pytest.raises(ValueError, match="ewc_lambda"):
+        get_learner("init_tune", B3, ewc_lambda=1.0)
+
+
+def test_run_task_gives_finite_logits_for_every_finetuner(glyphs):
+    learners = [get_learner(name, B3, inner_steps=1) for name in FINETUNERS]  # shapes, not skill
+    params = [learner.init_params(jax.random.key(16), jnp.zeros((1, *IMAGE)), B3)
+              for learner in learners]
+    support_x = glyphs[:15, 0].reshape(3, 5, *IMAGE)
+    support_y = jnp.arange(15, dtype=jnp.int32).reshape(3, 5)
+    target_x = glyphs[:15, 1:6].reshape(-1, *IMAGE)  # per_class: 3 groups x 5 classes x KT=5
+
+    @jax.jit  # one program for all four: XLA compiles their shared parts once
+    def run_all(params, key):
+        return [episode.run_task(learner, p, support_x, support_y, target_x, key)
+                for learner, p in zip(learners, params)]
+
+    for name, logits in zip(FINETUNERS, run_all(params, jax.random.key(17))):
+        assert logits.shape == (B3.target_size, B3.num_outputs) == (75, 15), name
+        assert bool(jnp.all(jnp.isfinite(logits))), name

@@ -1,0 +1,141 @@
+"""Meta-training and evaluation end to end on small real configs: determinism, resume, NaN stop,
+results/verify, the CLIs, and ProtoNets learning on mini-Omniglot."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cfsl_jax import episode, train
+from cfsl_jax.evaluate import evaluate, task_fingerprint
+from cfsl_jax.learners import get_learner
+from cfsl_jax.verify import verify
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A tiny run: 2-support-set, 3-way tasks on a small synthetic set, a narrow ProtoNet.
+TINY = train.TrainConfig(
+    learner="protonets", learner_options={"filters": 8}, dataset="synthetic",
+    dataset_options={"num_classes": 60, "samples_per_class": 8}, task="B2",
+    spec_overrides={"nc": 3, "kt": 2}, epochs=2, iters_per_epoch=3, meta_batch=2,
+    val_tasks=6, test_tasks=7, eval_batch=4, keep_best=2, log_every=2)
+
+
+def test_train_step_compiles_once():
+    learner, splits = train.build(TINY)
+    params = train.init_params(learner, splits["train"], 0)
+    optimizer = train.make_optimizer(TINY)
+    step = train.make_train_step(learner, optimizer, TINY.meta_batch)
+    opt_state = optimizer.init(params)
+    for i in range(3):
+        params, opt_state, out = step(params, opt_state, splits["train"], jax.random.key(i),
+                                      jnp.float32(i / 3))
+    assert step._cache_size() == 1
+    assert np.isfinite(float(out["loss"]))
+
+
+def test_same_seed_same_results_and_resume_is_exact(tmp_path):
+    full = train.train_and_evaluate(TINY, str(tmp_path / "full"))
+    again = train.train_and_evaluate(TINY, str(tmp_path / "again"))
+    assert full["test"] == {**again["test"], "seconds": full["test"]["seconds"],
+                            "tasks_per_s": full["test"]["tasks_per_s"]}
+    # Kill mid-epoch 1 (step 4 of 6, after a mid-epoch checkpoint at step 2), then resume.
+    interrupted = train.TrainConfig(**{**TINY.to_json(), "checkpoint_every": 2})
+    workdir = str(tmp_path / "resumed")
+    with pytest.raises(train.Interrupted):
+        train.train_and_evaluate(interrupted, workdir, stop_after_steps=5)
+    assert not os.path.exists(os.path.join(workdir, "results.json"))
+    resumed = train.train_and_evaluate(interrupted, workdir)
+    for name in ("acc_mean", "acc_std", "ce_mean", "ce_std", "group_acc", "task_fingerprint"):
+        assert resumed["test"][name] == full["test"][name], name
+    history = json.load(open(os.path.join(workdir, "val_history.json")))
+    assert [h["epoch"] for h in history] == [0, 1]
+    assert resumed["best_epochs"] == full["best_epochs"]
+
+
+def test_results_record_reproducibility_facts_and_verify_matches(tmp_path):
+    workdir = str(tmp_path / "run")
+    out = train.train_and_evaluate(TINY, workdir)
+    saved = json.load(open(os.path.join(workdir, "results.json")))
+    for field in ("seed", "spec", "dataset", "splits", "package_version", "task_fingerprint"):
+        assert field in saved
+    assert saved["splits"]["train"] == {"classes": 44, "images": 44 * 8}
+    assert saved["spec"]["nc"] == 3 and saved["spec"]["nss"] == 2
+    test = saved["test"]
+    for field in ("acc_mean", "acc_std", "acc_ci95", "ce_mean", "ce_std", "atm", "macs_adapt",
+                  "macs_predict", "macs_per_task", "macs_per_meta_step"):
+        assert np.isfinite(test[field]), field
+    assert open(os.path.join(workdir, "results.csv")).readline().startswith("learner,dataset")
+    assert verify(workdir) == []
+    # A results.json that does not match its tasks is caught.
+    saved["task_fingerprint"] = "0" * 64
+    saved["test"]["acc_mean"] = 0.0
+    json.dump(saved, open(os.path.join(workdir, "results.json"), "w"))
+    differences = verify(workdir)
+    assert len(differences) == 1 and differences[0].startswith("task_fingerprint")
+    # The restored ensemble gives the recorded metrics again.
+    learner, params, spec = train.restore(workdir, ensemble=True)
+    assert spec == TINY.spec and jax.tree.leaves(params)[0].shape[0] == len(out["best_epochs"])
+
+
+def test_evaluation_tasks_are_a_function_of_the_seed():
+    learner, splits = train.build(TINY)
+    spec = learner.spec
+    first = task_fingerprint(splits["val"], spec, 20, seed=0, purpose="val")
+    assert task_fingerprint(splits["val"], spec, 20, seed=0, purpose="val") == first
+    assert task_fingerprint(splits["val"], spec, 20, seed=1, purpose="val") != first
+    assert task_fingerprint(splits["val"], spec, 20, seed=0, purpose="eval") != first
+
+
+def test_nan_loss_stops_with_epoch_and_step_and_keeps_last_checkpoint(tmp_path, monkeypatch):
+    def exploding(name, spec, **options):
+        learner = get_learner(name, spec, **options)
+
+        def meta_loss(params, sx, sy, tx, ty, key, progress):
+            loss, logits = episode.target_loss(learner, params, sx, sy, tx, ty, key)
+            return jnp.where(progress >= 0.5, jnp.nan, loss), logits
+
+        return learner._replace(meta_loss=meta_loss)
+
+    monkeypatch.setattr(train, "get_learner", exploding)
+    workdir = str(tmp_path / "nan")
+    with pytest.raises(FloatingPointError, match=r"loss is nan at epoch 1, step 3 .* checkpoint "
+                                                 r"is step 3"):
+        train.train_and_evaluate(TINY, workdir)
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints", "latest"))) == ["3"]
+
+
+def test_changed_config_in_an_old_workdir_is_refused(tmp_path):
+    workdir = str(tmp_path / "run")
+    train._check_workdir_config(workdir, TINY)
+    changed = train.TrainConfig(**{**TINY.to_json(), "seed": 1})
+    with pytest.raises(ValueError, match=r"different config \(fields \['seed'\]\)"):
+        train._check_workdir_config(workdir, changed)
+
+
+def test_cli_lists_valid_values_for_a_bad_learner():
+    result = subprocess.run([sys.executable, "-m", "launch.train", "--learner=nope",
+                             "--workdir=/tmp/unused"], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "protonets" in result.stderr and "init_tune" in result.stderr
+
+
+@pytest.mark.slow
+def test_protonets_learns_b3_on_mini_omniglot(omniglot_dir, data_dir, tmp_path):
+    """A short ProtoNets meta-training beats chance (1/15) widely, and beats init_tune."""
+    config = train.TrainConfig(
+        learner="protonets", dataset="omniglot", manual_dir=omniglot_dir, data_dir=data_dir,
+        task="B3", epochs=2, iters_per_epoch=15, meta_batch=4, val_tasks=20, test_tasks=60,
+        eval_batch=20, keep_best=2, learning_rate=2e-3)
+    protonets = train.train_and_evaluate(config, str(tmp_path / "pn"))["test"]
+    tune = train.TrainConfig(**{**config.to_json(), "learner": "init_tune"})
+    init_tune = train.train_and_evaluate(tune, str(tmp_path / "it"))["test"]
+    print(f"B3 mini-Omniglot: protonets {protonets['acc_mean']:.3f}, "
+          f"init_tune {init_tune['acc_mean']:.3f}")
+    assert protonets["acc_mean"] > 0.5
+    assert protonets["acc_mean"] > init_tune["acc_mean"] + 0.1
