@@ -4,7 +4,9 @@
 embedding is flattened; a ``LinearHead`` sized by the task spec sits on top
 where a learner needs one. Normalisation uses the statistics of the batch it
 is given (``BatchStatNorm``), with no running averages: a support set or the
-target set is normalised on its own, so no statistics cross sets.
+target set is normalised on its own, so no statistics cross sets. Convolutions
+are ``models.conv.Conv`` (a GEMM kernel gradient that stays fast inside the
+``lax.scan`` over support sets on CPU).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from cfsl_jax.models.conv import Conv
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "relu": nn.relu,
@@ -51,7 +55,7 @@ class Conv4(nn.Module):
         act = ACTIVATIONS[self.activation]
         x = x.astype(self.dtype)
         for _ in range(self.num_blocks):
-            x = nn.Conv(self.filters, (3, 3), padding="SAME", dtype=self.dtype)(x)
+            x = Conv(self.filters, (3, 3), dtype=self.dtype)(x)
             x = act(BatchStatNorm()(x))
             x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="VALID")
         return x.reshape(x.shape[0], -1)
