@@ -17,6 +17,8 @@ from cfsl_jax.data import DATASETS
 from cfsl_jax.learners import LEARNERS
 from cfsl_jax.spec import TARGET_MODES
 
+from .options import parse_options
+
 _DEFAULTS = train.TrainConfig()
 
 flags.DEFINE_enum("learner", _DEFAULTS.learner, LEARNERS, "Learner to train.")
@@ -52,21 +54,6 @@ flags.DEFINE_string("manual_dir", None, "Folder with the official archives.")
 
 FLAGS = flags.FLAGS
 _SPEC_FLAGS = ("nss", "nc", "ks", "kt", "cci", "overwrite", "target_mode")
-
-
-def parse_options(pairs: list[str], flag: str) -> dict:
-    """NAME=VALUE strings -> dict, values read as Python literals where they parse."""
-    import ast
-    options = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise app.UsageError(f"--{flag}={pair!r} is not NAME=VALUE")
-        try:
-            options[name] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            options[name] = value
-    return options
 
 
 def config_from_flags() -> train.TrainConfig:

@@ -1,0 +1,102 @@
+"""FLUID metrics of one stream (numpy, on the host, after the stream ran).
+
+Every sample counts, first appearances included (their label is not among the
+seen classes, so they are always wrong -- as in a deployed system).
+
+- ``accuracy``: fraction of samples predicted correctly.
+- ``mean_per_class_accuracy``: the mean over the stream's classes of each
+  class's accuracy (tail classes weigh as much as head classes).
+- cross-sections ``pretrain_head``, ``pretrain_tail``, ``novel_head``,
+  ``novel_tail``: accuracy over the samples of that group of classes (None if
+  the stream has none).
+- ``rolling_accuracy(correct, window)``: accuracy over the last ``window``
+  samples at each t (over all samples so far while t < window); the results
+  keep ``curve_points`` evenly spaced points of it.
+- ``auroc``: area under the ROC curve of unseen-class detection, first
+  appearances (positives) against all other samples (negatives), computed
+  from ranks (Mann-Whitney U, ties counted 1/2): ``(sum of positive ranks -
+  P(P+1)/2) / (P N)``. It equals the fraction of (positive, negative) pairs
+  where the positive scores higher, plus half the ties. None if either set is
+  empty.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+CROSS_SECTIONS = ("pretrain_head", "pretrain_tail", "novel_head", "novel_tail")
+
+
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks of ``values``; tied values share the mean of their ranks."""
+    values = np.asarray(values, np.float64)
+    order = np.argsort(values, kind="stable")
+    sorted_values = values[order]
+    starts = np.flatnonzero(np.r_[True, sorted_values[1:] != sorted_values[:-1]])
+    ends = np.r_[starts[1:], values.size]  # tie groups [start, end) in sorted order
+    group_rank = (starts + 1 + ends) / 2.0  # mean of ranks start+1 .. end
+    ranks = np.empty(values.size, np.float64)
+    ranks[order] = np.repeat(group_rank, ends - starts)
+    return ranks
+
+
+def auroc(scores, positives) -> float | None:
+    """Rank-based AUROC of ``scores`` [n] for the boolean ``positives`` [n] (module doc)."""
+    scores = np.asarray(scores, np.float64)
+    positives = np.asarray(positives, bool)
+    if scores.shape != positives.shape or scores.ndim != 1:
+        raise ValueError(f"scores {scores.shape} and positives {positives.shape} must be "
+                         f"matching 1-D arrays")
+    if np.isnan(scores).any():
+        raise ValueError("scores contain NaN")
+    num_pos, num_neg = int(positives.sum()), int((~positives).sum())
+    if num_pos == 0 or num_neg == 0:
+        return None
+    ranks = average_ranks(scores)
+    return float((ranks[positives].sum() - num_pos * (num_pos + 1) / 2) / (num_pos * num_neg))
+
+
+def rolling_accuracy(correct, window: int) -> np.ndarray:
+    """float64 [L]: mean of ``correct`` over the last ``window`` samples up to each t."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window={window!r} is invalid: must be an int >= 1")
+    correct = np.asarray(correct, np.float64)
+    cumulative = np.r_[0.0, np.cumsum(correct)]
+    t = np.arange(1, correct.size + 1)
+    first = np.maximum(t - window, 0)
+    return (cumulative[t] - cumulative[first]) / (t - first)
+
+
+def stream_metrics(prediction, unseen_score, stream, window: int | None = None,
+                   curve_points: int = 20) -> dict[str, Any]:
+    """All metrics of one stream as plain numbers; ``window`` defaults to max(10, L // 20)."""
+    label = np.asarray(stream.label)
+    prediction = np.asarray(prediction)
+    if prediction.shape != label.shape:
+        raise ValueError(f"prediction {prediction.shape} does not match the stream {label.shape}")
+    length = label.size
+    window = max(10, length // 20) if window is None else window
+    correct = prediction == label
+    pretrain = np.asarray(stream.is_pretrain_class)
+    head = np.asarray(stream.is_head_class)
+    classes = np.unique(label)
+    per_class = [float(correct[label == k].mean()) for k in classes]
+
+    sections = {}
+    for name in CROSS_SECTIONS:
+        group, size = name.split("_")
+        members = (pretrain == (group == "pretrain")) & (head == (size == "head"))
+        sections[name] = float(correct[members].mean()) if members.any() else None
+
+    rolling = rolling_accuracy(correct, window)
+    points = np.unique(np.linspace(0, length - 1, min(curve_points, length)).round().astype(int))
+    return {
+        "accuracy": float(correct.mean()),
+        "mean_per_class_accuracy": float(np.mean(per_class)),
+        **sections,
+        "auroc": auroc(unseen_score, np.asarray(stream.first_appearance)),
+        "rolling_window": window,
+        "rolling_accuracy": {"t": (points + 1).tolist(), "accuracy": rolling[points].tolist()},
+    }

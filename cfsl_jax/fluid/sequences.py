@@ -1,0 +1,245 @@
+"""FLUID sequences: a heavy-tailed stream of samples, a pure function of a key.
+
+``make_stream(key, class_table, class_sizes, config)`` builds one stream from a
+split's class table (the stream holds sample indices; images stay on device):
+
+1. Classes. ``K = config.num_classes`` classes are drawn uniformly without
+   replacement; ``P = round(K * pretrain_fraction)`` of them are *pretrain*
+   classes (their other samples pretrain the backbone), the other ``K - P`` are
+   *novel*. With ``pretrain_mask`` [C] (e.g. Omniglot's background alphabets)
+   pretrain classes are drawn from the masked classes and novel ones from the
+   rest. Stream labels are remapped to ``0..K-1``, pretrain classes first
+   (label ``k < P`` <=> pretrain class).
+2. Counts. Each class gets a uniformly random Zipf rank ``r`` in ``1..K`` and a
+   target share ``p_r = r**-s / sum_j j**-s``. A class's count is capped by the
+   samples it can give: its class size, minus ``min_pretrain_samples`` for a
+   pretrain class (kept back for pretraining). Counts are the capped
+   water-filling ``n_i = clip(c * p_i, 1, cap_i)`` with ``c`` chosen so that
+   ``sum n_i = length``, rounded to integers by largest remainder: the stream
+   has exactly ``length`` samples, every class appears at least once, and
+   uncapped classes keep their Zipf proportions. Which samples of a class enter
+   the stream is uniformly random.
+3. Order. ``order="uniform"``: a uniformly random permutation of the samples.
+   ``order="staggered"``: classes first appear over time: class ``j`` of a
+   random introduction order appears first at time ``j / K`` (of the stream)
+   and its other samples at uniform times after that.
+4. Flags per stream element: ``is_pretrain_class``; ``is_head_class`` (the
+   class has MORE than ``head_threshold`` samples in the stream; 50 in the
+   paper's ImageNet-scale setting -- scale it down for small datasets); and
+   ``first_appearance`` (the first sample of its class in the stream).
+
+Pretraining data (``StreamClasses.pretrain_table``, [P, S], -1 padded): row
+``k`` lists the samples of pretrain class ``k`` that are NOT in the stream, so
+pretraining data and the stream are disjoint.
+
+Random choices are made with ``jax.random`` from ``key`` (split by purpose:
+classes, ranks, samples, order); the bookkeeping is numpy. Same key, same
+stream, bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ORDERS = ("uniform", "staggered")
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamConfig:
+    """What stream to build (validated on construction)."""
+
+    num_classes: int = 50  # K: classes in the stream
+    length: int = 2000  # L: samples in the stream
+    pretrain_fraction: float = 0.5  # P = round(K * pretrain_fraction) pretrain classes
+    zipf_s: float = 1.0  # Zipf exponent of the class shares (0 = uniform)
+    head_threshold: int = 50  # a class with more samples than this in the stream is a head class
+    order: str = "uniform"  # "uniform" | "staggered" (classes first appear over time)
+    min_pretrain_samples: int = 10  # samples of each pretrain class kept out of the stream
+
+    def __post_init__(self):
+        def check(name, ok, limit):
+            if not ok:
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: must be {limit}")
+
+        check("num_classes", _is_int(self.num_classes) and self.num_classes >= 1, "an int >= 1")
+        check("length", _is_int(self.length) and self.length >= self.num_classes,
+              f"an int >= num_classes ({self.num_classes}): every class appears at least once")
+        check("pretrain_fraction", 0.0 <= self.pretrain_fraction <= 1.0, "in [0, 1]")
+        check("zipf_s", 0.0 <= self.zipf_s < 100, "in [0, 100)")
+        check("head_threshold", _is_int(self.head_threshold) and self.head_threshold >= 0,
+              "an int >= 0")
+        check("order", self.order in ORDERS, f"one of {ORDERS}")
+        check("min_pretrain_samples",
+              _is_int(self.min_pretrain_samples) and self.min_pretrain_samples >= 0, "an int >= 0")
+
+    @property
+    def num_pretrain(self) -> int:
+        """P: pretrain classes (round half to even, as Python's round)."""
+        return int(round(self.num_classes * self.pretrain_fraction))
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+class Stream(NamedTuple):
+    """One FLUID stream of L samples, in stream order (device arrays)."""
+
+    sample_idx: jax.Array  # int32 [L] rows of split.images
+    label: jax.Array  # int32 [L] stream class in 0..K-1 (pretrain classes are 0..P-1)
+    is_pretrain_class: jax.Array  # bool [L]
+    is_head_class: jax.Array  # bool [L] its class has > head_threshold samples in the stream
+    first_appearance: jax.Array  # bool [L] first sample of its class in the stream
+
+
+class StreamClasses(NamedTuple):
+    """Per-class facts of a stream (numpy), indexed by stream label k."""
+
+    split_class: np.ndarray  # int32 [K] class-table row of stream class k
+    is_pretrain: np.ndarray  # bool [K] k < P
+    is_head: np.ndarray  # bool [K] count > head_threshold
+    count: np.ndarray  # int32 [K] samples of class k in the stream
+    rank: np.ndarray  # int32 [K] Zipf rank (1 = largest share)
+    pretrain_table: np.ndarray  # int32 [P, S] pretrain class k's samples not in the stream, -1 pad
+
+
+def zipf_shares(num_classes: int, s: float) -> np.ndarray:
+    """float64 [K]: share of rank r = 1..K, proportional to r**-s."""
+    weights = np.arange(1, num_classes + 1, dtype=np.float64) ** -float(s)
+    return weights / weights.sum()
+
+
+def capped_counts(shares: np.ndarray, caps: np.ndarray, length: int) -> np.ndarray:
+    """int64 [K] counts summing to ``length``: ``clip(c * shares, 1, caps)``, largest remainder.
+
+    ``c`` is found by bisection (the clipped sum is non-decreasing in ``c``).
+    """
+    caps = np.asarray(caps, np.int64)
+    if np.any(caps < 1):
+        raise ValueError(f"every class needs at least one sample for the stream; caps {caps}")
+    if not len(shares) <= length <= caps.sum():
+        raise ValueError(f"length={length} must be between the number of classes "
+                         f"({len(shares)}) and the samples available to the stream "
+                         f"({caps.sum()})")
+
+    def total(scale):
+        return np.clip(scale * shares, 1.0, caps).sum()
+
+    low, high = 0.0, float(caps.max()) / float(shares.min())
+    for _ in range(200):
+        middle = 0.5 * (low + high)
+        low, high = (middle, high) if total(middle) < length else (low, middle)
+    targets = np.clip(high * shares, 1.0, caps)
+    counts = np.floor(targets + 1e-9).astype(np.int64)
+    remainder = int(length - counts.sum())
+    fractions = np.where(counts < caps, targets - counts, -1.0)
+    counts[np.argsort(-fractions, kind="stable")[:remainder]] += 1
+    if counts.sum() != length or np.any(counts > caps):  # cannot happen; guards the rounding
+        raise AssertionError(f"apportionment failed: {counts} (caps {caps}, length {length})")
+    return counts
+
+
+def make_stream(key: jax.Array, class_table, class_sizes, config: StreamConfig,
+                pretrain_mask=None) -> tuple[Stream, StreamClasses]:
+    """The stream and its per-class facts; a pure function of ``key`` and the arguments."""
+    table = np.asarray(class_table)
+    sizes = np.asarray(class_sizes).astype(np.int64)
+    num_split_classes = table.shape[0]
+    k, p = config.num_classes, config.num_pretrain
+    class_key, rank_key, sample_key, order_key = jax.random.split(key, 4)
+
+    # 1. Classes: pretrain classes first, then novel ones.
+    if k > num_split_classes:
+        raise ValueError(f"num_classes={k} exceeds the split's {num_split_classes} classes")
+    if pretrain_mask is None:
+        chosen = np.asarray(jax.random.permutation(class_key, num_split_classes))[:k]
+    else:
+        mask = np.asarray(pretrain_mask, bool)
+        if mask.shape != (num_split_classes,):
+            raise ValueError(f"pretrain_mask has shape {mask.shape}, "
+                             f"expected ({num_split_classes},)")
+        pool_p, pool_n = np.flatnonzero(mask), np.flatnonzero(~mask)
+        if p > pool_p.size or k - p > pool_n.size:
+            raise ValueError(f"{p} pretrain and {k - p} novel classes requested, but the mask "
+                             f"offers {pool_p.size} and {pool_n.size}")
+        key_p, key_n = jax.random.split(class_key)
+        chosen = np.concatenate([
+            pool_p[np.asarray(jax.random.permutation(key_p, pool_p.size))[:p]],
+            pool_n[np.asarray(jax.random.permutation(key_n, pool_n.size))[:k - p]]])
+    is_pretrain = np.arange(k) < p
+
+    # 2. Counts: Zipf shares by a random rank, capped by what each class can give.
+    rank = np.asarray(jax.random.permutation(rank_key, k)).astype(np.int32) + 1
+    caps = sizes[chosen] - np.where(is_pretrain, config.min_pretrain_samples, 0)
+    if np.any(caps < 1):
+        bad = int(np.argmin(caps))
+        raise ValueError(f"class {int(chosen[bad])} has {int(sizes[chosen[bad]])} samples: too few "
+                         f"for the stream with min_pretrain_samples={config.min_pretrain_samples}")
+    count = capped_counts(zipf_shares(k, config.zipf_s)[rank - 1], caps, config.length)
+
+    # Which samples: a uniformly random subset of each class; the rest of a
+    # pretrain class is its pretraining data.
+    width = table.shape[1]
+    noise = np.asarray(jax.random.uniform(sample_key, (k, width)))
+    valid = np.arange(width)[None, :] < sizes[chosen][:, None]
+    order_in_class = np.argsort(np.where(valid, noise, 2.0), axis=1, kind="stable")
+    shuffled = np.take_along_axis(table[chosen], order_in_class, axis=1)  # [K, S], valid first
+    in_stream = np.arange(width)[None, :] < count[:, None]
+    labels = np.repeat(np.arange(k, dtype=np.int32), count)
+    sample_idx = shuffled[in_stream]  # row-major: class 0's samples, then class 1's, ...
+    rest = np.where(valid & ~in_stream, shuffled, -1)[:p]
+    pretrain_table = np.full((p, width), -1, np.int32)
+    for row in range(p):
+        kept = rest[row][rest[row] >= 0]
+        pretrain_table[row, :kept.size] = kept
+
+    # 3. Order.
+    time_key, intro_key = jax.random.split(order_key)
+    times = np.asarray(jax.random.uniform(time_key, (config.length,)), np.float64)
+    if config.order == "staggered":
+        intro = np.empty(k, np.float64)
+        intro[np.asarray(jax.random.permutation(intro_key, k))] = np.arange(k) / k
+        start = intro[labels]
+        times = start + times * (1.0 - start)
+        first_of_class = np.concatenate([[0], np.cumsum(count)[:-1]])
+        times[first_of_class] = intro  # the class's first sample comes at its introduction time
+    order = np.argsort(times, kind="stable")
+    labels, sample_idx = labels[order], sample_idx[order]
+    first = np.zeros(config.length, bool)
+    first[np.unique(labels, return_index=True)[1]] = True
+
+    is_head = count > config.head_threshold
+    stream = Stream(jnp.asarray(sample_idx, jnp.int32), jnp.asarray(labels, jnp.int32),
+                    jnp.asarray(is_pretrain[labels]), jnp.asarray(is_head[labels]),
+                    jnp.asarray(first))
+    classes = StreamClasses(chosen.astype(np.int32), is_pretrain, is_head,
+                            count.astype(np.int32), rank, pretrain_table)
+    return stream, classes
+
+
+def pretrain_class_table(classes: StreamClasses) -> tuple[np.ndarray, np.ndarray]:
+    """(class_table [P, S], class_sizes [P]) of the pretraining data: row k = pretrain class k."""
+    table = classes.pretrain_table
+    return table, (table >= 0).sum(axis=1).astype(np.int32)
+
+
+def describe(stream: Stream, classes: StreamClasses) -> dict:
+    """Plain-number summary of a stream (for results.json and logs)."""
+    pretrain, head = np.asarray(stream.is_pretrain_class), np.asarray(stream.is_head_class)
+    return {
+        "length": int(stream.label.shape[0]),
+        "classes": int(classes.count.size),
+        "pretrain_classes": int(classes.is_pretrain.sum()),
+        "head_classes": int(classes.is_head.sum()),
+        "largest_class": int(classes.count.max()),
+        "smallest_class": int(classes.count.min()),
+        "pretrain_samples": int((classes.pretrain_table >= 0).sum()),
+        "samples": {f"{'pretrain' if p else 'novel'}_{'head' if h else 'tail'}":
+                    int(np.sum((pretrain == p) & (head == h)))
+                    for p in (True, False) for h in (True, False)},
+    }

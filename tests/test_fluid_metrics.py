@@ -1,0 +1,92 @@
+"""FLUID metrics: rank AUROC against brute force, rolling accuracy, cross-sections, detectors."""
+
+import itertools
+
+import hypothesis.strategies as st
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from cfsl_jax import fluid
+from cfsl_jax.fluid import classifiers
+from cfsl_jax.fluid.metrics import average_ranks
+
+
+def pairwise_auroc(scores, positives):
+    """Brute force: P(score of a positive > score of a negative) + P(tie) / 2."""
+    pos = [s for s, p in zip(scores, positives) if p]
+    neg = [s for s, p in zip(scores, positives) if not p]
+    wins = sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in itertools.product(pos, neg))
+    return wins / (len(pos) * len(neg))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-3, 3), st.booleans()), min_size=2, max_size=25))
+def test_auroc_equals_brute_force_pairwise(pairs):
+    scores = np.array([s for s, _ in pairs], np.float64) / 2  # small integers: many ties
+    positives = np.array([p for _, p in pairs])
+    if positives.all() or not positives.any():
+        assert fluid.auroc(scores, positives) is None
+    else:
+        assert fluid.auroc(scores, positives) == pytest.approx(pairwise_auroc(scores, positives),
+                                                             abs=1e-12)
+
+
+def test_auroc_known_values_and_infinite_scores():
+    positives = np.array([True, True, False, False, False])
+    assert fluid.auroc([5, 4, 3, 2, 1], positives) == 1.0
+    assert fluid.auroc([1, 2, 3, 4, 5], positives) == 0.0
+    assert fluid.auroc([1, 1, 1, 1, 1], positives) == 0.5
+    assert fluid.auroc([np.inf, 0.2, 0.3, 0.1, 0.2], positives) == pytest.approx(4.5 / 6)
+    np.testing.assert_array_equal(average_ranks([3.0, 1.0, 3.0, 2.0]), [3.5, 1.0, 3.5, 2.0])
+    with pytest.raises(ValueError, match="NaN"):
+        fluid.auroc([np.nan, 1.0], [True, False])
+
+
+def test_rolling_accuracy_known_values():
+    correct = np.array([1, 0, 1, 1, 0, 0], bool)
+    np.testing.assert_allclose(fluid.rolling_accuracy(correct, 3),
+                               [1, 1 / 2, 2 / 3, 2 / 3, 2 / 3, 1 / 3])
+    np.testing.assert_allclose(fluid.rolling_accuracy(correct, 100), np.cumsum(correct) /
+                               np.arange(1, 7))
+    with pytest.raises(ValueError, match="window=0"):
+        fluid.rolling_accuracy(correct, 0)
+
+
+def test_stream_metrics_known_values():
+    label = np.array([0, 1, 0, 2, 0, 1, 2, 0])
+    prediction = np.array([-1, 0, 0, 0, 0, 1, 2, 1])  # correct at 2, 4, 5, 6
+    pretrain = label == 0
+    head = label != 2
+    first = np.zeros(8, bool)
+    first[[0, 1, 3]] = True
+    stream = fluid.Stream(jnp.arange(8), jnp.asarray(label), jnp.asarray(pretrain),
+                          jnp.asarray(head), jnp.asarray(first))
+    score = np.array([9, 8, 0, 1, 2, 1, 0, 0], np.float32)  # first appearances: 9, 8, 1
+    result = fluid.stream_metrics(prediction, score, stream, window=4)
+    assert result["accuracy"] == pytest.approx(4 / 8)
+    assert result["mean_per_class_accuracy"] == pytest.approx((2 / 4 + 1 / 2 + 1 / 2) / 3)
+    assert result["pretrain_head"] == pytest.approx(2 / 4)  # class 0
+    assert result["novel_head"] == pytest.approx(1 / 2)  # class 1
+    assert result["novel_tail"] == pytest.approx(1 / 2)  # class 2
+    assert result["pretrain_tail"] is None
+    # 9 and 8 beat all 5 negatives; 1 beats three 0s, ties a 1, loses to the 2
+    assert result["auroc"] == pytest.approx((5 + 5 + 3.5) / 15)
+    assert result["rolling_accuracy"]["t"][-1] == 8
+    assert result["rolling_accuracy"]["accuracy"][-1] == pytest.approx(3 / 4)  # samples 4..7
+
+
+def test_detector_scores_known_values():
+    reps = jnp.array([[1.0, 0.0], [0.0, 2.0], [-1.0, 0.0]])
+    seen = jnp.array([True, True, False])
+    feature = classifiers.normalise(jnp.array([3.0, 0.0]))
+    assert float(classifiers.mdt_score(feature, reps, seen)) == pytest.approx(0.0, abs=1e-6)
+    other = classifiers.normalise(jnp.array([-1.0, 0.0]))  # nearest seen is at distance sqrt 2
+    assert float(classifiers.mdt_score(other, reps, seen)) == pytest.approx(np.sqrt(2), abs=1e-6)
+    assert float(classifiers.mdt_score(other, reps, jnp.zeros(3, bool))) == np.inf
+    logits = jnp.array([np.log(3.0), 0.0, 50.0])  # the unseen class's 50 is ignored
+    assert float(classifiers.max_softmax_score(logits, seen)) == pytest.approx(1 - 3 / 4)
+    assert float(classifiers.max_softmax_score(logits, jnp.zeros(3, bool))) == 1.0
+    assert int(classifiers.decide(logits, seen)) == 0
+    assert int(classifiers.decide(logits, jnp.zeros(3, bool))) == -1

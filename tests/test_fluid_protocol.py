@@ -1,0 +1,169 @@
+"""The FLUID protocol: predict before update (instrumented), running means, MACs accounting."""
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cfsl_jax import data, fluid, metrics
+from cfsl_jax.fluid import classifiers, protocol
+
+LENGTH, NUM_CLASSES = 120, 6
+
+
+class ProbeState(NamedTuple):
+    last_label: jax.Array  # int32 [] label of the last update
+    max_index: jax.Array  # float32 [] largest sample index any training step saw (unmasked)
+    index_sum: jax.Array  # float32 [] sum of the sample indices training steps saw
+    count: jax.Array  # float32 [] samples training steps saw
+    mismatches: jax.Array  # float32 [] training labels that differ from the sample's true label
+
+
+def index_split(length):
+    """A split whose image n is filled with the value n, so a feature can name its sample."""
+    images = np.broadcast_to(np.arange(length, dtype=np.uint8)[:, None, None, None],
+                             (length, 2, 2, 1)).copy()
+    info = data.SplitInfo("index", "train", 1, length, (2, 2, 1), ("all",), "test")
+    return data.Split(jnp.asarray(images), jnp.arange(length, dtype=jnp.int32)[None],
+                      jnp.array([length], jnp.int32), info)
+
+
+def manual_stream(labels):
+    labels = np.asarray(labels, np.int32)
+    first = np.zeros(labels.size, bool)
+    first[np.unique(labels, return_index=True)[1]] = True
+    false = jnp.zeros(labels.size, bool)
+    return fluid.Stream(jnp.arange(labels.size, dtype=jnp.int32), jnp.asarray(labels), false,
+                        false, jnp.asarray(first))
+
+
+def probe(true_labels, train_on, report):
+    """A method that reports what it was shown: predict returns the last update's label and
+    one training statistic; if predict could see label t it would return it."""
+
+    def sample_index(x):  # [n, 2, 2, 1] images of the index split -> [n] sample indices
+        return jnp.round(x.mean(axis=(1, 2, 3)) * 255.0)
+
+    def init(params, key):
+        zero = jnp.float32(0)
+        return ProbeState(jnp.int32(-1), jnp.float32(-1), zero, zero, zero)
+
+    def embed(params, state, x):
+        return sample_index(x)[:, None]
+
+    def predict(params, state, feature):
+        return state.last_label, getattr(state, report)
+
+    def update(params, state, feature, label):
+        return state._replace(last_label=label)
+
+    def train_step(params, state, inputs, labels, mask, key):
+        index = inputs[:, 0] if train_on == "features" else sample_index(inputs)
+        wrong = mask & (labels != true_labels[index.astype(jnp.int32)])
+        return ProbeState(state.last_label,
+                          jnp.maximum(state.max_index, jnp.max(jnp.where(mask, index, -1.0))),
+                          state.index_sum + jnp.sum(jnp.where(mask, index, 0.0)),
+                          state.count + jnp.sum(mask), state.mismatches + jnp.sum(wrong))
+
+    return fluid.Method("probe", lambda key, x: {}, init, embed, predict, update, train_step,
+                        train_on)
+
+
+@pytest.mark.parametrize("train_on", ["features", "images"])
+def test_predictions_never_see_their_label_and_training_only_sees_the_past(train_on):
+    labels = np.asarray(jax.random.randint(jax.random.key(0), (LENGTH,), 0, NUM_CLASSES))
+    stream, split = manual_stream(labels), index_split(LENGTH)
+    schedule = fluid.Schedule(update_every=40, epochs_per_update=2, batch_size=16)
+    phase_ends = [40, 80]  # no phase after the last sample
+    seen = {}
+    for report in ("max_index", "index_sum", "count", "mismatches"):
+        method = probe(jnp.asarray(labels), train_on, report)
+        record = fluid.run_stream(method, {}, stream, split, jax.random.key(1), schedule,
+                                  count_macs=False)
+        seen[report] = record.unseen_score
+        assert record.prediction[0] == -1
+        np.testing.assert_array_equal(record.prediction[1:], labels[:-1])  # label t-1, never t
+        assert record.train_steps == sum(2 * math.ceil(end / 16) for end in phase_ends)
+    t = np.arange(LENGTH)
+    last_end = np.select([t >= 80, t >= 40], [80, 40], 0)  # the last phase before sample t
+    np.testing.assert_array_equal(seen["max_index"], last_end - 1)  # only samples < phase end
+    # every epoch visits each revealed sample exactly once: E * sum(range(end)) per phase
+    expected_sum = np.select([t >= 80, t >= 40], [2 * (780 + 3160), 2 * 780], 0)
+    np.testing.assert_array_equal(seen["index_sum"], expected_sum)
+    np.testing.assert_array_equal(seen["count"], np.select([t >= 80, t >= 40], [240, 80], 0))
+    np.testing.assert_array_equal(seen["mismatches"], 0)
+
+
+IMAGE = (16, 16, 1)
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    split = data.load_split("synthetic", "train", num_classes=20, samples_per_class=40,
+                            image_size=IMAGE[0])
+    config = fluid.StreamConfig(num_classes=NUM_CLASSES, length=LENGTH, head_threshold=20,
+                                min_pretrain_samples=5)
+    stream, _ = fluid.make_stream(jax.random.key(3), split.class_table, split.class_sizes,
+                                  config)
+    return split, stream
+
+
+@pytest.fixture(scope="module")
+def ncm():
+    """One NCM method for the module, so its compiled scan is shared between tests."""
+    method = fluid.get_method("ncm", NUM_CLASSES, IMAGE, filters=8)
+    return method, method.init_params(jax.random.key(0), jnp.zeros((1, *IMAGE)))
+
+
+def test_changing_label_t_leaves_predictions_up_to_t_unchanged(synthetic, ncm):
+    split, stream = synthetic
+    method, params = ncm
+    t = 50
+    changed = stream._replace(label=stream.label.at[t].set((stream.label[t] + 1) % NUM_CLASSES))
+    a = fluid.run_stream(method, params, stream, split, jax.random.key(1), count_macs=False)
+    b = fluid.run_stream(method, params, changed, split, jax.random.key(1), count_macs=False)
+    np.testing.assert_array_equal(a.prediction[:t + 1], b.prediction[:t + 1])
+    np.testing.assert_array_equal(a.unseen_score[:t + 1], b.unseen_score[:t + 1])
+    assert not np.array_equal(a.prediction, b.prediction)  # label t does matter afterwards
+
+
+def test_ncm_running_means_equal_batch_means(synthetic, ncm):
+    split, stream = synthetic
+    method, params = ncm
+    state = method.init(params, jax.random.key(1))
+    scan = protocol.make_scan(method, keep_features=False)
+    state, _ = scan(params, state, split, stream.sample_idx, stream.label)
+    features = jax.jit(method.embed)(params, state,
+                                     data.gather_normalised(split, stream.sample_idx))
+    label = np.asarray(stream.label)
+    batch_means = np.stack([np.asarray(features)[label == k].mean(0) for k in range(NUM_CLASSES)])
+    np.testing.assert_allclose(classifiers.class_means(state.memory), batch_means, atol=1e-5)
+    np.testing.assert_array_equal(state.memory.counts, np.bincount(label, minlength=NUM_CLASSES))
+
+
+def test_total_macs_is_the_sum_of_per_call_cost_analyses(synthetic):
+    split, stream = synthetic
+    method = fluid.get_method("exemplar_tuning", NUM_CLASSES, IMAGE, filters=8)
+    params = method.init_params(jax.random.key(0), jnp.zeros((1, *IMAGE)))
+    schedule = fluid.Schedule(update_every=50, epochs_per_update=2, batch_size=16)
+    record = fluid.run_stream(method, params, stream, split, jax.random.key(1), schedule)
+
+    state = method.init(params, jax.random.key(0))
+    x = jnp.zeros((1, *IMAGE))
+    feature = method.embed(params, state, x)[0]
+    embed = metrics.xla_macs(method.embed, params, state, x)
+    predict = metrics.xla_macs(method.predict, params, state, feature)
+    update = metrics.xla_macs(method.update, params, state, feature, jnp.int32(0))
+    step = metrics.xla_macs(method.train_step, params, state, jnp.zeros((16, feature.size)),
+                            jnp.zeros(16, jnp.int32), jnp.ones(16, bool), jax.random.key(0))
+    steps = 2 * math.ceil(50 / 16) + 2 * math.ceil(100 / 16)
+    assert record.train_steps == steps
+    assert embed > 5e4 and predict > 0 and step > 0
+    assert record.macs["total"] == LENGTH * (embed + predict + update) + steps * step
+    # Per-call counts add up: XLA counts two embeds in one program as twice one.
+    two = metrics.xla_macs(lambda p, s, x: (method.embed(p, s, x), method.embed(p, s, 2 * x)),
+                           params, state, x)
+    assert two == pytest.approx(2 * embed, rel=1e-3)

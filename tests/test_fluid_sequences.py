@@ -1,0 +1,147 @@
+"""FLUID streams: Zipf statistics, flag consistency, determinism, disjoint pretraining data."""
+
+import jax
+import numpy as np
+import pytest
+
+from cfsl_jax import fluid
+from cfsl_jax.fluid.experiment import alphabet_pretrain_mask
+from cfsl_jax.fluid.sequences import capped_counts, zipf_shares
+
+
+def table_of(num_classes, size, ragged=False):
+    """A class table whose row c holds indices c*size .. (padded -1 when ragged)."""
+    table = np.arange(num_classes * size, dtype=np.int32).reshape(num_classes, size)
+    sizes = np.full(num_classes, size, np.int32)
+    if ragged:
+        sizes = np.maximum(size - np.arange(num_classes) % 7 * 3, 1).astype(np.int32)
+        table[np.arange(size)[None, :] >= sizes[:, None]] = -1
+    return table, sizes
+
+
+def fitted_exponent(classes):
+    """-slope of log count vs log rank over classes with >= 5 samples that were not capped."""
+    caps = np.where(classes.is_pretrain, 990, 1000)  # size 1000 - min_pretrain_samples 10
+    keep = (classes.count >= 5) & (classes.count < caps)
+    slope = np.polyfit(np.log(classes.rank[keep]), np.log(classes.count[keep]), 1)[0]
+    return -slope, int(keep.sum())
+
+
+@pytest.mark.parametrize("s", [0.5, 1.0, 1.5])
+def test_class_frequencies_follow_the_zipf_exponent(s):
+    table, sizes = table_of(30, 1000)
+    config = fluid.StreamConfig(num_classes=20, length=3000, zipf_s=s)
+    stream, classes = fluid.make_stream(jax.random.key(1), table, sizes, config)
+    exponent, fitted = fitted_exponent(classes)
+    assert fitted >= 15
+    assert exponent == pytest.approx(s, abs=0.05)
+    np.testing.assert_array_equal(np.bincount(np.asarray(stream.label), minlength=20),
+                                  classes.count)
+
+
+def test_zipf_zero_is_uniform_and_caps_are_respected():
+    counts = capped_counts(zipf_shares(10, 0.0), np.full(10, 100), 503)
+    assert counts.sum() == 503 and counts.max() - counts.min() <= 1
+    caps = np.array([5, 1000, 1000, 1000, 2])
+    counts = capped_counts(zipf_shares(5, 1.0), caps, 400)
+    assert counts.sum() == 400 and np.all(counts <= caps) and np.all(counts >= 1)
+    assert counts[0] == 5 and counts[4] == 2  # capped; the rest share the remainder
+    ratio = counts[1] / counts[3]  # uncapped classes keep the Zipf ratio 4/2
+    assert ratio == pytest.approx(2.0, abs=0.02)
+
+
+def test_flags_are_consistent_with_the_classes():
+    table, sizes = table_of(40, 60, ragged=True)
+    config = fluid.StreamConfig(num_classes=25, length=700, pretrain_fraction=0.4,
+                                head_threshold=30, min_pretrain_samples=5)
+    stream, classes = fluid.make_stream(jax.random.key(2), table, sizes, config)
+    label = np.asarray(stream.label)
+    idx = np.asarray(stream.sample_idx)
+    assert label.shape == (700,) and set(np.unique(label)) == set(range(25))
+    assert classes.is_pretrain.sum() == config.num_pretrain == 10
+    np.testing.assert_array_equal(np.asarray(stream.is_pretrain_class), label < 10)
+    np.testing.assert_array_equal(classes.is_head, classes.count > 30)
+    np.testing.assert_array_equal(np.asarray(stream.is_head_class), classes.is_head[label])
+    assert classes.is_head.any() and not classes.is_head.all()
+    first = np.asarray(stream.first_appearance)
+    assert first.sum() == 25
+    for k in range(25):
+        assert np.flatnonzero(first & (label == k)) == np.flatnonzero(label == k)[0]
+        members = set(table[classes.split_class[k]][table[classes.split_class[k]] >= 0])
+        assert set(idx[label == k]) <= members  # samples come from their own class
+    assert len(set(idx)) == idx.size  # no sample twice
+    assert np.all(classes.count[:10] <= sizes[classes.split_class[:10]] - 5)
+
+
+def test_same_key_same_stream_other_key_other_stream():
+    table, sizes = table_of(30, 50)
+    config = fluid.StreamConfig(num_classes=12, length=300)
+    a = fluid.make_stream(jax.random.key(7), table, sizes, config)
+    b = fluid.make_stream(jax.random.key(7), table, sizes, config)
+    c = fluid.make_stream(jax.random.key(8), table, sizes, config)
+    for x, y in zip(a[0], b[0]):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    np.testing.assert_array_equal(a[1].pretrain_table, b[1].pretrain_table)
+    assert not np.array_equal(np.asarray(a[0].sample_idx), np.asarray(c[0].sample_idx))
+
+
+def test_pretraining_data_and_stream_are_disjoint_and_complete():
+    table, sizes = table_of(30, 40, ragged=True)
+    config = fluid.StreamConfig(num_classes=16, length=300, pretrain_fraction=0.5,
+                                min_pretrain_samples=4)
+    stream, classes = fluid.make_stream(jax.random.key(3), table, sizes, config)
+    idx, label = np.asarray(stream.sample_idx), np.asarray(stream.label)
+    pre_table, pre_sizes = fluid.sequences.pretrain_class_table(classes)
+    assert pre_table.shape[0] == 8 and np.all(pre_sizes >= 4)
+    for k in range(8):
+        pretrain_samples = set(pre_table[k][pre_table[k] >= 0])
+        stream_samples = set(idx[label == k])
+        row = table[classes.split_class[k]]
+        assert not pretrain_samples & stream_samples
+        assert pretrain_samples | stream_samples == set(row[row >= 0])
+    novel_rows = table[classes.split_class[8:]]
+    assert not set(pre_table[pre_table >= 0]) & set(novel_rows[novel_rows >= 0])
+
+
+def test_staggered_order_introduces_classes_over_time():
+    table, sizes = table_of(30, 200)
+    late = {}
+    for order in fluid.sequences.ORDERS:
+        config = fluid.StreamConfig(num_classes=20, length=1500, order=order)
+        stream, _ = fluid.make_stream(jax.random.key(4), table, sizes, config)
+        late[order] = np.mean(np.flatnonzero(np.asarray(stream.first_appearance)) > 750)
+    assert late["staggered"] >= 0.15 > late["uniform"]
+
+
+def test_pretrain_mask_picks_pretrain_and_novel_classes_from_its_sides():
+    table, sizes = table_of(30, 50)
+    mask = np.arange(30) % 3 == 0
+    config = fluid.StreamConfig(num_classes=12, length=200, pretrain_fraction=0.5)
+    _, classes = fluid.make_stream(jax.random.key(5), table, sizes, config, pretrain_mask=mask)
+    assert mask[classes.split_class[:6]].all() and not mask[classes.split_class[6:]].any()
+    with pytest.raises(ValueError, match="7 pretrain and 21 novel"):
+        fluid.make_stream(jax.random.key(5), table, sizes,
+                          fluid.StreamConfig(num_classes=28, length=200, pretrain_fraction=0.25),
+                          pretrain_mask=mask)
+
+
+def test_alphabet_mask_keeps_alphabets_whole():
+    names = tuple(f"{a}/character{i:02d}" for a, n in (("Greek", 4), ("Latin", 3), ("Thai", 5))
+                  for i in range(n))
+    mask = alphabet_pretrain_mask(names, 0.6)  # 4 + 3 = 7 <= 7.2 classes
+    np.testing.assert_array_equal(mask, [True] * 7 + [False] * 5)
+    assert alphabet_pretrain_mask(names, 0.1).sum() == 4  # at least one alphabet
+
+
+def test_bad_configs_are_refused_with_the_numbers():
+    table, sizes = table_of(10, 20)
+    with pytest.raises(ValueError, match="num_classes=11 exceeds the split's 10"):
+        fluid.make_stream(jax.random.key(0), table, sizes,
+                          fluid.StreamConfig(num_classes=11, length=100))
+    with pytest.raises(ValueError, match="length=1000 .* available to the stream"):
+        fluid.make_stream(jax.random.key(0), table, sizes,
+                          fluid.StreamConfig(num_classes=10, length=1000))
+    with pytest.raises(ValueError, match="length=5 is invalid"):
+        fluid.StreamConfig(num_classes=10, length=5)
+    with pytest.raises(ValueError, match="order='random' is invalid"):
+        fluid.StreamConfig(order="random")
