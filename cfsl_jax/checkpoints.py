@@ -18,10 +18,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 
-def _manager(directory: str, max_to_keep: int | None, best: bool = False,
-             read_only: bool = False) -> ocp.CheckpointManager:
+def _manager(directory: str, max_to_keep: int | None, best: bool = False
+             ) -> ocp.CheckpointManager:
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
+        max_to_keep=max_to_keep, create=True,
         best_fn=(lambda m: m["val_acc"]) if best else None, best_mode="max")
     return ocp.CheckpointManager(os.path.abspath(directory), options=options)
 
@@ -30,13 +30,13 @@ class Checkpoints:
     """The three checkpoint series of one workdir."""
 
     def __init__(self, workdir: str, keep_best: int = 5, read_only: bool = False):
+        """``read_only``: the workdir must already hold checkpoints (nothing is saved then)."""
         root = os.path.join(workdir, "checkpoints")
         if read_only and not os.path.isdir(root):
             raise FileNotFoundError(f"no checkpoints in {workdir!r} (looked for {root})")
-        self.latest = _manager(os.path.join(root, "latest"), 1, read_only=read_only)
-        self.best = _manager(os.path.join(root, "best"), keep_best, best=True,
-                             read_only=read_only)
-        self.pretrained = _manager(os.path.join(root, "pretrained"), 1, read_only=read_only)
+        self.latest = _manager(os.path.join(root, "latest"), 1)
+        self.best = _manager(os.path.join(root, "best"), keep_best, best=True)
+        self.pretrained = _manager(os.path.join(root, "pretrained"), 1)
 
     # -- saving ------------------------------------------------------------------
     def save_latest(self, step: int, params: Any, opt_state: Any) -> None:

@@ -19,11 +19,13 @@ from cfsl_jax import train
 from cfsl_jax.learners import get_learner
 
 from . import train as train_cli  # noqa: F401  (defines the shared flags)
+from .options import quiet_third_party_logs
 
 FLAGS = flags.FLAGS
 
 
 def main(argv) -> None:
+    quiet_third_party_logs()
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     workdir = FLAGS.workdir

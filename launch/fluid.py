@@ -23,7 +23,7 @@ from cfsl_jax.fluid.protocol import Schedule
 from cfsl_jax.fluid.report import table
 from cfsl_jax.fluid.sequences import ORDERS, StreamConfig
 
-from .options import parse_options
+from .options import parse_options, quiet_third_party_logs
 
 _CONFIG, _STREAM, _SCHEDULE = FluidConfig(), StreamConfig(), Schedule()
 
@@ -88,6 +88,7 @@ def config_from_flags() -> FluidConfig:
 
 
 def main(argv) -> None:
+    quiet_third_party_logs()
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     try:

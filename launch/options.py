@@ -19,3 +19,20 @@ def parse_options(pairs: list[str], flag: str) -> dict:
         except (ValueError, SyntaxError):
             options[name] = value
     return options
+
+
+class _ThirdPartyInfoFilter:
+    """Drops INFO records of libraries that log every checkpoint write or backend probe."""
+
+    NOISY = ("/orbax/", "/jax/_src/xla_bridge", "/tensorflow_datasets/", "/etils/")
+
+    def filter(self, record) -> bool:
+        import logging as std_logging
+        return record.levelno > std_logging.INFO or not any(
+            part in record.pathname for part in self.NOISY)
+
+
+def quiet_third_party_logs() -> None:
+    """Keep our progress lines at INFO, without orbax's and jax's per-call INFO chatter."""
+    from absl import logging
+    logging.get_absl_handler().addFilter(_ThirdPartyInfoFilter())

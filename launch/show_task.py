@@ -10,6 +10,8 @@ from absl import app, flags
 
 from cfsl_jax import visualize
 
+from .options import quiet_third_party_logs
+
 _DATASET = flags.DEFINE_string("dataset", "synthetic", "Dataset name (see cfsl_jax.data.DATASETS).")
 _SPLIT = flags.DEFINE_enum("split", "train", ["train", "val", "test"], "Class split.")
 _TASK = flags.DEFINE_string("task", "D8", "Paper cell (B3, D8, ...), a type (A-D) or type+NSS (B7).")
@@ -20,6 +22,7 @@ _MANUAL_DIR = flags.DEFINE_string("manual_dir", None, "Folder with the official 
 
 
 def main(argv) -> None:
+    quiet_third_party_logs()
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     summary = visualize.show_task(dataset=_DATASET.value, split=_SPLIT.value, task=_TASK.value,

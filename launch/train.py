@@ -17,7 +17,7 @@ from cfsl_jax.data import DATASETS
 from cfsl_jax.learners import LEARNERS
 from cfsl_jax.spec import TARGET_MODES
 
-from .options import parse_options
+from .options import parse_options, quiet_third_party_logs
 
 _DEFAULTS = train.TrainConfig()
 
@@ -71,6 +71,7 @@ def config_from_flags() -> train.TrainConfig:
 
 
 def main(argv) -> None:
+    quiet_third_party_logs()
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     try:

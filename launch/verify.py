@@ -11,11 +11,14 @@ from absl import app, flags
 
 from cfsl_jax.verify import verify
 
+from .options import quiet_third_party_logs
+
 _WORKDIR = flags.DEFINE_string("workdir", None, "A finished run's directory.", required=True)
 _METRICS = flags.DEFINE_bool("metrics", True, "Also recompute the test metrics.")
 
 
 def main(argv) -> None:
+    quiet_third_party_logs()
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     differences = verify(_WORKDIR.value, metrics=_METRICS.value)

@@ -132,9 +132,15 @@ def _check_options(inner_steps, learning_rate, ewc_lambda, filters, activation) 
 
 
 def _finetune(name: str, spec: TaskSpec, image_shape: tuple[int, int, int], *,
-              pretrained: bool, ewc_lambda: float | None, inner_steps: int,
-              learning_rate: float, filters: int, activation: str) -> Learner:
-    """The one factory behind all four learners; ``ewc_lambda=None`` means no EWC."""
+              pretrained: bool, ewc_lambda: float | None, inner_steps: int = 5,
+              learning_rate: float = 0.03, filters: int = 48,
+              activation: str = "leaky_relu") -> Learner:
+    """The one factory behind all four learners; ``ewc_lambda=None`` means no EWC.
+
+    Options (keyword arguments of every public factory): ``inner_steps`` (5 SGD
+    steps per support set), ``learning_rate`` (0.03), ``filters`` (48),
+    ``activation`` ("leaky_relu"); EWC learners also take ``ewc_lambda`` (1e4).
+    """
     _check_options(inner_steps, learning_rate, ewc_lambda, filters, activation)
     image_shape = tuple(image_shape)
     embed = Conv4(filters=filters, activation=activation)
@@ -188,37 +194,29 @@ def _finetune(name: str, spec: TaskSpec, image_shape: tuple[int, int, int], *,
                    embed_apply=embed.apply)
 
 
-def init_tune(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1), *,
-              inner_steps: int = 5, learning_rate: float = 0.03, filters: int = 48,
-              activation: str = "leaky_relu") -> Learner:
-    """Fine-tune a fixed random init on each support set in turn."""
+def init_tune(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
+              **options) -> Learner:
+    """Fine-tune a fixed random init on each support set in turn (options: see ``_finetune``)."""
     return _finetune("init_tune", spec, image_shape, pretrained=False, ewc_lambda=None,
-                     inner_steps=inner_steps, learning_rate=learning_rate, filters=filters,
-                     activation=activation)
+                     **options)
 
 
-def pretrain_tune(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1), *,
-                  inner_steps: int = 5, learning_rate: float = 0.03, filters: int = 48,
-                  activation: str = "leaky_relu") -> Learner:
+def pretrain_tune(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
+                  **options) -> Learner:
     """Fine-tune a pretrained embedding plus a fresh head on each support set in turn."""
     return _finetune("pretrain_tune", spec, image_shape, pretrained=True, ewc_lambda=None,
-                     inner_steps=inner_steps, learning_rate=learning_rate, filters=filters,
-                     activation=activation)
+                     **options)
 
 
 def ewc_init(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1), *,
-             inner_steps: int = 5, learning_rate: float = 0.03, ewc_lambda: float = 1e4,
-             filters: int = 48, activation: str = "leaky_relu") -> Learner:
+             ewc_lambda: float = 1e4, **options) -> Learner:
     """``init_tune`` with Elastic Weight Consolidation across support sets."""
     return _finetune("ewc_init", spec, image_shape, pretrained=False, ewc_lambda=ewc_lambda,
-                     inner_steps=inner_steps, learning_rate=learning_rate, filters=filters,
-                     activation=activation)
+                     **options)
 
 
 def ewc_pretrain(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1), *,
-                 inner_steps: int = 5, learning_rate: float = 0.03, ewc_lambda: float = 1e4,
-                 filters: int = 48, activation: str = "leaky_relu") -> Learner:
+                 ewc_lambda: float = 1e4, **options) -> Learner:
     """``pretrain_tune`` with Elastic Weight Consolidation across support sets."""
     return _finetune("ewc_pretrain", spec, image_shape, pretrained=True, ewc_lambda=ewc_lambda,
-                     inner_steps=inner_steps, learning_rate=learning_rate, filters=filters,
-                     activation=activation)
+                     **options)
