@@ -17,8 +17,12 @@ from cfsl_jax.learners.base import Learner, Params, State
 
 
 def adapt_all(learner: Learner, params: Params, support_x: jax.Array, support_y: jax.Array,
-              key: jax.Array) -> State:
-    """The state after the learner has seen every support set, one at a time."""
+              key: jax.Array, unroll: int | bool = 1) -> State:
+    """The state after the learner has seen every support set, one at a time.
+
+    ``unroll`` is ``lax.scan``'s (True: fully unrolled, so that XLA's cost
+    analysis, which counts a loop body once, counts every support set).
+    """
     spec = learner.spec
     chex.assert_shape(support_y, (spec.nss, spec.support_size))
     chex.assert_shape(support_x, (spec.nss, spec.support_size, None, None, None))
@@ -27,35 +31,39 @@ def adapt_all(learner: Learner, params: Params, support_x: jax.Array, support_y:
     def step(state, support_set):
         return learner.adapt(params, state, *support_set), None
 
-    state, _ = jax.lax.scan(step, state, (support_x, support_y))
+    state, _ = jax.lax.scan(step, state, (support_x, support_y), unroll=unroll)
     return state
 
 
 def run_task(learner: Learner, params: Params, support_x: jax.Array, support_y: jax.Array,
-             target_x: jax.Array, key: jax.Array) -> jax.Array:
+             target_x: jax.Array, key: jax.Array, unroll: int | bool = 1) -> jax.Array:
     """Target logits [T, num_outputs] after adapting to support_x [NSS, NC*KS, H, W, C]."""
-    state = adapt_all(learner, params, support_x, support_y, key)
+    state = adapt_all(learner, params, support_x, support_y, key, unroll)
     logits = learner.predict(params, state, target_x)
     chex.assert_shape(logits, (target_x.shape[0], learner.spec.num_outputs))
     return logits
 
 
 def target_loss(learner: Learner, params: Params, support_x: jax.Array, support_y: jax.Array,
-                target_x: jax.Array, target_y: jax.Array, key: jax.Array
-                ) -> tuple[jax.Array, jax.Array]:
+                target_x: jax.Array, target_y: jax.Array, key: jax.Array,
+                unroll: int | bool = 1) -> tuple[jax.Array, jax.Array]:
     """(mean target cross-entropy, target logits) of one task: the meta-training objective."""
-    logits = run_task(learner, params, support_x, support_y, target_x, key)
+    logits = run_task(learner, params, support_x, support_y, target_x, key, unroll)
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, target_y).mean()
     return loss, logits
 
 
 def meta_loss(learner: Learner, params: Params, support_x: jax.Array, support_y: jax.Array,
               target_x: jax.Array, target_y: jax.Array, key: jax.Array,
-              progress: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The learner's meta-training objective of one task: its own, or ``target_loss``."""
+              progress: jax.Array, unroll: int | bool = 1) -> tuple[jax.Array, jax.Array]:
+    """The learner's meta-training objective of one task: its own, or ``target_loss``.
+
+    ``unroll`` applies to ``target_loss``'s scan; a learner's own ``meta_loss``
+    has its own options (MAML++'s ``unroll``).
+    """
     if learner.meta_loss is not None:
         return learner.meta_loss(params, support_x, support_y, target_x, target_y, key, progress)
-    return target_loss(learner, params, support_x, support_y, target_x, target_y, key)
+    return target_loss(learner, params, support_x, support_y, target_x, target_y, key, unroll)
 
 
 def map_tasks(fn, tasks, sequential: bool):

@@ -97,27 +97,47 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
 
 
 def make_train_step(learner: Learner, optimizer: optax.GradientTransformation, meta_batch: int):
-    """A jitted ``step(params, opt_state, split, key, progress) -> (params, opt_state, metrics)``."""
+    """A jitted ``step(params, opt_state, split, key, progress) -> (params, opt_state, metrics)``.
+
+    Tasks are vmapped, or, for per-task-weight learners on CPU, walked one at a
+    time by a ``lax.scan`` that sums each task's gradient (so only one task's
+    activations are alive at once).
+    """
     spec = learner.spec
     sequential = learner.per_task_weights and jax.default_backend() == "cpu"
 
-    def batch_loss(params, split, key, progress):
+    def task_loss(params, task, progress):
+        loss, logits = episode.meta_loss(learner, params, *task[:5], progress)
+        return loss, metrics.accuracy(logits, task[5])
+
+    grad_fn = jax.value_and_grad(task_loss, has_aux=True)
+
+    def batch_grads(params, split, key, progress):
         keys = jax.random.split(key, meta_batch)
         tasks = jax.vmap(lambda k: sample_task(k, split.class_table, split.class_sizes, spec))(
             keys)
         run_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
         task_args = (data.gather_normalised(split, tasks.support_idx), tasks.support_labels,
                      data.gather_normalised(split, tasks.target_idx), tasks.target_labels,
-                     run_keys)
-        losses, logits = episode.map_tasks(
-            lambda *args: episode.meta_loss(learner, params, *args, progress), task_args,
-            sequential)
-        return losses.mean(), metrics.accuracy(logits, tasks.target_labels).mean()
+                     run_keys, tasks.target_labels)
+        if not sequential:
+            def mean_loss(params):
+                losses, accs = jax.vmap(lambda t: task_loss(params, t, progress))(task_args)
+                return losses.mean(), accs.mean()
+            return jax.value_and_grad(mean_loss, has_aux=True)(params)
+
+        def accumulate(total, task):
+            (loss, acc), grads = grad_fn(params, task, progress)
+            return jax.tree.map(jnp.add, total, (loss, acc, grads)), None
+
+        zeros = (jnp.float32(0), jnp.float32(0), jax.tree.map(jnp.zeros_like, params))
+        (loss, acc, grads), _ = jax.lax.scan(accumulate, zeros, task_args)
+        return (loss / meta_batch, acc / meta_batch), jax.tree.map(lambda g: g / meta_batch,
+                                                                   grads)
 
     @jax.jit
     def step(params, opt_state, split, key, progress):
-        (loss, acc), grads = jax.value_and_grad(batch_loss, has_aux=True)(
-            params, split, key, progress)
+        (loss, acc), grads = batch_grads(params, split, key, progress)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, {"loss": loss, "acc": acc}
 
@@ -209,13 +229,19 @@ def meta_train(config: TrainConfig, learner: Learner, params: Any, splits, workd
     return params
 
 
-def meta_step_macs(learner: Learner, params: Any, split: data.Split, config: TrainConfig
-                   ) -> float:
-    """XLA's MACs of one meta-training step, per task."""
-    optimizer = make_optimizer(config)
-    step = make_train_step(learner, optimizer, config.meta_batch)
-    return metrics.xla_macs(step, params, optimizer.init(params), split, jax.random.key(0),
-                            jnp.float32(0)) / config.meta_batch
+def per_task_meta_step_macs(config: TrainConfig, learner: Learner, params: Any,
+                            image_shape: tuple[int, ...]) -> float:
+    """XLA's MACs of one task's meta-training step, with every support set counted.
+
+    A learner with its own meta-loss is rebuilt with ``unroll=True`` where its
+    factory has that option (MAML++/SCA), since XLA counts a loop body once.
+    """
+    try:
+        learner = get_learner(config.learner, config.spec, image_shape=image_shape,
+                              **{**config.learner_options, "unroll": True})
+    except ValueError:  # no such option: the episode scan is the only loop
+        pass
+    return metrics.meta_step_macs(learner, params, image_shape)
 
 
 def train_and_evaluate(config: TrainConfig, workdir: str,
@@ -248,8 +274,8 @@ def train_and_evaluate(config: TrainConfig, workdir: str,
                           ensemble=ensemble)
         if learner.training == "meta":
             member = jax.tree.map(lambda x: x[0], params)
-            report["macs_per_meta_step"] = meta_step_macs(learner, member, splits["train"],
-                                                          config)
+            report["macs_per_meta_step"] = per_task_meta_step_macs(
+                config, learner, member, tuple(splits["train"].images.shape[1:]))
         out = results.record(config, learner, splits, report, workdir,
                              wall_seconds=time.perf_counter() - started,
                              best_epochs=ckpt.best_epochs() if ensemble else [])

@@ -44,4 +44,4 @@ def test_module_matches_flax_conv():
     np.testing.assert_allclose(ours.apply(params, x), flax_conv.apply(params, x), rtol=1e-5,
                                atol=1e-5)
     with pytest.raises(ValueError, match="odd kernel sizes"):
-        Conv(6, (2, 2)).init(jax.random.key(0), x)
+        Conv(6, 2).init(jax.random.key(0), x)

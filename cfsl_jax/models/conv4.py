@@ -55,7 +55,7 @@ class Conv4(nn.Module):
         act = ACTIVATIONS[self.activation]
         x = x.astype(self.dtype)
         for _ in range(self.num_blocks):
-            x = Conv(self.filters, (3, 3), dtype=self.dtype)(x)
+            x = Conv(self.filters, 3, dtype=self.dtype)(x)
             x = act(BatchStatNorm()(x))
             x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="VALID")
         return x.reshape(x.shape[0], -1)

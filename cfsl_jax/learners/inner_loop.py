@@ -1,0 +1,378 @@
+"""The MAML++ inner loop, shared by ``maml_low``, ``maml_high`` and ``sca``.
+
+A learner built here carries **fast weights** across the support sets of a
+task: ``init`` copies the network's adaptable meta-parameters, and ``adapt``
+takes ``inner_steps`` (S, default 5) SGD steps of cross-entropy on the current
+support set alone, starting from the fast weights the previous support set
+left. ``predict`` applies the network with the fast weights to the target set.
+
+Parameters (``init_params``): ``{"net": network params, "lslr": rates,
+["embed": embedding params]}``. The network's leaves whose name starts with
+``step_`` (per-step batch-norm scale/bias) are meta-learned only; all its
+other leaves adapt. An embedding (``maml_high``) is applied to each support
+set -- and to the target set -- on its own, once per set, and is only
+meta-learned.
+
+MAML++ features, each an option with the paper's default on (see
+``InnerLoopOptions``):
+
+- LSLR: a learnable rate per adapted leaf and per inner step, initialised at
+  ``inner_lr``; the step index k runs over all inner steps of the task
+  (support set n, step s: k = n*S + s), so there are NSS*S rates per leaf
+  (+1 for SCA's critic step). Off: the fixed rate ``inner_lr``.
+- Per-step batch norm: a scale/bias per inner step k, meta-learned; each
+  forward pass normalises with its own batch's statistics. A forward pass
+  made after k inner steps (the target prediction after all support sets:
+  k = NSS*S) uses the parameters of step min(k, num_steps - 1).
+- Second-order meta-gradients; ``first_order=True`` stops the gradient
+  through the inner gradients, and ``first_order_epochs=K`` meta-trains
+  first-order for epochs < K (``Learner.for_epoch``; derivative-order
+  annealing). Evaluation never differentiates, so both orders predict alike.
+- Multi-step loss: after each support set n the target loss over the target
+  samples whose labels the task has shown so far; ``meta_loss`` weighs the
+  NSS losses from uniform (progress 0) linearly to the final loss alone
+  (progress >= ``msl_fraction``, default 0.1). Once annealed, the
+  intermediate target passes are skipped at run time (``lax.cond``).
+
+State (the ATM): ``InnerState(fast, step)``: the fast weights and, when LSLR
+or per-step BN is on, an int32 step counter k (4 bytes) that indexes them.
+
+Memory and compile time: support sets always go through a ``lax.scan``
+(``episode.run_task``'s, or ``meta_loss``'s with the ``unroll`` option), so the
+program does not grow with NSS; ``adapt`` is wrapped in ``jax.checkpoint``
+(``remat``), so a meta-gradient stores only the fast weights per support set
+and recomputes the rest; the S inner steps of one support set are unrolled
+(``unroll_inner``), and the per-step tables are cut to the support set's S
+rows once per set. XLA's cost analysis counts a loop body once: to count one
+meta-training step (``meta_step_macs``) build the learner with
+``unroll=True`` (full unroll; compile time then grows with NSS).
+
+Speed on CPU: the networks' convolutions are im2col matmuls there
+(``models.densenet.Conv``); a meta-gradient is then matmuls, pads and
+elementwise ops, several times faster on XLA:CPU than its convolution
+gradients. Per-task weights are plain (batched, under ``vmap``) matmuls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, NamedTuple
+
+import flax.linen as nn
+from flax import traverse_util
+import jax
+import jax.numpy as jnp
+import optax
+
+from cfsl_jax import episode, metrics
+from cfsl_jax.learners.base import Learner, check_image_shape
+from cfsl_jax.models.norm import META_ONLY_PREFIX
+from cfsl_jax.spec import TaskSpec
+
+REMAT_POLICIES: tuple[str, ...] = ("full", "dots", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class InnerLoopOptions:
+    """Options of the MAML++ inner loop (factory keyword arguments; defaults = MAML++)."""
+
+    inner_steps: int = 5  # S: SGD steps on each support set
+    inner_lr: float = 0.01  # initial (LSLR) or fixed inner learning rate
+    lslr: bool = True  # learnable per-layer, per-step inner learning rates
+    per_step_bn: bool = True  # per-step batch-norm scale/bias
+    first_order: bool = False  # first-order meta-gradients throughout
+    first_order_epochs: int = 0  # first-order for epochs < this, then second-order
+    multi_step_loss: bool = True  # target loss after every support set, annealed
+    msl_fraction: float = 0.1  # fraction of meta-training over which the MSL anneals
+    remat: str = "full"  # jax.checkpoint of adapt: "full" (save inputs), "dots", "none"
+    unroll: int | bool = 1  # lax.scan unroll over support sets in meta_loss (True: full)
+    unroll_inner: bool = True  # unroll the S inner steps of a support set (else lax.scan)
+
+    def __post_init__(self):
+        _check_int("inner_steps", self.inner_steps, 1)
+        _check_int("first_order_epochs", self.first_order_epochs, 0)
+        for name in ("lslr", "per_step_bn", "first_order", "multi_step_loss", "unroll_inner"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if isinstance(self.inner_lr, bool) or not isinstance(self.inner_lr, (int, float)) \
+                or not self.inner_lr > 0:
+            raise ValueError(f"inner_lr must be a positive number, got {self.inner_lr!r}")
+        if isinstance(self.msl_fraction, bool) or not isinstance(self.msl_fraction, (int, float)) \
+                or not 0 < self.msl_fraction <= 1:
+            raise ValueError(f"msl_fraction must be in (0, 1], got {self.msl_fraction!r}")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {self.remat!r}")
+        if not isinstance(self.unroll, bool):
+            _check_int("unroll", self.unroll, 1)
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+class InnerState(NamedTuple):
+    fast: Any  # the adapted weights: the network's adaptable leaves (float32, their shapes)
+    step: jax.Array | None  # int32 [] inner steps taken in this task; None without LSLR/per-step BN
+
+
+class TaskObjective(NamedTuple):
+    loss: jax.Array  # float32 [] the (multi-step) target loss
+    logits: jax.Array  # float32 [T, num_outputs] the final target logits
+    state: InnerState  # after the last support set
+    target_features: jax.Array  # the featurised target set
+
+
+# ---- fast / meta-only leaves ---------------------------------------------------------
+
+
+def is_adaptable(path: tuple[str, ...]) -> bool:
+    """Whether the network leaf at ``path`` adapts in the inner loop (not a per-step BN leaf)."""
+    return not path[-1].startswith(META_ONLY_PREFIX)
+
+
+def split_fast(net_params: Any) -> tuple[dict, dict]:
+    """(adaptable leaves, meta-only leaves) of network params, as two nested dicts."""
+    flat = traverse_util.flatten_dict(net_params)
+    fast = {k: v for k, v in flat.items() if is_adaptable(k)}
+    frozen = {k: v for k, v in flat.items() if not is_adaptable(k)}
+    return traverse_util.unflatten_dict(fast), traverse_util.unflatten_dict(frozen)
+
+
+def merge_fast(fast: dict, frozen: dict) -> dict:
+    """The network params with ``fast`` in place of the adaptable leaves."""
+    return traverse_util.unflatten_dict({**traverse_util.flatten_dict(frozen),
+                                         **traverse_util.flatten_dict(fast)})
+
+
+# ---- schedules -----------------------------------------------------------------------
+
+
+def msl_weights(progress: jax.Array, num_losses: int, fraction: float
+                ) -> tuple[jax.Array, jax.Array]:
+    """(weight of the final loss, weight of each intermediate loss) at ``progress``.
+
+    Uniform 1/n at progress 0, linearly to (1, 0) at ``fraction``; they sum to 1.
+    """
+    if num_losses == 1:
+        return jnp.float32(1.0), jnp.float32(0.0)
+    annealed = jnp.clip(jnp.asarray(progress, jnp.float32) / fraction, 0.0, 1.0)
+    final = 1.0 / num_losses + (1.0 - 1.0 / num_losses) * annealed
+    return final, (1.0 - final) / (num_losses - 1)
+
+
+def masked_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
+    """Mean cross-entropy over the samples where ``mask`` holds (0 if none)."""
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    mask = mask.astype(losses.dtype)
+    return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+# ---- the building blocks -------------------------------------------------------------
+
+
+class InnerLoop(NamedTuple):
+    """Pure pieces of a MAML++ learner; ``assemble`` makes the Learner, SCA extends them."""
+
+    spec: TaskSpec
+    options: InnerLoopOptions
+    num_steps: int  # LSLR rates / per-step BN entries: NSS*S + extra_steps
+    init_params: Callable  # (key, example_x, spec) -> params
+    init: Callable  # (params, key, spec) -> InnerState
+    featurize: Callable  # (params, x) -> features (identity without an embedding)
+    logits: Callable  # (params, fast, features, step) -> logits
+    sgd_step: Callable  # (params, fast, loss_fn(fast), step, first_order) -> fast
+    adapt: Callable  # first_order -> (params, state, x, y) -> state (checkpointed)
+    objective: Callable  # first_order -> (params, sx, sy, tx, ty, key, progress) -> TaskObjective
+
+
+def make_inner_loop(spec: TaskSpec, image_shape: tuple[int, ...], net: nn.Module,
+                    options: InnerLoopOptions, embed: nn.Module | None = None,
+                    extra_steps: int = 0) -> InnerLoop:
+    """The MAML++ pieces for ``net`` (called as ``net.apply(p, features, step)``).
+
+    ``net`` has a ``num_steps`` field: the rows of its per-step tables
+    (``PerStepBatchNorm``); ``adapt`` applies a clone with S rows to the rows
+    of the current support set.
+
+    ``embed`` (optional) maps each set of images to the features ``net`` sees;
+    ``extra_steps`` adds LSLR/BN entries after the NSS*S support-set steps.
+    """
+    S = options.inner_steps
+    num_steps = spec.nss * S + extra_steps
+    use_step = options.lslr or options.per_step_bn or extra_steps > 0
+
+    def featurize(params, x):
+        return x if embed is None else embed.apply({"params": params["embed"]}, x)
+
+    def init_params(key, example_x, spec):
+        check_image_shape(example_x, image_shape)
+        embed_key, net_key = jax.random.split(key)
+        params = {}
+        if embed is not None:
+            params["embed"] = embed.init(embed_key, example_x)["params"]
+        features = jax.eval_shape(featurize, params, example_x)
+        params["net"] = net.init(net_key, jnp.zeros(features.shape, features.dtype), 0)["params"]
+        if options.lslr:
+            fast, _ = split_fast(params["net"])
+            params["lslr"] = jax.tree.map(
+                lambda _: jnp.full((num_steps,), options.inner_lr, jnp.float32), fast)
+        return params
+
+    def init(params, key, spec):
+        del key, spec
+        fast, _ = split_fast(params["net"])
+        return InnerState(fast, jnp.zeros((), jnp.int32) if use_step else None)
+
+    def view(params, step, length):
+        """(meta-only net leaves, LSLR rates) with the per-step tables cut to ``length`` rows.
+
+        The rows start at min(step, num_steps - length): inside ``adapt`` one
+        dynamic slice per table and support set, then static row s per inner step.
+        """
+        _, frozen = split_fast(params["net"])
+        rates = params.get("lslr")
+        if step is None:
+            return frozen, rates
+        start = jnp.minimum(step, num_steps - length)
+        cut = lambda table: jax.lax.dynamic_slice_in_dim(table, start, length)  # noqa: E731
+        if options.per_step_bn:
+            frozen = jax.tree.map(cut, frozen)
+        return frozen, None if rates is None else jax.tree.map(cut, rates)
+
+    views = {}  # rows -> the network declaring per-step tables of that many rows
+
+    def apply_view(frozen, fast, features, row):
+        tables = jax.tree.leaves(frozen)
+        rows = tables[0].shape[0] if options.per_step_bn and tables else net.num_steps
+        if rows not in views:
+            views[rows] = net.clone(num_steps=rows)
+        return views[rows].apply({"params": merge_fast(fast, frozen)}, features, row)
+
+    def update(fast, grads, rates, row, first_order):
+        if first_order:
+            grads = jax.lax.stop_gradient(grads)
+        if rates is None:
+            return jax.tree.map(lambda p, g: p - options.inner_lr * g, fast, grads)
+        return jax.tree.map(lambda p, g, r: p - r[row] * g, fast, grads, rates)
+
+    def logits(params, fast, features, step):
+        frozen, _ = view(params, step, 1)
+        return apply_view(frozen, fast, features, 0)
+
+    def sgd_step(params, fast, loss_fn, step, first_order):
+        _, rates = view(params, step, 1)
+        return update(fast, jax.grad(loss_fn)(fast), rates, 0, first_order)
+
+    def remat(fn):
+        if options.remat == "none":
+            return fn
+        policy = jax.checkpoint_policies.dots_saveable if options.remat == "dots" else None
+        return jax.checkpoint(fn, policy=policy, prevent_cse=False)
+
+    def make_adapt(first_order: bool):
+        def adapt(params, state, support_x, support_y):
+            features = featurize(params, support_x)
+            frozen, rates = view(params, state.step, S)
+
+            def one_step(fast, s):
+                loss_fn = lambda f: metrics.cross_entropy(  # noqa: E731
+                    apply_view(frozen, f, features, s), support_y)
+                return update(fast, jax.grad(loss_fn)(fast), rates, s, first_order)
+
+            if options.unroll_inner:
+                fast = state.fast
+                for s in range(S):
+                    fast = one_step(fast, s)
+            else:
+                fast, _ = jax.lax.scan(lambda f, s: (one_step(f, s), None), state.fast,
+                                       jnp.arange(S, dtype=jnp.int32))
+            return InnerState(fast, None if state.step is None else state.step + S)
+
+        return remat(adapt)
+
+    adapts = {order: make_adapt(order) for order in (False, True)}
+
+    def make_objective(first_order: bool):
+        adapt = adapts[first_order]
+
+        def objective(params, support_x, support_y, target_x, target_y, key, progress):
+            target_features = featurize(params, target_x)
+            state = init(params, key, spec)
+            final_w, each_w = (msl_weights(progress, spec.nss, options.msl_fraction)
+                               if options.multi_step_loss else (1.0, 0.0))
+
+            def body(carry, inputs):
+                state, seen = carry
+                x, y, n = inputs
+                state = adapt(params, state, x, y)
+                if not options.multi_step_loss:
+                    return (state, seen), jnp.float32(0.0)
+                seen = seen | jnp.any(jax.nn.one_hot(y, spec.num_outputs, dtype=bool), axis=0)
+
+                # Always rematerialised: else the scan stacks NSS copies of the target
+                # activations, whether or not the branch runs.
+                @functools.partial(jax.checkpoint, prevent_cse=False)
+                def intermediate(params, state, seen):
+                    target_logits = logits(params, state.fast, target_features, state.step)
+                    return masked_cross_entropy(target_logits, target_y, seen[target_y])
+
+                loss = jax.lax.cond((each_w > 0) & (n < spec.nss - 1), intermediate,
+                                    lambda *_: jnp.float32(0.0), params, state, seen)
+                return (state, seen), loss
+
+            unroll = spec.nss if options.unroll is True else options.unroll
+            (state, _), losses = jax.lax.scan(
+                body, (state, jnp.zeros((spec.num_outputs,), bool)),
+                (support_x, support_y, jnp.arange(spec.nss, dtype=jnp.int32)), unroll=unroll)
+            target_logits = logits(params, state.fast, target_features, state.step)
+            final = metrics.cross_entropy(target_logits, target_y)
+            loss = final_w * final + each_w * jnp.sum(losses)
+            return TaskObjective(loss, target_logits, state, target_features)
+
+        return objective
+
+    return InnerLoop(spec, options, num_steps, init_params, init, featurize, logits, sgd_step,
+                     adapts.__getitem__, make_objective)
+
+
+def assemble(name: str, loop: InnerLoop, predict: Callable | None = None,
+             meta_loss: Callable | None = None) -> Learner:
+    """The Learner of ``loop`` (and its first-order twin for ``for_epoch``).
+
+    ``predict(first_order)`` / ``meta_loss(first_order)`` override the MAML++
+    ones (SCA); by default predict applies the fast weights to the target set
+    and meta_loss is the (multi-step) target loss of ``loop.objective``.
+    """
+    options = loop.options
+
+    def default_predict(first_order):
+        del first_order
+
+        def predict(params, state, target_x):
+            return loop.logits(params, state.fast, loop.featurize(params, target_x), state.step)
+        return predict
+
+    def default_meta_loss(first_order):
+        objective = loop.objective(first_order)
+
+        def meta_loss(params, support_x, support_y, target_x, target_y, key, progress):
+            result = objective(params, support_x, support_y, target_x, target_y, key, progress)
+            return result.loss, result.logits
+        return meta_loss
+
+    predict = predict or default_predict
+    meta_loss = meta_loss or default_meta_loss
+    variants: dict[bool, Learner] = {}
+
+    def for_epoch(epoch: int) -> Learner:
+        first = options.first_order or epoch < options.first_order_epochs
+        return variants[first]
+
+    for first in (False, True):
+        variants[first] = Learner(name, loop.spec, loop.init_params, loop.init,
+                                  loop.adapt(first), predict(first), training="meta",
+                                  per_task_weights=True, meta_loss=meta_loss(first),
+                                  for_epoch=for_epoch)
+    return variants[options.first_order]

@@ -1,0 +1,127 @@
+"""The MAML++ high-end networks: an SE-DenseNet embedding and an adaptable head.
+
+``SEDenseNet`` (meta-learned only, never adapted): a 3x3 stem conv
+(``filters``), then ``num_stages`` stages of ``blocks_per_stage`` dense blocks
+[squeeze-excite gate -> 1x1 conv (``growth``) -> 3x3 conv (``growth``), each
+conv with ``BatchStatNorm`` + LeakyReLU; the block's output is concatenated to
+its input]; after each stage a 2x2 average pool and a 1x1 transition conv back
+to ``filters`` channels (+ norm + LeakyReLU); finally an adaptive average pool
+to ``output_size`` x ``output_size`` (PyTorch's bins: output cell i covers
+input rows floor(i*H/o) .. ceil((i+1)*H/o)-1, so a 28x28 input, 7x7 after two
+stages, is pooled to 5x5 with overlapping 3x3/2x2 bins; an input smaller than
+the output repeats cells). Normalisation uses the statistics of the batch it
+is given, so a support set or the target set is embedded on its own.
+
+``AdaptableHead`` (adapted in the inner loop): [SE -> 3x3 conv (``filters``)
++ ``PerStepBatchNorm`` + LeakyReLU -> 2x2 max-pool -> SE -> global average
+pool -> linear]. Its call takes the inner-step index for the per-step norm.
+Convolutions have no bias (each feeds a batch norm, which would cancel it).
+
+Convolutions are ``models.conv.Conv`` with ``impl`` from the learner
+(default "auto": im2col GEMMs on CPU, whose derivatives of every order are
+matmuls; XLA convolutions elsewhere), without bias. ``max_pool`` is a reshape + max
+(twice differentiable with elementwise ops only; odd edges are dropped, as
+VALID pooling does).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cfsl_jax.models.conv import Conv
+from cfsl_jax.models.conv4 import BatchStatNorm
+from cfsl_jax.models.norm import PerStepBatchNorm
+
+def max_pool(x: jax.Array, size: int = 2) -> jax.Array:
+    """Non-overlapping size x size max-pool of [n, H, W, C] (VALID: odd edges dropped)."""
+    n, h, w, c = x.shape
+    ho, wo = h // size, w // size
+    x = x[:, :ho * size, :wo * size]
+    return x.reshape(n, ho, size, wo, size, c).max(axis=(2, 4))
+
+
+def avg_pool(x: jax.Array, size: int = 2) -> jax.Array:
+    """Non-overlapping size x size average pool of [n, H, W, C] (VALID)."""
+    n, h, w, c = x.shape
+    ho, wo = h // size, w // size
+    x = x[:, :ho * size, :wo * size]
+    return x.reshape(n, ho, size, wo, size, c).mean(axis=(2, 4))
+
+
+def _adaptive_matrix(size: int, out: int) -> np.ndarray:
+    """[out, size] averaging weights of PyTorch-style adaptive pooling bins."""
+    matrix = np.zeros((out, size), np.float32)
+    for i in range(out):
+        start, end = (i * size) // out, -(-((i + 1) * size) // out)
+        matrix[i, start:end] = 1.0 / (end - start)
+    return matrix
+
+
+def adaptive_avg_pool(x: jax.Array, out: int) -> jax.Array:
+    """Average-pool [n, H, W, C] to [n, out, out, C] with adaptive bins."""
+    _, h, w, _ = x.shape
+    rows = jnp.asarray(_adaptive_matrix(h, out), x.dtype)
+    cols = jnp.asarray(_adaptive_matrix(w, out), x.dtype)
+    return jnp.einsum("nhwc,ih,jw->nijc", x, rows, cols)
+
+
+class SqueezeExcite(nn.Module):
+    """Channel gate: x * sigmoid(MLP(global average of x)); hidden = max(C // reduction, 4)."""
+
+    reduction: int = 4
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        channels = x.shape[-1]
+        squeezed = jnp.mean(x, axis=(1, 2))
+        hidden = nn.relu(nn.Dense(max(channels // self.reduction, 4))(squeezed))
+        gate = nn.sigmoid(nn.Dense(channels)(hidden))
+        return x * gate[:, None, None, :]
+
+
+class SEDenseNet(nn.Module):
+    """SE-DenseNet embedding: [n, H, W, C] -> [n, output_size, output_size, filters]."""
+
+    filters: int = 64
+    growth: int = 64
+    num_stages: int = 2
+    blocks_per_stage: int = 2
+    output_size: int = 5
+    conv_impl: str = "auto"
+
+    def _conv_norm_act(self, x: jax.Array, features: int, kernel_size: int) -> jax.Array:
+        x = Conv(features, kernel_size, self.conv_impl, use_bias=False)(x)
+        return nn.leaky_relu(BatchStatNorm()(x))
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = self._conv_norm_act(x, self.filters, 3)
+        for _ in range(self.num_stages):
+            for _ in range(self.blocks_per_stage):
+                y = SqueezeExcite()(x)
+                y = self._conv_norm_act(y, self.growth, 1)
+                y = self._conv_norm_act(y, self.growth, 3)
+                x = jnp.concatenate([x, y], axis=-1)
+            x = self._conv_norm_act(avg_pool(x), self.filters, 1)
+        return adaptive_avg_pool(x, self.output_size)
+
+
+class AdaptableHead(nn.Module):
+    """The MAML++ high-end head: [n, h, w, C] features, inner step -> logits [n, num_outputs]."""
+
+    num_outputs: int
+    filters: int = 48
+    num_steps: int = 1
+    conv_impl: str = "auto"
+
+    @nn.compact
+    def __call__(self, x: jax.Array, step: jax.Array | int = 0) -> jax.Array:
+        x = SqueezeExcite()(x)
+        x = Conv(self.filters, 3, self.conv_impl, use_bias=False)(x)
+        x = nn.leaky_relu(PerStepBatchNorm(self.num_steps)(x, step))
+        x = max_pool(x)
+        x = SqueezeExcite()(x)
+        return nn.Dense(self.num_outputs)(jnp.mean(x, axis=(1, 2)))

@@ -1,0 +1,318 @@
+"""MAML++ low/high-end and SCA: meta-gradients, LSLR, per-step BN, ATM, data flow, NSS scaling."""
+
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from cfsl_jax import data, episode, metrics
+from cfsl_jax.learners import get_learner
+from cfsl_jax.learners.inner_loop import msl_weights
+from cfsl_jax.metrics import meta_step_macs
+from cfsl_jax.models.conv4 import BatchStatNorm
+from cfsl_jax.models.conv import im2col_conv
+from cfsl_jax.models.densenet import SEDenseNet
+from cfsl_jax.models.norm import PerStepBatchNorm
+from cfsl_jax.sampler import sample_task, sample_tasks
+from cfsl_jax.spec import TaskSpec
+
+IMAGE = (28, 28, 1)
+SMALL = (16, 16, 1)
+TINY_SPEC = TaskSpec(nss=2, nc=2, ks=1, kt=1, cci=1, overwrite=False, target_mode="per_class")
+TINY_LOW = dict(image_shape=SMALL, filters=3, num_blocks=2, inner_steps=2)
+TINY_HIGH = dict(image_shape=SMALL, filters=4, embed_filters=4, growth=4, inner_steps=2)
+
+
+def random_task(spec, image_shape, seed=0, dtype=jnp.float32):
+    """Random images with the labels of a real task of ``spec``."""
+    keys = jax.random.split(jax.random.key(seed), 2)
+    support_x = jax.random.uniform(keys[0], (spec.nss, spec.support_size, *image_shape), dtype)
+    group = jnp.arange(spec.nss)[:, None] // spec.cci
+    position = jnp.tile(jnp.repeat(jnp.arange(spec.nc), spec.ks), (spec.nss, 1))
+    support_y = (position if spec.overwrite else group * spec.nc + position).astype(jnp.int32)
+    target_x = jax.random.uniform(keys[1], (spec.target_size, *image_shape), dtype)
+    target_y = (jnp.arange(spec.target_size) % spec.num_outputs).astype(jnp.int32)
+    return support_x, support_y, target_x, target_y
+
+
+def init(learner, image_shape, seed=0):
+    return learner.init_params(jax.random.key(seed), jnp.zeros((1, *image_shape)), learner.spec)
+
+
+def meta_grad_fn(learner, progress=0.5):
+    """A jitted (params, task) -> (meta-loss, meta-gradient) of one task."""
+    return jax.jit(jax.value_and_grad(
+        lambda p, task: episode.meta_loss(learner, p, *task, jax.random.key(0), progress)[0]))
+
+
+# ---- meta-gradients ----------------------------------------------------------------------
+
+
+def test_second_order_meta_gradient_matches_finite_differences_and_first_order_does_not():
+    with jax.enable_x64(True):
+        learner = get_learner("maml_low", TINY_SPEC, inner_lr=0.3, multi_step_loss=False,
+                              first_order_epochs=1, **TINY_LOW)
+        first_order = learner.for_epoch(0)
+        assert learner.for_epoch(1) is learner and first_order is learner.for_epoch(0)
+        params = jax.tree.map(lambda p: p.astype(jnp.float64), init(learner, SMALL))
+        task = random_task(TINY_SPEC, SMALL, dtype=jnp.float64)
+        direction = jax.tree.map(
+            lambda p: jax.random.normal(jax.random.key(p.size), p.shape, jnp.float64), params)
+        second_order = meta_grad_fn(learner)
+        eps = 1e-5
+        shifted = [jax.tree.map(lambda p, d, s=s: p + s * eps * d, params, direction)
+                   for s in (1, -1)]
+        numeric = float(second_order(shifted[0], task)[0] - second_order(shifted[1], task)[0])
+        numeric /= 2 * eps
+        dot = lambda g: float(sum(jnp.vdot(a, b) for a, b in zip(  # noqa: E731
+            jax.tree.leaves(g), jax.tree.leaves(direction))))
+        second = dot(second_order(params, task)[1])
+        first = dot(meta_grad_fn(first_order)(params, task)[1])
+    assert second == pytest.approx(numeric, rel=1e-6)
+    assert abs(first - numeric) > 1e-3 * abs(numeric)  # first-order drops the Hessian terms
+
+
+# ---- LSLR and per-step batch norm ---------------------------------------------------------
+
+
+def test_lslr_rates_get_per_step_gradients_and_change_under_training():
+    learner = get_learner("maml_low", TINY_SPEC, **TINY_LOW)
+    params = init(learner, SMALL)
+    task = random_task(TINY_SPEC, SMALL)
+    steps = TINY_SPEC.nss * 2
+    for rates in jax.tree.leaves(params["lslr"]):
+        np.testing.assert_array_equal(rates, np.full(steps, 0.01, np.float32))
+    meta_grad = meta_grad_fn(learner)
+    _, grads = meta_grad(params, task)
+    assert sorted(grads["lslr"]) == ["Conv_0", "Conv_1", "Dense_0"]  # convs: kernels only
+    for rate_grad in jax.tree.leaves(grads["lslr"]):
+        assert rate_grad.shape == (steps,) and np.all(np.abs(rate_grad) > 1e-6)
+    for table in jax.tree.leaves(grads["net"]["PerStepBatchNorm_0"]):  # one row per step, all used
+        assert table.shape == (steps, 3) and np.all(np.abs(table).sum(axis=1) > 1e-6)
+    optimizer = optax.adam(1e-3)
+    opt_state = optimizer.init(params)
+    new = params
+    for _ in range(3):
+        _, grads = meta_grad(new, task)
+        updates, opt_state = optimizer.update(grads, opt_state, new)
+        new = optax.apply_updates(new, updates)
+    for old_rates, new_rates in zip(jax.tree.leaves(params["lslr"]),
+                                    jax.tree.leaves(new["lslr"])):
+        assert np.all(np.abs(new_rates - old_rates) > 1e-3)  # ~ 3 Adam steps of 1e-3
+
+
+def test_per_step_batch_norm_uses_the_row_of_its_step():
+    x = jax.random.normal(jax.random.key(0), (6, 3, 3, 2)) * 3 + 1
+    norm = PerStepBatchNorm(num_steps=4)
+    params = norm.init(jax.random.key(1), x, 0)
+    scale = jnp.arange(1.0, 9.0).reshape(4, 2)
+    params = {"params": {"step_scale": scale, "step_bias": -scale}}
+    standard = (x - x.mean((0, 1, 2))) / jnp.sqrt(x.var((0, 1, 2)) + 1e-5)
+    for step in range(4):
+        expected = standard * scale[step] - scale[step]
+        np.testing.assert_allclose(norm.apply(params, x, step), expected, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(norm.apply(params, x, jnp.int32(step)), expected,
+                                   rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(norm.apply(params, x, jnp.int32(9)), norm.apply(params, x, 3))
+
+
+def test_im2col_convolution_equals_xla_convolution():
+    x = jax.random.normal(jax.random.key(0), (2, 7, 6, 3))
+    for k in (1, 3):
+        kernel = jax.random.normal(jax.random.key(k), (k, k, 3, 5))
+        expected = jax.lax.conv_general_dilated(x, kernel, (1, 1), "SAME",
+                                                dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        np.testing.assert_allclose(im2col_conv(x, kernel), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_multi_step_loss_weights_anneal_to_the_final_loss():
+    final, each = msl_weights(0.0, 4, 0.1)
+    assert float(final) == pytest.approx(0.25) and float(each) == pytest.approx(0.25)
+    final, each = msl_weights(0.05, 4, 0.1)
+    assert float(final + 3 * each) == pytest.approx(1.0) and 0.25 < float(final) < 1
+    final, each = msl_weights(0.5, 4, 0.1)
+    assert float(final) == 1.0 and float(each) == 0.0
+
+
+# ---- ATM ------------------------------------------------------------------------------------
+
+
+def _bytes(*counts):
+    return 4 * sum(counts)
+
+
+@pytest.mark.parametrize("name", ["maml_low", "maml_high", "sca"])
+def test_atm_is_the_bytes_of_the_adapted_weights_and_step_counter(name):
+    spec = TaskSpec.preset("B3")  # 15 outputs
+    learner = get_learner(name, spec)
+    params = jax.eval_shape(lambda k: learner.init_params(k, jnp.zeros((1, *IMAGE)), spec),
+                            jax.random.key(0))
+    if name == "maml_low":  # 4 convs of 48 filters + linear 48 -> 15 (28 -> 14 -> 7 -> 3 -> 1)
+        weights = _bytes(9 * 1 * 48, 3 * 9 * 48 * 48, 48 * 15 + 15)  # convs: no bias (BN)
+    else:  # SE(64: 64->16->64), conv 3x3 64->48, SE(48: 48->12->48), linear 48 -> 15
+        weights = _bytes(64 * 16 + 16 + 16 * 64 + 64, 9 * 64 * 48,
+                         48 * 12 + 12 + 12 * 48 + 48, 48 * 15 + 15)
+    support = spec.nss * spec.support_size * 28 * 28 * 4
+    assert metrics.atm(learner, params, IMAGE) == pytest.approx((weights + 4) / support)
+
+
+# ---- data flow: maml_high's embedding --------------------------------------------------------
+
+
+def test_maml_high_embeds_each_support_set_and_the_target_set_on_its_own():
+    spec = TaskSpec(nss=3, nc=2, ks=2, kt=1, cci=1, overwrite=False, target_mode="per_class")
+    learner = get_learner("maml_high", spec, **TINY_HIGH)
+    params = init(learner, SMALL)
+    support_x, support_y, target_x, _ = random_task(spec, SMALL)
+    calls, norm_batches = [], []
+
+    def interceptor(next_fun, args, kwargs, context):
+        out = next_fun(*args, **kwargs)
+        if context.method_name != "__call__":
+            return out
+        if isinstance(context.module, SEDenseNet):
+            jax.debug.callback(lambda x, y: calls.append((np.asarray(x), np.asarray(y))),
+                               args[0], out)
+        if isinstance(context.module, BatchStatNorm):
+            norm_batches.append(args[0].shape[0])
+        return out
+
+    with nn.intercept_methods(interceptor):
+        jax.block_until_ready(jax.jit(lambda p: episode.run_task(
+            learner, p, support_x, support_y, target_x, jax.random.key(0)))(params))
+    jax.effects_barrier()
+    sets = [np.asarray(x) for x in support_x] + [np.asarray(target_x)]
+    assert len(calls) == len(sets)  # once per support set, once for the target set
+    embed = SEDenseNet(4, 4)
+    for inputs, features in calls:
+        matches = [i for i, s in enumerate(sets) if s.shape == inputs.shape
+                   and np.array_equal(s, inputs)]
+        assert len(matches) == 1
+        sets.pop(matches[0])
+        alone = embed.apply({"params": params["embed"]}, inputs)  # its own batch statistics
+        np.testing.assert_allclose(features, alone, rtol=1e-5, atol=1e-5)
+    assert not sets
+    assert set(norm_batches) == {spec.support_size, spec.target_size}
+
+
+# ---- NSS scaling: program size and memory ----------------------------------------------------
+
+
+def test_meta_training_program_does_not_grow_with_nss_and_runs_at_nss_30():
+    programs = {}
+    for nss in (3, 30):
+        spec = TaskSpec(nss=nss, nc=5, ks=1, kt=1, cci=nss, overwrite=True,
+                        target_mode="per_class")
+        learner = get_learner("maml_low", spec, **TINY_LOW)
+        params = init(learner, SMALL)
+        task = random_task(spec, SMALL)
+        step = jax.jit(jax.value_and_grad(
+            lambda p, t, l=learner: episode.meta_loss(l, p, *t, jax.random.key(0), 0.0)[0]))
+        lowered = step.lower(params, task)
+        ops = len(re.findall(r"^\s*(%\S+ = )?\"?[a-z_]+\.[a-z_.]+", lowered.as_text(), re.M))
+        programs[nss] = (ops, lowered, params, task)
+    assert programs[30][0] == programs[3][0]  # the same program, whatever NSS
+    memory = {}
+    for nss, (_, lowered, params, task) in programs.items():
+        compiled = lowered.compile()
+        memory[nss] = compiled.memory_analysis().temp_size_in_bytes
+        if nss == 30:
+            loss, grads = compiled(params, task)
+            assert np.isfinite(float(loss))
+            assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
+    assert memory[30] < 1.5 * memory[3] + 2**20, memory  # remat: only fast weights per set
+
+
+# ---- SCA -------------------------------------------------------------------------------------
+
+
+def test_sca_predicts_after_a_critic_step_and_meta_learns_the_critic():
+    learner = get_learner("sca", TINY_SPEC, **TINY_HIGH)
+    params = init(learner, SMALL)
+    task = random_task(TINY_SPEC, SMALL)
+    step = jax.jit(jax.value_and_grad(  # at progress 1 the weights are (0, 1): post-critic only
+        lambda p: episode.meta_loss(learner, p, *task, jax.random.key(0), 1.0), has_aux=True))
+    (loss, post), grads = step(params)
+    np.testing.assert_allclose(post, episode.run_task(learner, params, *task[:3],
+                                                      jax.random.key(0)), rtol=1e-5, atol=1e-5)
+    assert float(loss) == pytest.approx(float(metrics.cross_entropy(post, task[3])), rel=1e-5)
+    assert all(np.any(g != 0) for g in jax.tree.leaves(grads["critic"]))
+    # A critic whose output layer is zero has a constant loss: the critic step does nothing.
+    silent = {**params, "critic": {**params["critic"], "Dense_2": jax.tree.map(
+        jnp.zeros_like, params["critic"]["Dense_2"])}}
+    (_, pre), _ = step(silent)
+    assert post.shape == pre.shape == (TINY_SPEC.target_size, TINY_SPEC.num_outputs)
+    assert not np.allclose(post, pre, atol=1e-6)
+
+
+# ---- MACs, options ---------------------------------------------------------------------------
+
+
+def test_macs_of_adaptation_prediction_and_one_meta_training_step():
+    learner = get_learner("maml_low", TINY_SPEC, unroll=True, **TINY_LOW)
+    params = init(learner, SMALL)
+    macs = metrics.learner_macs(learner, params, SMALL)
+    assert macs["macs_adapt"] > 0 and macs["macs_predict"] > 0
+    step = meta_step_macs(learner, params, SMALL)
+    assert step > 2 * (TINY_SPEC.nss * macs["macs_adapt"] + macs["macs_predict"])
+
+
+@pytest.mark.parametrize("name,option,value", [
+    ("maml_low", "inner_steps", 0), ("maml_low", "inner_lr", -0.1), ("maml_low", "lslr", 1),
+    ("maml_low", "remat", "some"), ("maml_low", "msl_fraction", 0.0),
+    ("maml_low", "first_order_epochs", -1), ("maml_low", "filters", 0), ("maml_low", "conv", "fft"),
+    ("maml_low", "unroll", 0), ("maml_high", "growth", 0), ("sca", "critic_hidden", 0)])
+def test_bad_options_are_refused_naming_the_value(name, option, value):
+    with pytest.raises(ValueError, match=re.escape(repr(value))):
+        get_learner(name, TINY_SPEC, **{option: value})
+
+
+# ---- learning on real data -------------------------------------------------------------------
+
+
+def test_maml_low_meta_training_improves_c3_accuracy_on_omniglot(omniglot_splits):
+    spec = TaskSpec.preset("C3")
+    learner = get_learner("maml_low", spec, filters=32, inner_steps=3, inner_lr=0.1,
+                          multi_step_loss=False)
+    train, val = omniglot_splits["train"], omniglot_splits["val"]
+    params = init(learner, IMAGE)
+    optimizer = optax.adam(1e-2)
+    opt_state = optimizer.init(params)
+
+    def task_arrays(split, key):
+        task = sample_task(key, split.class_table, split.class_sizes, spec)
+        return (data.gather_normalised(split, task.support_idx), task.support_labels,
+                data.gather_normalised(split, task.target_idx), task.target_labels)
+
+    @jax.jit
+    def train_step(params, opt_state, key):
+        def task_grad(key):
+            task = task_arrays(train, key)
+            return jax.grad(lambda p: episode.meta_loss(learner, p, *task, key, 0.5)[0])(params)
+        grads = jax.lax.map(task_grad, jax.random.split(key, 4))
+        updates, opt_state = optimizer.update(jax.tree.map(lambda g: g.mean(0), grads),
+                                              opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    eval_keys = jax.random.split(jax.random.key(123), 32)
+    sample_tasks(eval_keys, val.class_table, val.class_sizes, spec)  # validates the spec
+
+    @jax.jit
+    def val_accuracy(params):
+        def one(key):
+            support_x, support_y, target_x, target_y = task_arrays(val, key)
+            logits = episode.run_task(learner, params, support_x, support_y, target_x, key)
+            return metrics.accuracy(logits, target_y)
+        return jax.lax.map(one, eval_keys).mean()
+
+    before = float(val_accuracy(params))
+    for step in range(30):
+        params, opt_state = train_step(params, opt_state, jax.random.fold_in(jax.random.key(7),
+                                                                             step))
+    after = float(val_accuracy(params))
+    # C3 reuses the 5 labels across 3 class groups; 30 steps of 4 tasks took 0.32 -> 0.41.
+    assert after > before + 0.05, (before, after)
