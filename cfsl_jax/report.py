@@ -1,0 +1,270 @@
+"""Reports of a sweep: the paper's Table 1 (and the same for CE, ATM, MACs), vs the paper.
+
+    from cfsl_jax import report
+    paths = report.write_report("/tmp/sweep", "/tmp/sweep/report")
+    print(open(paths["markdown"]["synthetic"]).read())
+
+Rules:
+
+- Input: every ``results.json`` under the sweep directory (any depth), grouped
+  by (dataset, learner, cell); a cell is the run config's ``task`` (``B3``,
+  ``D8``, ...). Runs without results (unfinished, failed) are not counted.
+- Statistic: per run, the test metric's mean over its test tasks; then the
+  mean and the standard deviation (population, ddof=0, as ``metrics.summarize``)
+  of those values across the seeds of a cell.
+- Metrics (``METRICS``): test accuracy (shown in percent, as the paper),
+  cross-entropy (nats), ATM and MACs per task. An entry shows no ``± std``
+  where the std is 0 (one seed; ATM and MACs, which every seed shares).
+- Table 1 layout: rows = learners (registry order), columns = cells (the
+  paper's grid order, then others), entries ``mean ± std``. Markdown (one file
+  per dataset with the four tables and the comparison with the paper) and a
+  long-format CSV per metric (numbers, one row per learner and cell).
+- The paper's published accuracy (``paper_results.TABLE1`` or a JSON file of
+  the same layout) is put side by side where a cell has one, with the
+  difference ours - paper in percentage points.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from typing import Any, Iterable, NamedTuple, Sequence
+
+import numpy as np
+
+from cfsl_jax import figures, paper_results
+from cfsl_jax.learners import LEARNERS
+from cfsl_jax.spec import PAPER_GRID
+from cfsl_jax.sweep import safe_name
+
+# name -> (key in results.json's "test", title, scale for display, format)
+METRICS: dict[str, tuple[str, str, float, str]] = {
+    "acc": ("acc_mean", "test accuracy (%)", 100.0, "{:.2f}"),
+    "ce": ("ce_mean", "test cross-entropy (nats)", 1.0, "{:.3f}"),
+    "atm": ("atm", "ATM (state bytes / support bytes)", 1.0, "{:.4g}"),
+    "macs": ("macs_per_task", "MACs per task", 1.0, "{:.4g}"),
+}
+
+
+class Aggregate(NamedTuple):
+    """One (dataset, learner, cell) of a sweep: a metric across seeds."""
+
+    mean: float
+    std: float  # population std across seeds (ddof=0)
+    values: tuple[float, ...]  # per seed, in seed order
+    seeds: tuple[int, ...]
+    spec: dict  # the TaskSpec fields (nss, cci, overwrite, ...)
+
+
+Key = tuple[str, str, str]  # (dataset, learner, cell)
+
+
+def load_results(sweep_dir: str) -> list[dict[str, Any]]:
+    """Every results.json under ``sweep_dir``, sorted by path."""
+    if not os.path.isdir(sweep_dir):
+        raise FileNotFoundError(f"sweep directory {sweep_dir!r} does not exist")
+    found = []
+    for root, dirs, files in os.walk(sweep_dir):
+        dirs[:] = sorted(d for d in dirs if d not in ("checkpoints", "xla_cache"))
+        if "results.json" in files:
+            with open(os.path.join(root, "results.json")) as f:
+                found.append(json.load(f))
+    return found
+
+
+def aggregate(results: Iterable[dict[str, Any]], metric: str) -> dict[Key, Aggregate]:
+    """``metric`` (a key of METRICS) of every (dataset, learner, cell) across its seeds."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; valid: {tuple(METRICS)}")
+    field = METRICS[metric][0]
+    grouped: dict[Key, list[tuple[int, float, dict]]] = {}
+    for result in results:
+        key = (result["dataset"], result["learner"], result["config"]["task"])
+        value = result["test"].get(field)
+        if value is not None:
+            grouped.setdefault(key, []).append((result["seed"], float(value), result["spec"]))
+    out = {}
+    for key, runs in grouped.items():
+        runs.sort(key=lambda run: run[0])
+        seeds = tuple(run[0] for run in runs)
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"{key} has two results for one seed ({seeds}); one sweep "
+                             f"directory must hold one run per (dataset, learner, cell, seed)")
+        values = np.array([run[1] for run in runs], np.float64)
+        out[key] = Aggregate(float(values.mean()), float(values.std()),
+                             tuple(values.tolist()), seeds, runs[0][2])
+    return out
+
+
+def _cell_order(cells: Iterable[str]) -> list[str]:
+    cells = set(cells)
+    return [c for c in PAPER_GRID if c in cells] + sorted(cells - set(PAPER_GRID))
+
+
+def _learner_order(learners: Iterable[str]) -> list[str]:
+    learners = set(learners)
+    return [name for name in LEARNERS if name in learners] + sorted(learners - set(LEARNERS))
+
+
+def format_value(metric: str, mean: float, std: float | None = None) -> str:
+    """``mean ± std`` in the metric's display unit; no std when it is None or 0."""
+    _, _, scale, fmt = METRICS[metric]
+    text = fmt.format(mean * scale)
+    if std:
+        text += " ± " + fmt.format(std * scale)
+    return text
+
+
+def table(aggregates: dict[Key, Aggregate], dataset: str, metric: str) -> list[list[str]]:
+    """Table 1 of one dataset: a header row, then one row per learner (cells as columns)."""
+    keys = [key for key in aggregates if key[0] == dataset]
+    cells = _cell_order(key[2] for key in keys)
+    rows = [["learner", *cells]]
+    for learner in _learner_order(key[1] for key in keys):
+        row = [learner]
+        for cell in cells:
+            found = aggregates.get((dataset, learner, cell))
+            row.append(format_value(metric, found.mean, found.std) if found else "-")
+        rows.append(row)
+    return rows
+
+
+def markdown(rows: Sequence[Sequence[str]]) -> str:
+    """A Markdown table; the first row is the header."""
+    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
+    return "\n".join(lines)
+
+
+# ---- the paper's numbers ---------------------------------------------------------------------
+
+
+def load_paper_table(path: str | None = None) -> dict:
+    """The paper's table: ``paper_results.TABLE1``, or a JSON file of the same layout."""
+    if path is None:
+        return paper_results.TABLE1
+    with open(path) as f:
+        table_ = json.load(f)
+    missing = {"source", "values"} - set(table_)
+    if missing:
+        raise ValueError(f"{path}: a paper table needs the keys {sorted(missing)} "
+                         f"(layout in cfsl_jax/paper_results.py)")
+    return table_
+
+
+def paper_value(paper: dict, dataset: str, learner: str, cell: str) -> dict | None:
+    """{"mean", "std"} in percent, or None where the paper has no number for it."""
+    paper_dataset = paper_results.PAPER_DATASETS.get(dataset, dataset)
+    return paper["values"].get(paper_dataset, {}).get(learner, {}).get(cell)
+
+
+def paper_comparison(accuracy: dict[Key, Aggregate], dataset: str, paper: dict
+                     ) -> list[list[str]]:
+    """Rows (header first): learner, cell, ours, paper, ours - paper (points), for the cells
+    that the paper has a number for."""
+    rows = [["learner", "cell", "ours (%)", "paper (%)", "difference (points)"]]
+    keys = [key for key in accuracy if key[0] == dataset]
+    for learner in _learner_order(key[1] for key in keys):
+        for cell in _cell_order(key[2] for key in keys if key[1] == learner):
+            ours = accuracy[(dataset, learner, cell)]
+            theirs = paper_value(paper, dataset, learner, cell)
+            if theirs is None:
+                continue
+            difference = 100.0 * ours.mean - theirs["mean"]
+            rows.append([learner, cell, format_value("acc", ours.mean, ours.std),
+                         f"{theirs['mean']:.2f} ± {theirs['std']:.2f}", f"{difference:+.2f}"])
+    return rows
+
+
+# ---- files -----------------------------------------------------------------------------------
+
+
+def long_rows(aggregates: dict[Key, Aggregate], dataset: str, metric: str,
+              paper: dict | None = None) -> list[dict[str, Any]]:
+    """One dict per (learner, cell) with numbers (the CSV rows); accuracy rows also carry the
+    paper's mean/std and the difference (percent) where the paper has them."""
+    rows = []
+    keys = [key for key in aggregates if key[0] == dataset]
+    for learner in _learner_order(key[1] for key in keys):
+        for cell in _cell_order(key[2] for key in keys if key[1] == learner):
+            found = aggregates[(dataset, learner, cell)]
+            row = {"dataset": dataset, "learner": learner, "cell": cell,
+                   "nss": found.spec["nss"], "cci": found.spec["cci"],
+                   "overwrite": found.spec["overwrite"], "seeds": len(found.seeds),
+                   "mean": found.mean, "std": found.std}
+            if metric == "acc" and paper is not None:
+                theirs = paper_value(paper, dataset, learner, cell)
+                row["paper_mean"] = theirs["mean"] / 100.0 if theirs else ""
+                row["paper_std"] = theirs["std"] / 100.0 if theirs else ""
+                row["difference"] = found.mean - theirs["mean"] / 100.0 if theirs else ""
+            rows.append(row)
+    return rows
+
+
+def write_csv(path: str, rows: Sequence[dict[str, Any]]) -> None:
+    if not rows:
+        raise ValueError(f"no rows to write to {path}")
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def dataset_markdown(results: Sequence[dict], dataset: str, paper: dict) -> str:
+    """The Markdown report of one dataset: Table 1 for each metric, then the paper's numbers."""
+    runs = [r for r in results if r["dataset"] == dataset]
+    budget = runs[0]["config"]  # one budget per sweep directory (sweep.plan refuses others)
+    parts = [f"# Table 1 on {dataset}",
+             f"{len(runs)} runs; mean ± std across seeds of each run's mean over "
+             f"{budget['test_tasks']} test tasks (no ± where the seeds agree). Budget per run: "
+             f"{budget['epochs']} epochs x {budget['iters_per_epoch']} iterations, meta-batch "
+             f"{budget['meta_batch']} ({budget['pretrain_steps']} steps for pretraining)."]
+    for metric, (_, title, _, _) in METRICS.items():
+        parts += [f"## {title}", markdown(table(aggregate(runs, metric), dataset, metric))]
+    parts.append(f"## Test accuracy vs the paper ({paper.get('table', 'table')}, "
+                 f"{paper['source']})")
+    paper_dataset = paper_results.PAPER_DATASETS.get(dataset, dataset)
+    comparison = paper_comparison(aggregate(runs, "acc"), dataset, paper)
+    if len(comparison) > 1:
+        parts.append(markdown(comparison))
+        if paper_dataset != dataset:
+            parts.append(f"(The paper used {paper_dataset}; the comparison with {dataset} is "
+                         f"indicative only.)")
+    elif dataset not in paper_results.PAPER_DATASETS and paper_dataset not in paper["values"]:
+        parts.append(f"The paper reports no numbers on {dataset}.")
+    else:
+        parts.append("No published number for these cells. " + paper.get("note", ""))
+    return "\n\n".join(parts) + "\n"
+
+
+def write_report(sweep_dir: str, out_dir: str | None = None, paper: dict | None = None,
+                 figure3: bool = True) -> dict[str, Any]:
+    """Write the Markdown and CSV tables (and Figure 3) of every dataset of a sweep.
+
+    Returns {"markdown": {dataset: path}, "csv": {dataset: {metric: path}},
+    "figure3": {dataset: path or None}}.
+    """
+    results = load_results(sweep_dir)
+    if not results:
+        raise FileNotFoundError(f"no results.json under {sweep_dir!r}: has the sweep run?")
+    out_dir = out_dir or os.path.join(sweep_dir, "report")
+    os.makedirs(out_dir, exist_ok=True)
+    paper = paper if paper is not None else load_paper_table()
+    paths: dict[str, Any] = {"markdown": {}, "csv": {}, "figure3": {}}
+    for dataset in sorted({r["dataset"] for r in results}):
+        stem = os.path.join(out_dir, f"table1_{safe_name(dataset)}")
+        with open(stem + ".md", "w") as f:
+            f.write(dataset_markdown(results, dataset, paper))
+        paths["markdown"][dataset] = stem + ".md"
+        paths["csv"][dataset] = {}
+        for metric in METRICS:
+            rows = long_rows(aggregate(results, metric), dataset, metric, paper)
+            write_csv(f"{stem}_{metric}.csv", rows)
+            paths["csv"][dataset][metric] = f"{stem}_{metric}.csv"
+        if figure3:
+            path = os.path.join(out_dir, f"figure3_{safe_name(dataset)}.png")
+            accuracy = {k: v for k, v in aggregate(results, "acc").items() if k[0] == dataset}
+            paths["figure3"][dataset] = figures.plot_accuracy_vs_nss(
+                accuracy, path, title=f"Test accuracy vs NSS, CCI=1 ({dataset})")
+    return paths

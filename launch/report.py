@@ -1,0 +1,94 @@
+"""Tables and figures of a sweep, and Figure 4 (ATM and MACs against NSS), which needs no training.
+
+    python -m launch.report --sweep_dir=/tmp/sweep                 # Table 1s, Figure 3
+    python -m launch.report --figure=atm_macs --out_dir=/tmp/fig4  # Figure 4, every learner
+    python -m launch.report --figure=atm_macs --learners=protonets,init_tune --nss=1,10,100
+
+With --sweep_dir, writes table1_<dataset>.md (Table 1 for accuracy, cross-entropy,
+ATM and MACs, and the paper's published accuracy side by side where it has one)
+and table1_<dataset>_<metric>.csv for every dataset of the sweep, and Figure 3
+(figure3_<dataset>.png) when --figure includes accuracy_nss. --figure=atm_macs
+writes figure4.png and figure4.csv: ATM and MACs per task of every learner at
+every --nss on task type --task_type (C: CCI=1, overwrite), computed from shapes
+and XLA's cost analysis in a few minutes on CPU. Output goes to --out_dir
+(default: SWEEP_DIR/report, or ./cfsl_report without a sweep).
+"""
+
+from __future__ import annotations
+
+import os
+
+from absl import app, flags
+
+from cfsl_jax import figures, report
+from cfsl_jax.learners import LEARNERS
+
+flags.DEFINE_string("sweep_dir", None, "Sweep directory (launch.sweep --workdir).")
+flags.DEFINE_string("out_dir", None, "Where to write (default: SWEEP_DIR/report or ./cfsl_report).")
+flags.DEFINE_multi_enum("figure", ["accuracy_nss"], ["accuracy_nss", "atm_macs"],
+                        "Figures: accuracy_nss (Figure 3, needs --sweep_dir), atm_macs "
+                        "(Figure 4, no training). Repeatable.")
+flags.DEFINE_string("paper_results", None, "JSON file with the paper's numbers (default: the "
+                    "table shipped in cfsl_jax/paper_results.py).")
+flags.DEFINE_list("learners", [], f"Figure 4 learners (default: all of {','.join(LEARNERS)} "
+                  "that build).")
+flags.DEFINE_list("nss", [str(n) for n in figures.FIGURE4_NSS], "Figure 4 NSS values.")
+flags.DEFINE_enum("task_type", "C", ["A", "B", "C", "D"], "Figure 4 task type.")
+flags.DEFINE_list("image_shape", ["28", "28", "1"], "Figure 4 image shape H,W,C.")
+flags.DEFINE_string("compilation_cache", None, "Persistent XLA cache for Figure 4 (default: "
+                    "OUT_DIR/xla_cache; '' for none).")
+
+FLAGS = flags.FLAGS
+
+
+def figure4(out_dir: str) -> str:
+    import jax
+
+    cache = FLAGS.compilation_cache
+    cache = os.path.join(out_dir, "xla_cache") if cache is None else cache
+    if cache:
+        jax.config.update("jax_compilation_cache_dir", os.path.abspath(cache))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    curves, skipped = figures.cost_curves(
+        FLAGS.learners or LEARNERS, [int(n) for n in FLAGS.nss], FLAGS.task_type,
+        tuple(int(n) for n in FLAGS.image_shape))
+    if not curves:
+        raise app.UsageError(f"no learner could be measured: {skipped}")
+    figures.write_cost_curves_csv(curves, os.path.join(out_dir, "figure4.csv"))
+    path = figures.plot_cost_curves(
+        curves, os.path.join(out_dir, "figure4.png"),
+        title=f"ATM and MACs per task against NSS (type {FLAGS.task_type})")
+    print(f"Figure 4: {path} (numbers: {os.path.join(out_dir, 'figure4.csv')})")
+    return path
+
+
+def main(argv) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not FLAGS.sweep_dir and "atm_macs" not in FLAGS.figure:
+        raise app.UsageError("give --sweep_dir (tables, Figure 3) or --figure=atm_macs")
+    default = os.path.join(FLAGS.sweep_dir, "report") if FLAGS.sweep_dir else "cfsl_report"
+    out_dir = FLAGS.out_dir or default
+    os.makedirs(out_dir, exist_ok=True)
+    if FLAGS.sweep_dir:
+        try:
+            paper = report.load_paper_table(FLAGS.paper_results)
+            paths = report.write_report(FLAGS.sweep_dir, out_dir, paper,
+                                        figure3="accuracy_nss" in FLAGS.figure)
+        except (FileNotFoundError, ValueError) as error:
+            raise app.UsageError(str(error)) from error
+        for dataset, path in paths["markdown"].items():
+            print(open(path).read())
+            print(f"written: {path}, CSVs {sorted(paths['csv'][dataset].values())}"
+                  + (f", Figure 3 {paths['figure3'][dataset]}"
+                     if paths["figure3"].get(dataset) else ""))
+    if "atm_macs" in FLAGS.figure:
+        figure4(out_dir)
+
+
+def run() -> None:
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

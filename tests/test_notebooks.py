@@ -1,0 +1,86 @@
+"""The notebooks run top to bottom (nbclient, this environment's python3 kernel) with tiny
+settings injected after their "parameters" cell (papermill's convention), writing only into
+temporary directories; and they are stored clean (no outputs).
+
+The injected settings are tests/test_sweep_report.py's tiny sweep, compiled with the same jax
+options into the session's persistent compilation cache, so whichever test runs first
+compiles and the other loads.
+"""
+
+import os
+
+import jax
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from test_sweep_report import LEARNER_OPTIONS, TINY, WORKER_JAX_OPTIONS
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOTEBOOKS = ("quickstart", "reproduce_table1", "atm_macs")
+BUDGET = {name: getattr(TINY, name) for name in (
+    "epochs", "iters_per_epoch", "meta_batch", "val_tasks", "test_tasks", "eval_batch",
+    "keep_best", "log_every")}
+
+
+def settings(name: str, out_dir: str) -> dict:
+    """Tiny values for the notebook's parameters."""
+    common = {"DATASET_OPTIONS": TINY.dataset_options, "SPEC_OVERRIDES": TINY.spec_overrides,
+              "LEARNER_OPTIONS": TINY.learner_options, "BUDGET": BUDGET}
+    if name == "quickstart":
+        return {**common, "TASK": "B2", "WORKDIR": out_dir}
+    if name == "reproduce_table1":
+        return {**common, "SWEEP_DIR": out_dir, "WORKERS": 2,
+                "LEARNERS": ["protonets", "init_tune"], "CELLS": ["B2", "C2"], "SEEDS": [0],
+                "PER_LEARNER_OPTIONS": LEARNER_OPTIONS}
+    return {"LEARNERS": ["protonets", "init_tune"], "NSS": [1, 2, 4], "OUT_DIR": out_dir,
+            "CACHE_DIR": jax.config.values["jax_compilation_cache_dir"],
+            "LEARNER_OPTIONS": {"protonets": {"filters": 8},
+                                "init_tune": {"filters": 8, "inner_steps": 1}}}
+
+
+def injected_cell(name: str, out_dir: str) -> nbformat.NotebookNode:
+    options = {"jax_compilation_cache_dir": jax.config.values["jax_compilation_cache_dir"],
+               "jax_persistent_cache_min_entry_size_bytes": 0}
+    if name != "atm_macs":  # atm_macs compiles as tests/test_sweep_report.py's Figure 4 test
+        options.update(WORKER_JAX_OPTIONS)
+    lines = ["import jax", f"for name, value in {options!r}.items():",
+             "    jax.config.update(name, value)"]
+    lines += [f"{key} = {value!r}" for key, value in settings(name, out_dir).items()]
+    return nbformat.v4.new_code_cell("\n".join(lines), metadata={"tags": ["injected-parameters"]})
+
+
+def load(name: str) -> nbformat.NotebookNode:
+    return nbformat.read(os.path.join(REPO, "notebooks", f"{name}.ipynb"), as_version=4)
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_is_stored_clean_with_a_parameters_cell(name):
+    notebook = load(name)
+    nbformat.validate(notebook)
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert all(not cell.outputs and cell.execution_count is None for cell in code)
+    assert sum("parameters" in cell.metadata.get("tags", []) for cell in code) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_runs_top_to_bottom(name, tmp_path):
+    notebook = load(name)
+    position = next(i for i, cell in enumerate(notebook.cells)
+                    if "parameters" in cell.metadata.get("tags", []))
+    out_dir = str(tmp_path / "out")
+    notebook.cells.insert(position + 1, injected_cell(name, out_dir))
+    NotebookClient(notebook, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    text = "\n".join(output.get("text", "") for cell in notebook.cells
+                     for output in cell.get("outputs", []))
+    if name == "quickstart":
+        assert "chance level 0.167; ProtoNets" in text
+        assert os.path.exists(os.path.join(out_dir, "results.json"))
+    elif name == "reproduce_table1":
+        assert "4 finished" in text
+        assert os.path.exists(os.path.join(out_dir, "report", "table1_synthetic.md"))
+    else:
+        assert "slopes: ATM -1.000" in text
+        assert os.path.getsize(os.path.join(out_dir, "figure4.png")) > 0

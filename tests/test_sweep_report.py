@@ -1,0 +1,198 @@
+"""Sweeps end to end (killed mid-way and resumed), the report's numbers, and Figure 4's numbers.
+
+The sweep is the tiny config of tests/test_train.py on two learners x two cells x two seeds.
+Its workers compile with ``jax_disable_most_optimizations`` (2-3x faster compiles for
+programs that run a few steps) into the session's persistent compilation cache, which the
+notebook tests share (tests/test_notebooks.py uses the same settings).
+"""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from cfsl_jax import figures, report, sweep, train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TINY = train.TrainConfig(
+    learner_options={"filters": 8}, dataset="synthetic",
+    dataset_options={"num_classes": 60, "samples_per_class": 8},
+    spec_overrides={"nc": 3, "kt": 2}, epochs=2, iters_per_epoch=3, meta_batch=2,
+    val_tasks=4, test_tasks=4, eval_batch=4, keep_best=2, log_every=2)
+LEARNERS = ("protonets", "init_tune")
+LEARNER_OPTIONS = {"init_tune": {"inner_steps": 1}}
+CELLS = ("B2", "C2")
+SEEDS = (0, 1)
+WORKER_JAX_OPTIONS = {"jax_disable_most_optimizations": True,
+                      "jax_persistent_cache_min_compile_time_secs": 0.0}
+# The same sweep as command-line flags (launch/sweep.py).
+TINY_FLAGS = ["--learners=protonets,init_tune", "--cells=B2,C2", "--seeds=0,1",
+              "--learner_option=filters=8", "--learner_option=init_tune:inner_steps=1",
+              "--dataset_option=num_classes=60", "--dataset_option=samples_per_class=8",
+              "--nc=3", "--kt=2", "--epochs=2", "--iters_per_epoch=3", "--meta_batch=2",
+              "--val_tasks=4", "--eval_tasks=4", "--eval_batch=4", "--keep_best=2",
+              "--log_every=2"]
+
+
+def tiny_configs():
+    configs, skipped = sweep.grid(TINY, LEARNERS, CELLS, SEEDS, learner_options=LEARNER_OPTIONS)
+    assert skipped == {} and len(configs) == 8
+    return configs
+
+
+def results_paths(sweep_dir):
+    return sorted(os.path.join(root, "results.json") for root, _, files in os.walk(sweep_dir)
+                  if "results.json" in files)
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(tmp_path_factory):
+    """Start the sweep's CLI, kill it (and its workers) as soon as the first run has finished,
+    then run the same sweep again through the API."""
+    sweep_dir = str(tmp_path_factory.mktemp("sweep"))
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": jax.config.values[
+        "jax_compilation_cache_dir"], "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    command = [sys.executable, "-m", "launch.sweep", f"--workdir={sweep_dir}", "--workers=2",
+               "--report=false", *TINY_FLAGS]
+    log = open(tmp_path_factory.mktemp("sweep_log") / "log.txt", "w+")
+    process = subprocess.Popen(command, cwd=REPO, env=env, start_new_session=True, stdout=log,
+                               stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 600
+        while not results_paths(sweep_dir) and process.poll() is None:
+            assert time.monotonic() < deadline, "no run finished in 10 minutes"
+            time.sleep(0.2)
+        if process.poll() is not None:
+            log.seek(0)
+            pytest.fail(f"the sweep ended before it was killed:\n{log.read()[-3000:]}")
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)  # the CLI and its worker processes
+        process.wait()
+        log.close()
+    done_before = {path: os.stat(path).st_mtime_ns for path in results_paths(sweep_dir)}
+    outcomes = sweep.run_sweep(tiny_configs(), sweep_dir, workers=2,
+                               jax_options=WORKER_JAX_OPTIONS, log=lambda line: None)
+    return sweep_dir, done_before, outcomes
+
+
+def test_a_killed_sweep_reruns_only_the_missing_runs(killed_and_resumed):
+    sweep_dir, done_before, outcomes = killed_and_resumed
+    assert 1 <= len(done_before) < 8
+    by_path = {os.path.join(o.run.workdir, "results.json"): o for o in outcomes}
+    assert {p for p, o in by_path.items() if o.status == "skipped"} == set(done_before)
+    assert sorted(o.status for o in outcomes) == (["finished"] * (8 - len(done_before))
+                                                  + ["skipped"] * len(done_before))
+    assert len(results_paths(sweep_dir)) == 8
+    for path, mtime in done_before.items():  # finished runs were not touched again
+        assert os.stat(path).st_mtime_ns == mtime
+    assert os.path.isdir(os.path.join(sweep_dir, "synthetic", "protonets", "C2", "seed1"))
+    # A third pass has nothing left to do.
+    again = sweep.run_sweep(tiny_configs(), sweep_dir, workers=2, log=lambda line: None)
+    assert {o.status for o in again} == {"skipped"}
+
+
+def test_report_numbers_are_the_seed_statistics_of_the_runs(killed_and_resumed, tmp_path):
+    sweep_dir = killed_and_resumed[0]
+    runs = report.load_results(sweep_dir)
+    paper = {"source": "a test table", "values": {"synthetic": {
+        "protonets": {"B2": {"mean": 50.0, "std": 1.5}}}}}
+    paths = report.write_report(sweep_dir, str(tmp_path), paper)
+    markdown = open(paths["markdown"]["synthetic"]).read()
+    accuracy_csv = {(row["learner"], row["cell"]): row
+                    for row in csv.DictReader(open(paths["csv"]["synthetic"]["acc"]))}
+    table = report.table(report.aggregate(runs, "acc"), "synthetic", "acc")
+    assert table[0] == ["learner", "B2", "C2"] and [row[0] for row in table[1:]] == list(LEARNERS)
+    for i, learner in enumerate(LEARNERS):
+        for j, cell in enumerate(CELLS):
+            values = [r["test"]["acc_mean"] for r in sorted(runs, key=lambda r: r["seed"])
+                      if r["learner"] == learner and r["config"]["task"] == cell]
+            assert len(values) == 2
+            mean, std = np.mean(values), np.std(values)
+            assert float(accuracy_csv[(learner, cell)]["mean"]) == pytest.approx(mean, abs=1e-12)
+            assert float(accuracy_csv[(learner, cell)]["std"]) == pytest.approx(std, abs=1e-12)
+            expected = f"{100 * mean:.2f}" + (f" ± {100 * std:.2f}" if std else "")
+            assert table[i + 1][j + 1] == expected and expected in markdown
+    for metric, field in (("ce", "ce_mean"), ("atm", "atm"), ("macs", "macs_per_task")):
+        rows = list(csv.DictReader(open(paths["csv"]["synthetic"][metric])))
+        for row in rows:
+            values = [r["test"][field] for r in runs
+                      if r["learner"] == row["learner"] and r["config"]["task"] == row["cell"]]
+            assert float(row["mean"]) == pytest.approx(np.mean(values), rel=1e-12)
+    # The paper's number sits beside ours, with the difference in points.
+    ours = float(accuracy_csv[("protonets", "B2")]["mean"])
+    assert float(accuracy_csv[("protonets", "B2")]["difference"]) == pytest.approx(ours - 0.5)
+    assert accuracy_csv[("init_tune", "B2")]["paper_mean"] == ""
+    row = f"| protonets | B2 | {table[1][1]} | 50.00 ± 1.50 | {100 * ours - 50:+.2f} |"
+    assert row in markdown
+    assert os.path.getsize(paths["figure3"]["synthetic"]) > 0
+
+
+def test_dry_run_lists_every_run_with_its_status(killed_and_resumed):
+    sweep_dir = killed_and_resumed[0]
+    result = subprocess.run([sys.executable, "-m", "launch.sweep", f"--workdir={sweep_dir}",
+                             "--dry_run", *TINY_FLAGS, "--seeds=0,1,2"], cwd=REPO,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert sum(line.startswith("done ") for line in lines) == 8
+    assert sum(line.startswith("new ") for line in lines) == 4
+    assert lines[-1] == "12 runs: 8 done, 4 new"
+    assert "synthetic/init_tune/C2/seed2" in result.stdout
+
+
+def test_a_changed_budget_is_a_conflict_and_is_not_run(killed_and_resumed):
+    sweep_dir = killed_and_resumed[0]
+    longer = train.TrainConfig(**{**TINY.to_json(), "epochs": 3})
+    configs, _ = sweep.grid(longer, ["protonets"], ["B2"], [0])
+    outcomes = sweep.run_sweep(configs, sweep_dir, workers=2, log=lambda line: None)
+    assert [o.status for o in outcomes] == ["conflict"]
+    assert "fields ['epochs']" in outcomes[0].detail
+
+
+def test_a_learner_that_does_not_build_is_skipped_with_its_reason():
+    configs, skipped = sweep.grid(TINY, LEARNERS, CELLS, [0],
+                                  learner_options={"init_tune": {"no_such_option": 1}})
+    assert {c.learner for c in configs} == {"protonets"} and len(configs) == 2
+    assert "no_such_option" in skipped["init_tune"]
+    with pytest.raises(ValueError, match="unknown learner"):
+        sweep.grid(TINY, ["nope"], CELLS, [0])
+    assert sweep.run_dir("/s", train.TrainConfig(dataset="omniglot/small", task="D8", seed=2)) \
+        == "/s/omniglot-small/protonets/D8/seed2"
+
+
+def test_figure4_numbers_follow_the_shapes(tmp_path):
+    """Type C: ProtoNets' ATM falls as 1/NSS (a fixed NC-label buffer over growing support
+    inputs); init_tune's state is a constant number of bytes over NSS x the support bytes of
+    one set; per-task MACs of the fine-tuning learner are affine in NSS (adapt x NSS +
+    predict on NSS x NC x KT targets), with the same adapt cost at every NSS."""
+    nss_values = (1, 2, 4)
+    curves, skipped = figures.cost_curves(
+        LEARNERS, nss_values, task_type="C", log=lambda line: None,
+        learner_options={"protonets": {"filters": 8}, "init_tune": {"filters": 8,
+                                                                    "inner_steps": 1}})
+    assert skipped == {}
+    protonets, init_tune = curves["protonets"], curves["init_tune"]
+    assert [p["nss"] for p in protonets] == list(nss_values)
+    np.testing.assert_allclose([p["atm"] * p["nss"] for p in protonets], protonets[0]["atm"],
+                               rtol=1e-12)
+    assert len({p["state_bytes"] for p in init_tune}) == 1
+    np.testing.assert_allclose([p["support_bytes"] / p["nss"] for p in init_tune],
+                               5 * 1 * 28 * 28 * 1 * 4, rtol=0)  # NC*KS float32 images
+    np.testing.assert_allclose([p["atm"] for p in init_tune],
+                               [init_tune[0]["state_bytes"] / p["support_bytes"]
+                                for p in init_tune], rtol=1e-12)
+    assert len({p["macs_adapt"] for p in init_tune}) == 1
+    macs = np.array([p["macs_per_task"] for p in init_tune])
+    assert macs[1] > 1.9 * macs[0]
+    # Affine up to XLA's count of batch reductions (0.015% off with these tiny convolutions).
+    np.testing.assert_allclose(macs[2] - macs[1], 2 * (macs[1] - macs[0]), rtol=1e-3)
+    path = figures.plot_cost_curves(curves, str(tmp_path / "figure4.png"))
+    assert os.path.getsize(path) > 0
