@@ -139,6 +139,10 @@ def grid(base: train.TrainConfig, learners: Sequence[str] | None = None,
     if not cells or not seeds or not names:
         raise ValueError(f"a sweep needs at least one learner, cell and seed, got learners="
                          f"{names}, cells={list(cells)}, seeds={list(seeds)}")
+    for what, values in (("learners", names), ("cells", cells), ("seeds", seeds),
+                         ("datasets", datasets or [])):
+        if len(set(values)) != len(values):
+            raise ValueError(f"{what} lists a value twice: {list(values)}")
     configs = []
     for cell in cells:  # validates every cell (with the overrides) up front
         dataclasses.replace(base, task=cell).check()
