@@ -164,6 +164,8 @@ def test_a_learner_that_does_not_build_is_skipped_with_its_reason():
     assert "no_such_option" in skipped["init_tune"]
     with pytest.raises(ValueError, match="unknown learner"):
         sweep.grid(TINY, ["nope"], CELLS, [0])
+    with pytest.raises(ValueError, match=r"cells lists a value twice: \['B2', 'B2'\]"):
+        sweep.grid(TINY, LEARNERS, ["B2", "B2"], [0])
     assert sweep.run_dir("/s", train.TrainConfig(dataset="omniglot/small", task="D8", seed=2)) \
         == "/s/omniglot-small/protonets/D8/seed2"
 
