@@ -1,18 +1,21 @@
 """The notebooks run top to bottom (nbclient, this environment's python3 kernel) with tiny
 settings injected after their "parameters" cell (papermill's convention), writing only into
-temporary directories; and they are stored clean (no outputs).
+temporary directories; and they are stored clean (no outputs). Their shared "install" cell uses
+the checkout it is opened from, and on Colab asks for the repository's URL.
 
 The injected settings are tests/test_sweep_report.py's tiny sweep, compiled with the same jax
 options into the session's persistent compilation cache, so whichever test runs first
 compiles and the other loads.
 """
 
+import importlib.util
 import os
 
 import jax
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
 
 from test_sweep_report import LEARNER_OPTIONS, TINY, WORKER_JAX_OPTIONS
 
@@ -61,6 +64,51 @@ def test_notebook_is_stored_clean_with_a_parameters_cell(name):
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
     assert all(not cell.outputs and cell.execution_count is None for cell in code)
     assert sum("parameters" in cell.metadata.get("tags", []) for cell in code) == 1
+
+
+def install_cell(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    (cell,) = [cell for cell in notebook.cells if "install" in cell.metadata.get("tags", [])]
+    return cell
+
+
+def run_install_cell(path: str, setup: str = "") -> str:
+    """Run the install cell (after ``setup``) in a fresh kernel started in ``path``."""
+    cells = [nbformat.v4.new_code_cell(setup)] if setup else []
+    notebook = nbformat.v4.new_notebook(cells=cells + [install_cell(load("quickstart"))])
+    NotebookClient(notebook, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": path}}).execute()
+    return "\n".join(output.get("text", "") for output in notebook.cells[-1].outputs)
+
+
+def test_the_notebooks_share_one_install_cell_with_a_repository_field():
+    sources = {install_cell(load(name)).source for name in NOTEBOOKS}
+    assert len(sources) == 1
+    (source,) = sources
+    assert 'REPO_URL = ""  # @param {type:"string"}' in source and "CFSL_JAX_REPO" in source
+
+
+def test_the_install_cell_uses_the_checkout_it_is_opened_from(tmp_path):
+    repo = os.path.realpath(REPO)
+    installed = os.path.dirname(os.path.dirname(importlib.util.find_spec("cfsl_jax").origin))
+    if os.path.realpath(installed) != repo:
+        pytest.skip(f"cfsl_jax is installed from {installed}, not this checkout: the cell "
+                    f"would install this checkout into the environment")
+    text = run_install_cell(os.path.join(repo, "notebooks"))
+    assert f"from {os.path.join(repo, 'cfsl_jax')} (the checkout {repo})" in text
+    assert "(the checkout" not in run_install_cell(str(tmp_path))  # not in a checkout
+
+
+def test_on_colab_the_install_cell_asks_for_the_repository(tmp_path):
+    colab = ("import os, sys, types\n"
+             "sys.modules['google.colab'] = types.ModuleType('google.colab')\n")
+    with pytest.raises(CellExecutionError) as error:
+        run_install_cell(str(tmp_path), colab + "os.environ.pop('CFSL_JAX_REPO', None)")
+    assert error.value.ename == "RuntimeError"
+    assert error.value.evalue.startswith("Set REPO_URL (the form field of this cell) or the "
+                                         "environment variable CFSL_JAX_REPO")
+    # With the variable set, the cell goes on (cfsl_jax is installed here: nothing to clone).
+    text = run_install_cell(str(tmp_path), colab + "os.environ['CFSL_JAX_REPO'] = 'unused'")
+    assert text.startswith("cfsl_jax ")
 
 
 @pytest.mark.slow

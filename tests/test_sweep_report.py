@@ -7,6 +7,8 @@ notebook tests share (tests/test_notebooks.py uses the same settings).
 """
 
 import csv
+import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +19,8 @@ import jax
 import numpy as np
 import pytest
 
-from cfsl_jax import figures, report, sweep, train
+from cfsl_jax import figures, paper_results, report, sweep, train
+from cfsl_jax.spec import TaskSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -133,6 +136,35 @@ def test_report_numbers_are_the_seed_statistics_of_the_runs(killed_and_resumed, 
     row = f"| protonets | B2 | {table[1][1]} | 50.00 ± 1.50 | {100 * ours - 50:+.2f} |"
     assert row in markdown
     assert os.path.getsize(paths["figure3"]["synthetic"]) > 0
+
+
+def test_report_compares_with_the_shipped_paper_numbers(tmp_path):
+    """With no table given, the report puts the shipped Omniglot number beside ours
+    (omniglot/small compares with the paper's omniglot); a cell off the grid has none."""
+    test_numbers = {("B3", 0): 0.90, ("B3", 1): 0.92, ("B2", 0): 0.80}
+    for (cell, seed), acc in test_numbers.items():
+        config = train.TrainConfig(dataset="omniglot/small", task=cell, seed=seed)
+        result = {"dataset": "omniglot/small", "learner": "protonets", "seed": seed,
+                  "spec": dataclasses.asdict(TaskSpec.parse(cell)), "config": config.to_json(),
+                  "test": {"acc_mean": acc, "ce_mean": 0.5, "atm": 0.1, "macs_per_task": 1e6}}
+        run_dir = tmp_path / "sweep" / cell / f"seed{seed}"
+        run_dir.mkdir(parents=True)
+        (run_dir / "results.json").write_text(json.dumps(result))
+    assert paper_results.TABLE1["values"]["omniglot"]["protonets"]["B3"] == {
+        "mean": 95.3, "std": 0.12}  # omniglot_variant.csv: matching-network,0,3,1,95.3,0.12
+    paths = report.write_report(str(tmp_path / "sweep"), str(tmp_path / "report"),
+                                figure3=False)
+    rows = {row["cell"]: row for row in
+            csv.DictReader(open(paths["csv"]["omniglot/small"]["acc"]))}
+    assert float(rows["B3"]["paper_mean"]) == pytest.approx(0.953)
+    assert float(rows["B3"]["paper_std"]) == pytest.approx(0.0012)
+    assert float(rows["B3"]["difference"]) == pytest.approx(0.91 - 0.953)
+    assert rows["B2"]["paper_mean"] == rows["B2"]["difference"] == ""
+    markdown = open(paths["markdown"]["omniglot/small"]).read()
+    assert "| protonets | B3 | 91.00 ± 1.00 | 95.30 ± 0.12 | -4.30 |" in markdown
+    assert "| protonets | B2 |" not in markdown.split("vs the paper")[1]
+    assert paper_results.OMNIGLOT_SOURCE in markdown
+    assert "The paper used omniglot" in markdown
 
 
 def test_dry_run_lists_every_run_with_its_status(killed_and_resumed):
