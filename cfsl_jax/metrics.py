@@ -41,7 +41,8 @@ def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """Mean softmax cross-entropy (nats); reduces the sample axis."""
+    """Mean softmax cross-entropy (nats, at least float32); reduces the sample axis."""
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(axis=-1)
 
 

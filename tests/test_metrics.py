@@ -48,15 +48,16 @@ def test_protonets_atm_is_prototype_bytes_over_support_bytes():
     spec = TaskSpec.preset("B3")  # 15 output units, 3 support sets of 5 images
     learner = get_learner("protonets", spec)
     params = learner.init_params(jax.random.key(0), jnp.zeros((1, *IMAGE)), spec)
-    # Conv-4 on 28x28: 28 -> 14 -> 7 -> 3 -> 1, so a 64-d embedding; sums + counts in float32.
+    # Conv-4 on 28x28: 28 -> 14 -> 7 -> 3 -> 1, so a 64-d embedding; float32 sums, int32 counts.
     state_bytes = 15 * 64 * 4 + 15 * 4
     support_bytes = 3 * 5 * 28 * 28 * 1 * 4
     assert metrics.atm(learner, params, IMAGE) == pytest.approx(state_bytes / support_bytes)
-    half = get_learner("protonets", spec, state_dtype=jnp.bfloat16)
-    assert metrics.atm(half, params, IMAGE) == pytest.approx(state_bytes / support_bytes / 2)
-    # bf16 state against bf16 inputs: the ratio is the float32 one again.
+    half = get_learner("protonets", spec, state_dtype=jnp.bfloat16)  # bf16 sums only
+    half_bytes = 15 * 64 * 2 + 15 * 4
+    assert metrics.atm(half, params, IMAGE) == pytest.approx(half_bytes / support_bytes)
+    # against bf16 inputs the support bytes halve too
     assert metrics.atm(half, params, IMAGE, jnp.bfloat16) == pytest.approx(
-        state_bytes / support_bytes)
+        half_bytes / (support_bytes / 2))
 
 
 class LinearState(NamedTuple):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 
 from cfsl_jax.learners.base import Learner
+from cfsl_jax.learners.precision import COMPUTE_DTYPES, with_compute_dtype
 from cfsl_jax.spec import TaskSpec
 
 # name -> (module, factory); modules are imported on first use.
@@ -25,16 +26,21 @@ _REGISTRY: dict[str, tuple[str, str]] = {
 LEARNERS: tuple[str, ...] = tuple(_REGISTRY)
 
 
-def get_learner(name: str, spec: TaskSpec, **options) -> Learner:
-    """Build learner ``name`` for ``spec``; ``options`` go to its factory (e.g. image_shape)."""
+def get_learner(name: str, spec: TaskSpec, compute_dtype: str = "float32",
+                **options) -> Learner:
+    """Build learner ``name`` for ``spec``; ``options`` go to its factory (e.g. image_shape).
+
+    ``compute_dtype`` other than float32 wraps it with ``precision.with_compute_dtype``.
+    """
     if name not in _REGISTRY:
         raise ValueError(f"unknown learner {name!r}; valid: {LEARNERS}")
     module, factory = _REGISTRY[name]
     build = getattr(importlib.import_module(f"cfsl_jax.learners.{module}"), factory)
     try:
-        return build(spec, **options)
+        learner = build(spec, **options)
     except TypeError as error:
         raise ValueError(f"bad option for learner {name!r}: {error}") from error
+    return with_compute_dtype(learner, compute_dtype)
 
 
-__all__ = ["LEARNERS", "Learner", "get_learner"]
+__all__ = ["COMPUTE_DTYPES", "LEARNERS", "Learner", "get_learner"]

@@ -163,7 +163,8 @@ def msl_weights(progress: jax.Array, num_losses: int, fraction: float
 
 
 def masked_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean cross-entropy over the samples where ``mask`` holds (0 if none)."""
+    """Mean cross-entropy (at least float32) over the samples where ``mask`` holds (0 if none)."""
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
     mask = mask.astype(losses.dtype)
     return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)

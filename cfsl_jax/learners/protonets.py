@@ -19,7 +19,7 @@ from cfsl_jax.spec import TaskSpec
 
 class ProtoState(NamedTuple):
     sums: jax.Array  # float [num_outputs, D] sum of embeddings per label
-    counts: jax.Array  # float [num_outputs] support samples seen per label
+    counts: jax.Array  # int32 [num_outputs] support samples seen per label
 
 
 def protonets(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
@@ -27,7 +27,7 @@ def protonets(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
               state_dtype: jnp.dtype = jnp.float32) -> Learner:
     """A ProtoNets learner for ``spec`` and inputs of ``image_shape``.
 
-    ``state_dtype`` is the dtype of the carried sums and counts (bf16 halves the ATM).
+    ``state_dtype`` is the dtype of the carried sums (bf16 halves their bytes); counts are int32.
     """
     embed = Conv4(filters=filters, activation=activation)
 
@@ -39,21 +39,22 @@ def protonets(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
         del key
         dim = embedding_dim(embed, params, image_shape)
         return ProtoState(jnp.zeros((spec.num_outputs, dim), state_dtype),
-                          jnp.zeros((spec.num_outputs,), state_dtype))
+                          jnp.zeros((spec.num_outputs,), jnp.int32))
 
     def adapt(params, state, support_x, support_y):
         features = embed.apply(params, support_x)
         one_hot = jax.nn.one_hot(support_y, spec.num_outputs, dtype=features.dtype)
         return ProtoState((state.sums + (one_hot.T @ features)).astype(state_dtype),
-                          (state.counts + one_hot.sum(0)).astype(state_dtype))
+                          state.counts + jnp.sum(support_y[:, None] == jnp.arange(
+                              spec.num_outputs), axis=0, dtype=jnp.int32))
 
     def predict(params, state, target_x):
         features = embed.apply(params, target_x)
-        counts = state.counts.astype(features.dtype)
-        prototypes = state.sums.astype(features.dtype) / jnp.maximum(counts, 1.0)[:, None]
+        prototypes = (state.sums.astype(jnp.float32) / jnp.maximum(state.counts, 1)[:, None]
+                      ).astype(features.dtype)
         distances = (jnp.sum(features**2, -1, keepdims=True) - 2 * features @ prototypes.T
                      + jnp.sum(prototypes**2, -1))
-        return jnp.where(counts > 0, -distances, jnp.finfo(features.dtype).min)
+        return jnp.where(state.counts > 0, -distances, jnp.finfo(features.dtype).min)
 
     return Learner("protonets", spec, init_params, init, adapt, predict)
 

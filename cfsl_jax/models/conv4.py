@@ -34,11 +34,12 @@ class BatchStatNorm(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         features = x.shape[-1]
         axes = tuple(range(x.ndim - 1))
-        mean = jnp.mean(x, axis=axes, keepdims=True)
+        stats = jnp.promote_types(x.dtype, jnp.float32)  # bf16 inputs: float32 statistics
+        mean = jnp.mean(x, axis=axes, keepdims=True, dtype=stats)
         var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
         scale = self.param("scale", nn.initializers.ones, (features,), jnp.float32)
         bias = self.param("bias", nn.initializers.zeros, (features,), jnp.float32)
-        normed = (x - mean) * jax.lax.rsqrt(var + self.epsilon)
+        normed = ((x - mean) * jax.lax.rsqrt(var + self.epsilon)).astype(x.dtype)
         return normed * scale.astype(x.dtype) + bias.astype(x.dtype)
 
 
@@ -48,12 +49,12 @@ class Conv4(nn.Module):
     filters: int = 64
     activation: str = "relu"
     num_blocks: int = 4
-    dtype: jnp.dtype = jnp.float32
+    dtype: jnp.dtype | None = None  # compute dtype; None: the input's
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         act = ACTIVATIONS[self.activation]
-        x = x.astype(self.dtype)
+        x = x.astype(self.dtype or x.dtype)
         for _ in range(self.num_blocks):
             x = Conv(self.filters, 3, dtype=self.dtype)(x)
             x = act(BatchStatNorm()(x))
@@ -65,7 +66,7 @@ class LinearHead(nn.Module):
     """A linear classifier head: [n, d] -> [n, num_outputs]."""
 
     num_outputs: int
-    dtype: jnp.dtype = jnp.float32
+    dtype: jnp.dtype | None = None  # compute dtype; None: from the input and the weights
 
     @nn.compact
     def __call__(self, features: jax.Array) -> jax.Array:

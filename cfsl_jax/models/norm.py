@@ -37,7 +37,9 @@ class PerStepBatchNorm(nn.Module):
         else:
             index = jnp.clip(jnp.asarray(step, jnp.int32), 0, self.num_steps - 1)
         axes = tuple(range(x.ndim - 1))
-        mean = jnp.mean(x, axis=axes, keepdims=True)
-        var = jnp.maximum(jnp.mean(jnp.square(x), axis=axes, keepdims=True) - jnp.square(mean), 0)
-        normed = (x - mean) * jax.lax.rsqrt(var + self.epsilon)
+        stats = jnp.promote_types(x.dtype, jnp.float32)  # bf16 inputs: float32 statistics
+        mean = jnp.mean(x, axis=axes, keepdims=True, dtype=stats)
+        var = jnp.maximum(jnp.mean(jnp.square(x.astype(stats)), axis=axes, keepdims=True)
+                          - jnp.square(mean), 0)
+        normed = ((x - mean) * jax.lax.rsqrt(var + self.epsilon)).astype(x.dtype)
         return normed * scale[index].astype(x.dtype) + bias[index].astype(x.dtype)
