@@ -11,17 +11,25 @@ from __future__ import annotations
 
 import chex
 import jax
+import jax.numpy as jnp
+import numpy as np
 import optax
+from jax.sharding import Mesh
 
+from cfsl_jax import parallel
 from cfsl_jax.learners.base import Learner, Params, State
+
+TARGET_CHUNK = 1000  # the most target samples predicted in one piece
+REMAT_MIN_NSS = 64  # target_loss rematerialises support-set steps from this NSS on
 
 
 def adapt_all(learner: Learner, params: Params, support_x: jax.Array, support_y: jax.Array,
-              key: jax.Array, unroll: int | bool = 1) -> State:
+              key: jax.Array, unroll: int | bool = 1, remat: bool = False) -> State:
     """The state after the learner has seen every support set, one at a time.
 
     ``unroll`` is ``lax.scan``'s (True: fully unrolled, so that XLA's cost
-    analysis, which counts a loop body once, counts every support set).
+    analysis, which counts a loop body once, counts every support set);
+    ``remat`` recomputes each step's activations in the backward pass.
     """
     spec = learner.spec
     chex.assert_shape(support_y, (spec.nss, spec.support_size))
@@ -31,15 +39,55 @@ def adapt_all(learner: Learner, params: Params, support_x: jax.Array, support_y:
     def step(state, support_set):
         return learner.adapt(params, state, *support_set), None
 
+    if remat:
+        step = jax.checkpoint(step)
     state, _ = jax.lax.scan(step, state, (support_x, support_y), unroll=unroll)
     return state
 
 
+def target_chunks(size: int, chunk: int = TARGET_CHUNK) -> list[np.ndarray]:
+    """Interleaved chunks of ``range(size)``, at most ``chunk`` long, grouped by length.
+
+    ``c = ceil(size / chunk)`` chunks; chunk k holds k, k + c, k + 2c, ... Returns
+    one int32 array [chunks, length] per distinct length (at most two).
+    """
+    count = -(-size // chunk)
+    longer = size % count  # chunks 0..longer-1 hold one sample more
+    base = size // count
+    groups = [np.arange(0, longer)[:, None] + count * np.arange(base + 1),
+              np.arange(longer, count)[:, None] + count * np.arange(base)]
+    return [g.astype(np.int32) for g in groups if g.size]
+
+
+def predict_target(learner: Learner, params: Params, state: State, target_x: jax.Array,
+                   chunk: int | None = None, remat: bool = False) -> jax.Array:
+    """``learner.predict`` on the whole target set, in interleaved chunks when it is long.
+
+    ``chunk`` defaults to ``TARGET_CHUNK``.
+    """
+    chunk = chunk or TARGET_CHUNK
+    size = target_x.shape[0]
+    if size <= chunk:
+        return learner.predict(params, state, target_x)
+
+    def predict(x):
+        return learner.predict(params, state, x)
+
+    if remat:
+        predict = jax.checkpoint(predict)
+    groups = target_chunks(size, chunk)
+    outputs = [jax.lax.map(predict, target_x[idx]) for idx in groups]
+    logits = jnp.concatenate([out.reshape(-1, out.shape[-1]) for out in outputs])
+    order = np.argsort(np.concatenate([idx.reshape(-1) for idx in groups]))
+    return logits[order]
+
+
 def run_task(learner: Learner, params: Params, support_x: jax.Array, support_y: jax.Array,
-             target_x: jax.Array, key: jax.Array, unroll: int | bool = 1) -> jax.Array:
+             target_x: jax.Array, key: jax.Array, unroll: int | bool = 1,
+             remat: bool = False) -> jax.Array:
     """Target logits [T, num_outputs] after adapting to support_x [NSS, NC*KS, H, W, C]."""
-    state = adapt_all(learner, params, support_x, support_y, key, unroll)
-    logits = learner.predict(params, state, target_x)
+    state = adapt_all(learner, params, support_x, support_y, key, unroll, remat)
+    logits = predict_target(learner, params, state, target_x, remat=remat)
     chex.assert_shape(logits, (target_x.shape[0], learner.spec.num_outputs))
     return logits
 
@@ -47,8 +95,12 @@ def run_task(learner: Learner, params: Params, support_x: jax.Array, support_y: 
 def target_loss(learner: Learner, params: Params, support_x: jax.Array, support_y: jax.Array,
                 target_x: jax.Array, target_y: jax.Array, key: jax.Array,
                 unroll: int | bool = 1) -> tuple[jax.Array, jax.Array]:
-    """(mean target cross-entropy, target logits) of one task: the meta-training objective."""
-    logits = run_task(learner, params, support_x, support_y, target_x, key, unroll)
+    """(mean target cross-entropy, target logits) of one task: the meta-training objective.
+
+    Rematerialised from ``NSS >= REMAT_MIN_NSS`` on (see the module docstring).
+    """
+    remat = learner.spec.nss >= REMAT_MIN_NSS
+    logits = run_task(learner, params, support_x, support_y, target_x, key, unroll, remat)
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, target_y).mean()
     return loss, logits
 
@@ -66,22 +118,22 @@ def meta_loss(learner: Learner, params: Params, support_x: jax.Array, support_y:
     return target_loss(learner, params, support_x, support_y, target_x, target_y, key, unroll)
 
 
-def map_tasks(fn, tasks, sequential: bool):
-    """Apply ``fn`` to each task of a batch (leading axis): vmap, or lax.map when sequential."""
-    if sequential:
-        return jax.lax.map(lambda args: fn(*args), tasks)
-    return jax.vmap(fn)(*tasks)
+def sequential(learner: Learner) -> bool:
+    """Whether a batch of tasks runs one task at a time per device (not one vmap).
+
+    True for per-task-weight learners on CPU: vmapping per-task weights turns
+    convolutions into grouped ones, which XLA:CPU runs slowly.
+    """
+    return learner.per_task_weights and jax.default_backend() == "cpu"
 
 
 def run_tasks(learner: Learner, params: Params, support_x: jax.Array, support_y: jax.Array,
-              target_x: jax.Array, keys: jax.Array, sequential: bool | None = None) -> jax.Array:
+              target_x: jax.Array, keys: jax.Array, mesh: Mesh | None = None) -> jax.Array:
     """``run_task`` over a batch of tasks (leading axis B on every array but ``params``).
 
-    ``sequential`` (default: per-task-weight learners on CPU) runs the tasks
-    with ``lax.map`` instead of ``vmap``.
+    The batch is laid along ``mesh`` (default: one device) with
+    ``parallel.map_tasks``; ``sequential(learner)`` decides vmap or one at a time.
     """
-    if sequential is None:
-        sequential = learner.per_task_weights and jax.default_backend() == "cpu"
-    return map_tasks(lambda sx, sy, tx, k: run_task(learner, params, sx, sy, tx, k),
-                     (support_x, support_y, target_x, keys), sequential)
-
+    mesh = mesh or parallel.make_mesh(1)
+    return parallel.map_tasks(lambda sx, sy, tx, k: run_task(learner, params, sx, sy, tx, k),
+                              (support_x, support_y, target_x, keys), mesh, sequential(learner))

@@ -12,6 +12,19 @@ reduces it to per-task metrics; the last chunk is padded with extra tasks
 whose results are dropped, so nothing recompiles. ``params`` may carry a
 leading ensemble axis (``ensemble=True``): the members' target logits are
 averaged, as the paper tests with its best 5 checkpoints.
+
+Chunks are laid along a device mesh (``parallel``; default: every device):
+``batch_size`` is the number of tasks per DEVICE per program (fewer when
+the tasks do not fill that many: ``ceil(num_tasks / devices)``), so a chunk
+holds ``batch_size * devices`` tasks; each device samples, gathers and runs
+its own, and the per-task metrics come back to every host. XLA's kernels may
+sum in a batch-size-dependent order, so a task's numbers depend on the
+per-device batch but not on the device count: two device counts that run the
+same per-device batch (e.g. 600 tasks, 50 per device, on 1 or 8 devices)
+give bit-identical numbers; otherwise they agree to float rounding.
+Long tasks bound the per-device batch: at most ``PIXELS_IN_FLIGHT`` target
+pixels (``min(T, episode.TARGET_CHUNK) * H * W`` per task) -- 50 tasks of
+the paper's largest Omniglot cell, 12 of an NSS=640 type-C task.
 """
 
 from __future__ import annotations
@@ -25,10 +38,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cfsl_jax import data, episode, metrics, seeding
+from jax.sharding import Mesh
+
+from cfsl_jax import data, episode, metrics, parallel, seeding
 from cfsl_jax.learners.base import Learner
 from cfsl_jax.sampler import sample_task, sample_tasks
 from cfsl_jax.spec import TaskSpec
+
+PIXELS_IN_FLIGHT = 10_000_000  # target pixels per device per evaluation program
 
 
 def task_keys(seed: int, purpose: str, num_tasks: int) -> jax.Array:
@@ -48,10 +65,17 @@ def task_fingerprint(split: data.Split, spec: TaskSpec, num_tasks: int, seed: in
     return digest.hexdigest()
 
 
-@functools.partial(jax.jit, static_argnames=("learner", "ensemble"))
-def _evaluate_chunk(learner: Learner, params: Any, split: data.Split, keys: jax.Array,
-                    ensemble: bool) -> dict[str, jax.Array]:
+def tasks_in_flight(spec: TaskSpec, image_shape: tuple[int, ...]) -> int:
+    """The most tasks one device evaluates in one program (``PIXELS_IN_FLIGHT``)."""
+    pixels = min(spec.target_size, episode.TARGET_CHUNK) * int(np.prod(image_shape[:2]))
+    return max(1, PIXELS_IN_FLIGHT // pixels)
+
+
+@functools.partial(jax.jit, static_argnames=("learner", "ensemble", "mesh"))
+def _evaluate_chunk(learner: Learner, params: Any, split: data.Split, key_data: jax.Array,
+                    ensemble: bool, mesh: Mesh) -> dict[str, jax.Array]:
     spec = learner.spec
+    keys = jax.random.wrap_key_data(key_data)
     tasks = jax.vmap(lambda k: sample_task(k, split.class_table, split.class_sizes, spec))(keys)
     support_x = data.gather_normalised(split, tasks.support_idx)
     target_x = data.gather_normalised(split, tasks.target_idx)
@@ -59,7 +83,7 @@ def _evaluate_chunk(learner: Learner, params: Any, split: data.Split, keys: jax.
 
     def logits_of(member_params):
         return episode.run_tasks(learner, member_params, support_x, tasks.support_labels,
-                                 target_x, run_keys)
+                                 target_x, run_keys, mesh)
 
     if ensemble:
         logits = jax.lax.map(logits_of, params).mean(axis=0)
@@ -76,13 +100,13 @@ def _evaluate_chunk(learner: Learner, params: Any, split: data.Split, keys: jax.
 def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | None = None,
              num_tasks: int = 600, seed: int = 0, purpose: str = "eval",
              batch_size: int = 50, ensemble: bool = False,
-             cost_metrics: bool = True) -> dict[str, Any]:
-    """Evaluate ``learner`` on ``num_tasks`` tasks of ``split``.
+             cost_metrics: bool = True, mesh: Mesh | None = None) -> dict[str, Any]:
+    """Evaluate ``learner`` on ``num_tasks`` tasks of ``split``, over ``mesh`` (default: all).
 
     Returns a dict with acc_mean/std/ci95, ce_mean/std/ci95, group_acc (mean
     accuracy per class group), atm, macs_adapt, macs_predict, macs_per_task
-    (unless ``cost_metrics=False``), num_tasks, task_fingerprint, seconds and
-    tasks_per_s.
+    (unless ``cost_metrics=False``), num_tasks, devices, task_fingerprint,
+    seconds and tasks_per_s. ``batch_size`` is tasks per device per program.
     """
     spec = spec or learner.spec
     if spec != learner.spec:
@@ -90,13 +114,20 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
     if num_tasks < 1 or batch_size < 1:
         raise ValueError(f"num_tasks and batch_size must be >= 1, got {num_tasks}, {batch_size}")
     sample_tasks(task_keys(seed, purpose, 1), split.class_table, split.class_sizes, spec)
-    batch_size = min(batch_size, num_tasks)
+    mesh = mesh or parallel.make_mesh()
+    image_shape = tuple(split.images.shape[1:])
+    per_device = min(batch_size, -(-num_tasks // mesh.size), tasks_in_flight(spec, image_shape))
+    batch_size = per_device * mesh.size
     num_chunks = -(-num_tasks // batch_size)
-    keys = task_keys(seed, purpose, num_chunks * batch_size)  # padded; extras dropped below
+    keys = np.asarray(jax.random.key_data(task_keys(seed, purpose, num_chunks * batch_size)))
+    params = parallel.replicate(params, mesh)  # extra tasks (padding) are dropped below
+    split = parallel.place_split(split, mesh, shard=parallel.is_sharded(split.images))
     start = time.perf_counter()
-    chunks = [_evaluate_chunk(learner, params, split, keys[i * batch_size:(i + 1) * batch_size],
-                              ensemble) for i in range(num_chunks)]
-    per_task = {name: np.concatenate([np.asarray(c[name]) for c in chunks])[:num_tasks]
+    chunks = []
+    for i in range(num_chunks):
+        chunk_keys = parallel.global_array(keys[i * batch_size:(i + 1) * batch_size], mesh)
+        chunks.append(_evaluate_chunk(learner, params, split, chunk_keys, ensemble, mesh))
+    per_task = {name: np.concatenate([parallel.to_host(c[name]) for c in chunks])[:num_tasks]
                 for name in chunks[0]}
     seconds = time.perf_counter() - start
     report: dict[str, Any] = {}
@@ -105,12 +136,12 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
             report[f"{name}_{stat}"] = value
     report["group_acc"] = per_task["group_acc"].mean(axis=0).tolist()
     report["num_tasks"] = num_tasks
+    report["devices"] = mesh.size
     report["task_fingerprint"] = task_fingerprint(split, spec, num_tasks, seed, purpose)
     report["seconds"] = seconds
     report["tasks_per_s"] = num_tasks / seconds
     if cost_metrics:
-        member = jax.tree.map(lambda x: x[0], params) if ensemble else params
-        image_shape = tuple(split.images.shape[1:])
+        member = jax.device_get(jax.tree.map(lambda x: x[0], params) if ensemble else params)
         report["atm"] = metrics.atm(learner, member, image_shape)
         report.update(metrics.learner_macs(learner, member, image_shape))
     return report

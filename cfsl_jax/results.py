@@ -23,8 +23,18 @@ CSV_FIELDS = ("learner", "dataset", "spec", "seed", "acc_mean", "acc_std", "acc_
               "wall_seconds")
 
 
+def is_primary() -> bool:
+    """Whether this process writes files (the first host of a multi-host run)."""
+    return jax.process_index() == 0
+
+
 def write_json(path: str, payload: Any) -> None:
-    """Write JSON atomically (a temporary file renamed), so a kill never leaves half a file."""
+    """Write JSON atomically (a temporary file renamed), so a kill never leaves half a file.
+
+    Only the primary process writes (every host of a multi-host run computes the same).
+    """
+    if not is_primary():
+        return
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as f:
@@ -62,15 +72,17 @@ def record(config, learner, splits, report: dict[str, Any], workdir: str,
         "package_version": cfsl_jax.__version__,
         "jax_version": jax.__version__,
         "backend": jax.default_backend(),
+        "devices": report.get("devices", 1),
         "best_epochs": best_epochs,
         "wall_seconds": wall_seconds,
         "config": config.to_json(),
         "test": report,
         "task_fingerprint": report["task_fingerprint"],
     }
-    write_json(os.path.join(workdir, "results.json"), out)
-    write_csv_row(os.path.join(workdir, "results.csv"), csv_row(out))
-    print(table(out))
+    if is_primary():
+        write_json(os.path.join(workdir, "results.json"), out)
+        write_csv_row(os.path.join(workdir, "results.csv"), csv_row(out))
+        print(table(out))
     return out
 
 

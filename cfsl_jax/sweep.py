@@ -158,18 +158,13 @@ def grid(base: train.TrainConfig, learners: Sequence[str] | None = None,
     return configs, skipped
 
 
-def _differing_fields(saved: dict, config: train.TrainConfig) -> list[str]:
-    current = json.loads(json.dumps(config.to_json()))
-    return sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
-
-
 def status(run: Run) -> tuple[str, str]:
     """(one of STATUSES, a detail) for a run's workdir."""
     config_path = os.path.join(run.workdir, "config.json")
     if not os.path.exists(config_path):
         return "new", ""
     with open(config_path) as f:
-        differs = _differing_fields(json.load(f), run.config)
+        differs = train.config_differences(json.load(f), run.config)
     if differs:
         return "conflict", (f"{run.workdir} holds a run with a different config (fields "
                             f"{differs}); use another sweep directory")

@@ -30,9 +30,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cfsl_jax import checkpoints, data, episode, metrics, results, seeding
+from jax.sharding import Mesh
+
+from cfsl_jax import checkpoints, data, episode, metrics, parallel, results, seeding
 from cfsl_jax.evaluate import evaluate
-from cfsl_jax.learners import get_learner
+from cfsl_jax.learners import COMPUTE_DTYPES, get_learner
 from cfsl_jax.learners.base import Learner
 from cfsl_jax.sampler import sample_task
 from cfsl_jax.spec import TaskSpec
@@ -49,6 +51,7 @@ class TrainConfig:
     task: str = "B3"  # a paper cell, a type or type+NSS (TaskSpec.parse)
     spec_overrides: dict = dataclasses.field(default_factory=dict)  # TaskSpec fields to replace
     seed: int = 0
+    compute_dtype: str = "float32"  # learners.COMPUTE_DTYPES; params/optimiser stay float32
     epochs: int = 10
     iters_per_epoch: int = 100
     meta_batch: int = 8
@@ -79,6 +82,9 @@ class TrainConfig:
         if self.checkpoint_every < 0:
             raise ValueError(f"TrainConfig.checkpoint_every must be >= 0, "
                              f"got {self.checkpoint_every}")
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"TrainConfig.compute_dtype={self.compute_dtype!r}; valid: "
+                             f"{tuple(COMPUTE_DTYPES)}")
         if not self.learning_rate > 0:
             raise ValueError(f"TrainConfig.learning_rate must be > 0, got {self.learning_rate}")
         self.spec  # noqa: B018  (validates the task)
@@ -96,48 +102,44 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
                        optax.adam(config.learning_rate))
 
 
-def make_train_step(learner: Learner, optimizer: optax.GradientTransformation, meta_batch: int):
+def make_train_step(learner: Learner, optimizer: optax.GradientTransformation, meta_batch: int,
+                    mesh: Mesh | None = None):
     """A jitted ``step(params, opt_state, split, key, progress) -> (params, opt_state, metrics)``.
 
-    Tasks are vmapped, or, for per-task-weight learners on CPU, walked one at a
-    time by a ``lax.scan`` that sums each task's gradient (so only one task's
-    activations are alive at once).
+    The meta-batch's tasks are laid along ``mesh`` (default: one device) and
+    padded to a multiple of its size with masked copies; each device samples,
+    gathers and differentiates its own tasks (``parallel.map_tasks``: a vmap,
+    or one task at a time for per-task-weight learners on CPU), and the mean
+    gradient over the ``meta_batch`` real tasks is reduced by XLA.
     """
     spec = learner.spec
-    sequential = learner.per_task_weights and jax.default_backend() == "cpu"
+    mesh = mesh or parallel.make_mesh(1)
+    padded = parallel.padded(meta_batch, mesh)
 
-    def task_loss(params, task, progress):
-        loss, logits = episode.meta_loss(learner, params, *task[:5], progress)
-        return loss, metrics.accuracy(logits, task[5])
+    def task_loss(params, task, progress):  # task: support x, y, target x, y, key
+        loss, logits = episode.meta_loss(learner, params, *task, progress)
+        return loss, metrics.accuracy(logits, task[3])
 
     grad_fn = jax.value_and_grad(task_loss, has_aux=True)
 
-    def batch_grads(params, split, key, progress):
-        keys = jax.random.split(key, meta_batch)
-        tasks = jax.vmap(lambda k: sample_task(k, split.class_table, split.class_sizes, spec))(
-            keys)
-        run_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
-        task_args = (data.gather_normalised(split, tasks.support_idx), tasks.support_labels,
-                     data.gather_normalised(split, tasks.target_idx), tasks.target_labels,
-                     run_keys, tasks.target_labels)
-        if not sequential:
-            def mean_loss(params):
-                losses, accs = jax.vmap(lambda t: task_loss(params, t, progress))(task_args)
-                return losses.mean(), accs.mean()
-            return jax.value_and_grad(mean_loss, has_aux=True)(params)
-
-        def accumulate(total, task):
-            (loss, acc), grads = grad_fn(params, task, progress)
-            return jax.tree.map(jnp.add, total, (loss, acc, grads)), None
-
-        zeros = (jnp.float32(0), jnp.float32(0), jax.tree.map(jnp.zeros_like, params))
-        (loss, acc, grads), _ = jax.lax.scan(accumulate, zeros, task_args)
-        return (loss / meta_batch, acc / meta_batch), jax.tree.map(lambda g: g / meta_batch,
-                                                                   grads)
+    def task_grads(params, split, key, progress):
+        task = sample_task(key, split.class_table, split.class_sizes, spec)
+        args = (data.gather_normalised(split, task.support_idx), task.support_labels,
+                data.gather_normalised(split, task.target_idx), task.target_labels,
+                jax.random.fold_in(key, 1))
+        (loss, acc), grads = grad_fn(params, args, progress)
+        return loss, acc, grads
 
     @jax.jit
     def step(params, opt_state, split, key, progress):
-        (loss, acc), grads = batch_grads(params, split, key, progress)
+        keys = jax.random.split(key, meta_batch)
+        keys = keys[jnp.arange(padded) % meta_batch]  # padding: repeated tasks, weighted 0
+        weights = (jnp.arange(padded) < meta_batch).astype(jnp.float32) / meta_batch
+        loss, acc, grads = parallel.map_tasks(
+            lambda k: task_grads(params, split, k, progress), (keys,), mesh,
+            episode.sequential(learner))
+        loss, acc, grads = jax.tree.map(lambda x: jnp.tensordot(weights, x, axes=1),
+                                        (loss, acc, grads))
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, {"loss": loss, "acc": acc}
 
@@ -152,7 +154,7 @@ def build(config: TrainConfig) -> tuple[Learner, dict[str, data.Split]]:
               for name in ("train", "val", "test")}
     image_shape = tuple(splits["train"].images.shape[1:])
     learner = get_learner(config.learner, config.spec, image_shape=image_shape,
-                          **config.learner_options)
+                          compute_dtype=config.compute_dtype, **config.learner_options)
     return learner, splits
 
 
@@ -161,13 +163,20 @@ def init_params(learner: Learner, split: data.Split, seed: int) -> Any:
     return learner.init_params(seeding.purpose_key(seed, "init"), example_x, learner.spec)
 
 
+def config_differences(saved: dict, config: TrainConfig) -> list[str]:
+    """Fields in which a saved ``config.json`` differs from ``config``.
+
+    Fields added to ``TrainConfig`` since the run was saved take their defaults.
+    """
+    saved = {**json.loads(json.dumps(TrainConfig().to_json())), **saved}
+    current = json.loads(json.dumps(config.to_json()))
+    return sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+
+
 def _check_workdir_config(workdir: str, config: TrainConfig) -> None:
     path = os.path.join(workdir, "config.json")
     if os.path.exists(path):
-        with open(path) as f:
-            saved = json.load(f)
-        current = json.loads(json.dumps(config.to_json()))
-        differs = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+        differs = config_differences(results.read_json(path), config)
         if differs:
             raise ValueError(f"workdir {workdir!r} holds a run with a different config "
                              f"(fields {differs}); use a new workdir")
@@ -177,8 +186,13 @@ def _check_workdir_config(workdir: str, config: TrainConfig) -> None:
 
 
 def meta_train(config: TrainConfig, learner: Learner, params: Any, splits, workdir: str,
-               ckpt: checkpoints.Checkpoints, stop_after_steps: int | None = None) -> Any:
-    """Meta-train ``params`` (resuming from the workdir); returns the final params."""
+               ckpt: checkpoints.Checkpoints, stop_after_steps: int | None = None,
+               mesh: Mesh | None = None) -> Any:
+    """Meta-train ``params`` (resuming from the workdir) over ``mesh``; returns the final params.
+
+    The result does not depend on the mesh beyond float summation order.
+    """
+    mesh = mesh or parallel.make_mesh()
     optimizer = make_optimizer(config)
     opt_state = optimizer.init(params)
     start = 0
@@ -186,6 +200,8 @@ def meta_train(config: TrainConfig, learner: Learner, params: Any, splits, workd
     if restored is not None:
         start, params, opt_state = restored
         logging.info("resuming from step %d", start)
+    params, opt_state = parallel.replicate((params, opt_state), mesh)
+    split = parallel.place_split(splits["train"], mesh)
     history_path = os.path.join(workdir, "val_history.json")
     history = results.read_json(history_path, default=[])
     history = [h for h in history if h["epoch"] < start // config.iters_per_epoch]
@@ -197,10 +213,10 @@ def meta_train(config: TrainConfig, learner: Learner, params: Any, splits, workd
         epoch = step // config.iters_per_epoch
         current = learner.for_epoch(epoch) if learner.for_epoch else learner
         if id(current) not in steps:
-            steps[id(current)] = make_train_step(current, optimizer, config.meta_batch)
+            steps[id(current)] = make_train_step(current, optimizer, config.meta_batch, mesh)
         progress = jnp.float32(step / total)
         params, opt_state, out = steps[id(current)](
-            params, opt_state, splits["train"], jax.random.fold_in(train_key, step), progress)
+            params, opt_state, split, jax.random.fold_in(train_key, step), progress)
         loss = float(out["loss"])
         if not math.isfinite(loss):
             raise FloatingPointError(
@@ -215,7 +231,7 @@ def meta_train(config: TrainConfig, learner: Learner, params: Any, splits, workd
         if (step + 1) % config.iters_per_epoch == 0:
             val = evaluate(current, params, splits["val"], num_tasks=config.val_tasks,
                            seed=config.seed, purpose="val", batch_size=config.eval_batch,
-                           cost_metrics=False)
+                           cost_metrics=False, mesh=mesh)
             ckpt.save_best(epoch, params, val["acc_mean"])
             history.append({"epoch": epoch, "val_acc": val["acc_mean"], "val_ce": val["ce_mean"],
                             "train_loss": loss})
@@ -238,16 +254,21 @@ def per_task_meta_step_macs(config: TrainConfig, learner: Learner, params: Any,
     """
     try:
         learner = get_learner(config.learner, config.spec, image_shape=image_shape,
+                              compute_dtype=config.compute_dtype,
                               **{**config.learner_options, "unroll": True})
     except ValueError:  # no such option: the episode scan is the only loop
         pass
     return metrics.meta_step_macs(learner, params, image_shape)
 
 
-def train_and_evaluate(config: TrainConfig, workdir: str,
-                       stop_after_steps: int | None = None) -> dict[str, Any]:
-    """Train (or pretrain) as the learner asks, test on the test split, write results."""
+def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int | None = None,
+                       mesh: Mesh | None = None) -> dict[str, Any]:
+    """Train (or pretrain) as the learner asks, test on the test split, write results.
+
+    Meta-training and evaluation run over ``mesh`` (default: every device).
+    """
     started = time.perf_counter()
+    mesh = mesh or parallel.make_mesh()
     learner, splits = build(config)
     _check_workdir_config(workdir, config)
     params = init_params(learner, splits["train"], config.seed)
@@ -255,7 +276,8 @@ def train_and_evaluate(config: TrainConfig, workdir: str,
     try:
         ensemble = False
         if learner.training == "meta":
-            params = meta_train(config, learner, params, splits, workdir, ckpt, stop_after_steps)
+            params = meta_train(config, learner, params, splits, workdir, ckpt, stop_after_steps,
+                                mesh)
             params = checkpoints.stack(ckpt.restore_best(params))
             ensemble = True
         elif learner.training == "pretrain":
@@ -271,9 +293,9 @@ def train_and_evaluate(config: TrainConfig, workdir: str,
             params = pretrained
         report = evaluate(learner, params, splits["test"], num_tasks=config.test_tasks,
                           seed=config.seed, purpose="eval", batch_size=config.eval_batch,
-                          ensemble=ensemble)
+                          ensemble=ensemble, mesh=mesh)
         if learner.training == "meta":
-            member = jax.tree.map(lambda x: x[0], params)
+            member = jax.device_get(jax.tree.map(lambda x: x[0], params))
             report["macs_per_meta_step"] = per_task_meta_step_macs(
                 config, learner, member, tuple(splits["train"].images.shape[1:]))
         out = results.record(config, learner, splits, report, workdir,
@@ -310,7 +332,8 @@ def load_config(workdir: str) -> TrainConfig:
     return TrainConfig(**results.read_json(path))
 
 
-def evaluate_run(workdir: str, num_tasks: int | None = None) -> dict[str, Any]:
+def evaluate_run(workdir: str, num_tasks: int | None = None,
+                 mesh: Mesh | None = None) -> dict[str, Any]:
     """Re-test a finished run from its checkpoints (the same numbers as its training wrote)."""
     started = time.perf_counter()
     config = load_config(workdir)
@@ -319,7 +342,7 @@ def evaluate_run(workdir: str, num_tasks: int | None = None) -> dict[str, Any]:
     ensemble = learner.training == "meta"
     report = evaluate(learner, params, splits["test"], num_tasks=num_tasks or config.test_tasks,
                       seed=config.seed, purpose="eval", batch_size=config.eval_batch,
-                      ensemble=ensemble)
+                      ensemble=ensemble, mesh=mesh)
     best = []
     if ensemble:
         ckpt = checkpoints.Checkpoints(workdir, config.keep_best, read_only=True)

@@ -1,8 +1,18 @@
-"""Shared fixtures: the real mini-Omniglot (prepared once per session) and small synthetic splits."""
+"""Shared fixtures: the real mini-Omniglot (prepared once per session) and small synthetic splits.
+
+The test process sees 8 CPU devices (``--xla_force_host_platform_device_count``,
+set here before any backend starts), so every training and evaluation test
+runs sharded over a mesh of 8, and tests/test_parallel.py compares it with 1.
+"""
 
 import os
 
-import jax
+FAKE_DEVICES = 8
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
+                               f"device_count={FAKE_DEVICES}").strip()
+
+import jax  # noqa: E402  (after XLA_FLAGS)
 import pytest
 
 from cfsl_jax import data

@@ -1,0 +1,193 @@
+"""Sharding over tasks (8 fake CPU devices, set in conftest), bf16 compute, long tasks."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from cfsl_jax import data, episode, evaluate as evaluation, metrics, parallel
+from cfsl_jax.learners import get_learner
+from cfsl_jax.spec import TaskSpec
+from cfsl_jax.train import TrainConfig, make_optimizer, make_train_step
+
+from conftest import FAKE_DEVICES
+
+IMAGE = (28, 28, 1)
+SUMMARY = ("acc_mean", "acc_std", "ce_mean", "ce_std", "group_acc", "task_fingerprint")
+
+
+@pytest.fixture(scope="module")
+def split():
+    return data.load_split("synthetic", "test")
+
+
+def build(name, spec=TaskSpec.preset("B3"), compute_dtype="float32", image=IMAGE, **options):
+    learner = get_learner(name, spec, image_shape=image, compute_dtype=compute_dtype,
+                          **options)
+    return learner, learner.init_params(jax.random.key(0), jnp.zeros((1, *image)), spec)
+
+
+def test_fake_devices_and_mesh_errors():
+    assert jax.device_count() == FAKE_DEVICES
+    assert parallel.make_mesh().size == FAKE_DEVICES
+    assert parallel.make_mesh(3).size == 3
+    with pytest.raises(ValueError, match=r"num_devices=9: .* 8 cpu device\(s\); choose 1..8"):
+        parallel.make_mesh(9)
+    with pytest.raises(ValueError, match="num_devices=-1"):
+        parallel.make_mesh(-1)
+    assert parallel.padded(13, parallel.make_mesh()) == 16
+
+
+def test_global_array_is_task_sharded_and_comes_back_whole():
+    mesh = parallel.make_mesh()
+    host = np.arange(16 * 2, dtype=np.uint32).reshape(16, 2)
+    array = parallel.global_array(host, mesh)
+    assert array.sharding == parallel.task_sharded(mesh)
+    assert {shard.data.shape for shard in array.addressable_shards} == {(2, 2)}
+    np.testing.assert_array_equal(parallel.to_host(array), host)
+
+
+@pytest.mark.parametrize("num_tasks", [13, 16])  # not divisible / divisible by 8 devices
+def test_protonets_evaluation_on_8_devices_is_bit_identical(split, num_tasks):
+    learner, params = build("protonets")
+    reports = [evaluation.evaluate(learner, params, split, num_tasks=num_tasks, batch_size=2,
+                                   cost_metrics=False, mesh=parallel.make_mesh(n))
+               for n in (1, FAKE_DEVICES)]
+    # 1 device runs chunks of 2 tasks, 8 devices one chunk of 16: the padding (1 vs 3
+    # extra tasks for 13) differs, so equal means prove the padding was dropped.
+    assert [r["num_tasks"] for r in reports] == [num_tasks, num_tasks]
+    assert [r["devices"] for r in reports] == [1, FAKE_DEVICES]
+    for name in SUMMARY:
+        assert reports[0][name] == reports[1][name], name
+
+
+def test_gradient_learner_evaluation_on_8_devices_matches(split):
+    # init_tune runs its tasks one at a time per device ([tasks / devices, devices] lanes)
+    learner, params = build("init_tune")
+    reports = [evaluation.evaluate(learner, params, split, num_tasks=9, batch_size=2,
+                                   cost_metrics=False, mesh=parallel.make_mesh(n))
+               for n in (1, FAKE_DEVICES)]
+    assert reports[0]["acc_mean"] == pytest.approx(reports[1]["acc_mean"], abs=1e-6)
+    assert reports[0]["ce_mean"] == pytest.approx(reports[1]["ce_mean"], rel=1e-5)
+    assert reports[0]["task_fingerprint"] == reports[1]["task_fingerprint"]
+
+
+def test_meta_training_on_8_devices_matches_one_and_compiles_once(split):
+    # Plain SGD: Adam would turn the float-noise gradients of the conv biases (which
+    # BatchStatNorm cancels: true gradient 0) into full +-lr steps of either sign.
+    learner, params = build("protonets")
+    optimizer = optax.sgd(0.03)
+    finals = []
+    for n in (1, FAKE_DEVICES):
+        mesh = parallel.make_mesh(n)
+        step = make_train_step(learner, optimizer, meta_batch=6, mesh=mesh)  # 6: 2 padded on 8
+        p, state = parallel.replicate((params, optimizer.init(params)), mesh)
+        placed = parallel.place_split(split, mesh)
+        for i in range(3):
+            p, state, out = step(p, state, placed, jax.random.key(i), jnp.float32(0))
+        assert step._cache_size() == 1
+        finals.append((p, float(out["loss"])))
+    assert finals[0][1] == pytest.approx(finals[1][1], rel=1e-5)
+    finals = jax.device_get(finals)
+    moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), finals[0][0], params)
+    differ = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), finals[0][0], finals[1][0])
+    assert max(jax.tree.leaves(moved)) > 1e-2  # the steps did change the parameters
+    # float summation order only: every leaf agrees to 1% of how far the steps moved it
+    for move, diff in zip(jax.tree.leaves(moved), jax.tree.leaves(differ)):
+        assert diff <= 0.01 * move + 1e-7, (move, diff)
+
+
+def test_sharded_split_gives_the_same_evaluation(split):
+    learner, params = build("protonets")
+    mesh = parallel.make_mesh()
+    sharded = parallel.place_split(split, mesh, shard=True)
+    assert parallel.is_sharded(sharded.images)
+    reports = [evaluation.evaluate(learner, params, s, num_tasks=8, batch_size=1,
+                                   cost_metrics=False, mesh=mesh) for s in (split, sharded)]
+    for name in SUMMARY:
+        assert reports[0][name] == reports[1][name], name
+
+
+def test_bfloat16_halves_a_float_state_and_keeps_protonets_accuracy(split):
+    mesh = parallel.make_mesh(1)
+    f32, params = build("protonets")
+    bf16, _ = build("protonets", compute_dtype="bfloat16")
+    reports = [evaluation.evaluate(learner, params, split, num_tasks=40, batch_size=20,
+                                   cost_metrics=False, mesh=mesh) for learner in (f32, bf16)]
+    assert reports[1]["acc_mean"] == pytest.approx(reports[0]["acc_mean"], abs=0.02)
+    state = metrics.state_shapes(bf16, params, IMAGE)
+    assert state.sums.dtype == jnp.bfloat16 and state.counts.dtype == jnp.int32
+    # init_tune carries only float weights: its ATM halves exactly
+    tune32, tune_params = build("init_tune")
+    tune16, _ = build("init_tune", compute_dtype="bfloat16")
+    assert metrics.atm(tune16, tune_params, IMAGE) == metrics.atm(tune32, tune_params, IMAGE) / 2
+    with pytest.raises(ValueError, match=r"compute_dtype='float8'; valid"):
+        build("protonets", compute_dtype="float8")
+
+
+def test_bfloat16_training_keeps_float32_params_and_optimizer_state(split):
+    learner, params = build("protonets", compute_dtype="bfloat16")
+    optimizer = make_optimizer(TrainConfig())
+    step = make_train_step(learner, optimizer, meta_batch=2)
+    new, state, out = step(params, optimizer.init(params), split, jax.random.key(0),
+                           jnp.float32(0))
+    assert np.isfinite(float(out["loss"]))
+    assert {str(leaf.dtype) for leaf in jax.tree.leaves((new, state))} == {"float32", "int32"}
+
+
+@pytest.mark.parametrize("size,chunk", [(16000, 1000), (1001, 1000), (2500, 1000), (7, 3)])
+def test_target_chunks_cover_the_target_set_once_interleaved(size, chunk):
+    groups = episode.target_chunks(size, chunk)
+    flat = np.concatenate([g.reshape(-1) for g in groups])
+    np.testing.assert_array_equal(np.sort(flat), np.arange(size))
+    lengths = {g.shape[1] for g in groups}
+    assert max(lengths) <= chunk and max(lengths) - min(lengths) <= 1
+    count = sum(g.shape[0] for g in groups)
+    assert count == -(-size // chunk)
+    for g in groups:  # chunk k holds k, k + count, k + 2 count, ...
+        np.testing.assert_array_equal(np.diff(g, axis=1), count)
+
+
+def test_long_target_set_is_predicted_chunk_by_chunk(split):
+    spec = TaskSpec.preset("B3")
+    learner, params = build("protonets", spec)
+    support_x = jax.random.uniform(jax.random.key(1), (spec.nss, spec.support_size, *IMAGE))
+    support_y = jnp.tile(jnp.arange(spec.support_size), (spec.nss, 1)) + 5 * jnp.arange(3)[:, None]
+    target_x = jax.random.uniform(jax.random.key(2), (7, *IMAGE))
+    state = episode.adapt_all(learner, params, support_x, support_y, jax.random.key(0))
+    chunked = episode.predict_target(learner, params, state, target_x, chunk=3)
+    for group in episode.target_chunks(7, 3):
+        for idx in group:  # every chunk is predicted as a batch of its own
+            np.testing.assert_allclose(chunked[idx], learner.predict(params, state, target_x[idx]),
+                                       rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def many_classes():
+    """Enough classes for a type-C task at NSS=640 (3,200 train classes); small 16x16 images."""
+    return data.load_split("synthetic", "train", num_classes=4400, samples_per_class=6,
+                           image_size=16)
+
+
+@pytest.mark.parametrize("name", ["init_tune", "maml_low"])
+def test_nss_640_evaluation_completes_in_bounded_memory(many_classes, name, monkeypatch):
+    spec = TaskSpec.parse("C640")  # 640 support sets of 5, a target set of 16,000 images
+    image = tuple(many_classes.images.shape[1:])
+    mesh = parallel.make_mesh(1)
+    keys = jax.random.key_data(jax.random.split(jax.random.key(0), 1))
+
+    def temp_bytes(learner, params):  # XLA's temporary buffers of the evaluation program
+        compiled = evaluation._evaluate_chunk.lower(learner, params, many_classes, keys, False,
+                                                    mesh).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    monkeypatch.setattr(episode, "TARGET_CHUNK", spec.target_size)  # the target set in one piece
+    whole = temp_bytes(*build(name, spec, image=image))
+    monkeypatch.undo()
+    learner, params = build(name, spec, image=image)
+    chunked = temp_bytes(learner, params)
+    assert chunked < 2**29 and whole > 4 * chunked, (chunked, whole)
+    report = evaluation.evaluate(learner, params, many_classes, num_tasks=1, mesh=mesh)
+    assert 0.0 <= report["acc_mean"] <= 1.0 and np.isfinite(report["ce_mean"])
+    assert report["macs_per_task"] > spec.nss * report["macs_adapt"]
