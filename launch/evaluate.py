@@ -29,8 +29,12 @@ def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     workdir = FLAGS.workdir
+    try:
+        mesh = train_cli.mesh_from_flags()
+    except ValueError as error:
+        raise app.UsageError(str(error)) from error
     if os.path.exists(os.path.join(workdir, "config.json")):
-        train.evaluate_run(workdir, num_tasks=None)
+        train.evaluate_run(workdir, num_tasks=None, mesh=mesh)
         return
     config = train_cli.config_from_flags()
     try:
@@ -41,7 +45,7 @@ def main(argv) -> None:
     if learner.training == "meta":
         raise app.UsageError(f"learner {config.learner!r} is meta-trained: run "
                              f"`python -m launch.train` first, or give a finished --workdir")
-    train.train_and_evaluate(config, workdir)
+    train.train_and_evaluate(config, workdir, mesh=mesh)
 
 
 def run() -> None:

@@ -23,7 +23,7 @@ from cfsl_jax.fluid.protocol import Schedule
 from cfsl_jax.fluid.report import table
 from cfsl_jax.fluid.sequences import ORDERS, StreamConfig
 
-from .options import parse_options, quiet_third_party_logs
+from .options import define_data_flags, parse_options, quiet_third_party_logs
 
 _CONFIG, _STREAM, _SCHEDULE = FluidConfig(), StreamConfig(), Schedule()
 
@@ -51,10 +51,7 @@ flags.DEFINE_integer("pretrain_steps", _CONFIG.pretrain_steps, "Backbone pretrai
 flags.DEFINE_integer("window", None, "Rolling-accuracy window (default max(10, L // 20)).")
 flags.DEFINE_multi_string("method_option", [], "METHOD:NAME=VALUE (repeatable), e.g. "
                           "--method_option=exemplar_tuning:learning_rate=0.01.")
-flags.DEFINE_multi_string("dataset_option", [], "Dataset option NAME=VALUE (repeatable), "
-                          "e.g. --dataset_option=samples_per_class=200 for synthetic.")
-flags.DEFINE_string("data_dir", None, "Where prepared TFDS datasets live.")
-flags.DEFINE_string("manual_dir", None, "Folder with the official archives.")
+define_data_flags()
 flags.DEFINE_string("workdir", None, "Where results are written.", required=True)
 
 FLAGS = flags.FLAGS

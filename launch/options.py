@@ -1,10 +1,18 @@
-"""Shared flag helpers of the launch scripts (defines no flags itself)."""
+"""Shared flag helpers of the launch scripts (flags are defined only when a script asks)."""
 
 from __future__ import annotations
 
 import ast
 
-from absl import app
+from absl import app, flags
+
+
+def define_data_flags() -> None:
+    """--dataset_option, --data_dir and --manual_dir: where a dataset comes from."""
+    flags.DEFINE_multi_string("dataset_option", [], "Dataset option NAME=VALUE (repeatable), "
+                              "e.g. --dataset_option=num_classes=200 for synthetic.")
+    flags.DEFINE_string("data_dir", None, "Where prepared TFDS datasets live.")
+    flags.DEFINE_string("manual_dir", None, "Folder with the official archives.")
 
 
 def parse_options(pairs: list[str], flag: str) -> dict:

@@ -14,10 +14,11 @@ from absl import app, flags
 
 from cfsl_jax import train
 from cfsl_jax.data import DATASETS
-from cfsl_jax.learners import LEARNERS
+from cfsl_jax import parallel
+from cfsl_jax.learners import COMPUTE_DTYPES, LEARNERS
 from cfsl_jax.spec import TARGET_MODES
 
-from .options import parse_options, quiet_third_party_logs
+from .options import define_data_flags, parse_options, quiet_third_party_logs
 
 _DEFAULTS = train.TrainConfig()
 
@@ -33,13 +34,19 @@ flags.DEFINE_integer("cci", None, "Override: class change interval.")
 flags.DEFINE_bool("overwrite", None, "Override: labels restart at 0 in every class group.")
 flags.DEFINE_enum("target_mode", None, TARGET_MODES, "Override: target sampling mode.")
 flags.DEFINE_integer("seed", _DEFAULTS.seed, "Seed of every random choice.")
+flags.DEFINE_enum("compute_dtype", _DEFAULTS.compute_dtype, tuple(COMPUTE_DTYPES),
+                  "Compute and carried-state dtype (params and optimiser state stay float32).")
+flags.DEFINE_integer("num_devices", 0, "Devices to shard the task batch over (0: all).")
+flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() first (TPU pod "
+                  "slices, multi-node GPU: run the same command on every host).")
 flags.DEFINE_integer("epochs", _DEFAULTS.epochs, "Meta-training epochs.")
 flags.DEFINE_integer("iters_per_epoch", _DEFAULTS.iters_per_epoch, "Meta-steps per epoch.")
 flags.DEFINE_integer("meta_batch", _DEFAULTS.meta_batch, "Tasks per meta-step.")
 flags.DEFINE_float("learning_rate", _DEFAULTS.learning_rate, "Outer (Adam) learning rate.")
 flags.DEFINE_integer("val_tasks", _DEFAULTS.val_tasks, "Validation tasks after each epoch.")
 flags.DEFINE_integer("eval_tasks", _DEFAULTS.test_tasks, "Test tasks.")
-flags.DEFINE_integer("eval_batch", _DEFAULTS.eval_batch, "Tasks per evaluation program.")
+flags.DEFINE_integer("eval_batch", _DEFAULTS.eval_batch,
+                     "Tasks per device per evaluation program.")
 flags.DEFINE_integer("keep_best", _DEFAULTS.keep_best, "Best epochs kept and ensembled.")
 flags.DEFINE_integer("checkpoint_every", _DEFAULTS.checkpoint_every,
                      "Steps between resume checkpoints within an epoch (0: epoch ends only).")
@@ -47,10 +54,7 @@ flags.DEFINE_integer("pretrain_steps", _DEFAULTS.pretrain_steps, "Pretraining st
 flags.DEFINE_integer("log_every", _DEFAULTS.log_every, "Meta-steps between progress lines.")
 flags.DEFINE_multi_string("learner_option", [], "Learner option NAME=VALUE (repeatable), "
                           "e.g. --learner_option=inner_steps=3.")
-flags.DEFINE_multi_string("dataset_option", [], "Dataset option NAME=VALUE (repeatable), "
-                          "e.g. --dataset_option=num_classes=200 for synthetic.")
-flags.DEFINE_string("data_dir", None, "Where prepared TFDS datasets live.")
-flags.DEFINE_string("manual_dir", None, "Folder with the official archives.")
+define_data_flags()
 
 FLAGS = flags.FLAGS
 _SPEC_FLAGS = ("nss", "nc", "ks", "kt", "cci", "overwrite", "target_mode")
@@ -62,12 +66,18 @@ def config_from_flags() -> train.TrainConfig:
         learner_options=parse_options(FLAGS.learner_option, "learner_option"),
         dataset_options=parse_options(FLAGS.dataset_option, "dataset_option"),
         spec_overrides={k: FLAGS[k].value for k in _SPEC_FLAGS if FLAGS[k].value is not None},
-        seed=FLAGS.seed, epochs=FLAGS.epochs, iters_per_epoch=FLAGS.iters_per_epoch,
+        seed=FLAGS.seed, compute_dtype=FLAGS.compute_dtype, epochs=FLAGS.epochs, iters_per_epoch=FLAGS.iters_per_epoch,
         meta_batch=FLAGS.meta_batch, learning_rate=FLAGS.learning_rate,
         val_tasks=FLAGS.val_tasks, test_tasks=FLAGS.eval_tasks, eval_batch=FLAGS.eval_batch,
         keep_best=FLAGS.keep_best, checkpoint_every=FLAGS.checkpoint_every,
         pretrain_steps=FLAGS.pretrain_steps, log_every=FLAGS.log_every, data_dir=FLAGS.data_dir,
         manual_dir=FLAGS.manual_dir)
+
+
+def mesh_from_flags():
+    """The device mesh of --num_devices (after --multihost's distributed initialisation)."""
+    parallel.initialize(FLAGS.multihost)
+    return parallel.make_mesh(FLAGS.num_devices)
 
 
 def main(argv) -> None:
@@ -77,9 +87,10 @@ def main(argv) -> None:
     try:
         config = config_from_flags()
         config.check()
+        mesh = mesh_from_flags()
     except ValueError as error:
         raise app.UsageError(str(error)) from error
-    train.train_and_evaluate(config, FLAGS.workdir)
+    train.train_and_evaluate(config, FLAGS.workdir, mesh=mesh)
 
 
 def run() -> None:
