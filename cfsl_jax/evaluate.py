@@ -119,8 +119,9 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
     per_device = min(batch_size, -(-num_tasks // mesh.size), tasks_in_flight(spec, image_shape))
     batch_size = per_device * mesh.size
     num_chunks = -(-num_tasks // batch_size)
+    # padded to whole chunks; the extra tasks' results are dropped below
     keys = np.asarray(jax.random.key_data(task_keys(seed, purpose, num_chunks * batch_size)))
-    params = parallel.replicate(params, mesh)  # extra tasks (padding) are dropped below
+    params = parallel.replicate(params, mesh)
     split = parallel.place_split(split, mesh, shard=parallel.is_sharded(split.images))
     start = time.perf_counter()
     chunks = []

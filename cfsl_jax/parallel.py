@@ -106,22 +106,25 @@ def map_tasks(fn, tasks: tuple, mesh: Mesh, sequential: bool):
 
     ``sequential=False``: one ``vmap`` over the batch, sharded over the mesh.
     ``sequential=True`` (per-task-weight learners on CPU): each device walks
-    its tasks one at a time -- the batch is viewed as [B / devices, devices],
-    ``lax.map`` runs over the first axis and ``vmap`` over the sharded second,
-    so each device holds one task's activations at a time. B must be a
-    multiple of the mesh size.
+    its own contiguous block of tasks one at a time (a ``lax.map`` inside
+    ``shard_map``), so it holds one task's activations at a time and runs the
+    same program as a single device would. Values ``fn`` closes over are
+    replicated. B must be a multiple of the mesh size.
     """
     size = jax.tree.leaves(tasks)[0].shape[0]
     if size % mesh.size:
         raise ValueError(f"a batch of {size} tasks does not split over {mesh.size} devices")
     if not sequential:
         return jax.vmap(fn)(*constrain(tasks, mesh))
+    def walk(*local):  # the tasks of one device, one after another
+        return jax.lax.map(lambda args: fn(*args), local)
+
     if mesh.size == 1:
-        return jax.lax.map(lambda args: fn(*args), tasks)
-    lanes = jax.tree.map(lambda x: x.reshape(size // mesh.size, mesh.size, *x.shape[1:]), tasks)
-    out = jax.lax.map(lambda args: jax.vmap(fn)(*constrain(args, mesh)),
-                      constrain(lanes, mesh, axis=1))
-    return jax.tree.map(lambda x: x.reshape(size, *x.shape[2:]), out)
+        return walk(*tasks)
+    # check_vma=False: fn differentiates inside (per task); nothing is differentiated
+    # across the shard_map boundary, so its replication type checks are not needed.
+    return jax.shard_map(walk, mesh=mesh, in_specs=P(TASKS), out_specs=P(TASKS),
+                         check_vma=False)(*tasks)
 
 
 def is_sharded(x: jax.Array) -> bool:

@@ -193,6 +193,11 @@ def meta_train(config: TrainConfig, learner: Learner, params: Any, splits, workd
     The result does not depend on the mesh beyond float summation order.
     """
     mesh = mesh or parallel.make_mesh()
+    if config.meta_batch % mesh.size:
+        extra = parallel.padded(config.meta_batch, mesh) - config.meta_batch
+        logging.warning("meta_batch %d over %d devices: %d padding task(s) per step are "
+                        "computed and dropped; a multiple of %d (or --num_devices) avoids it",
+                        config.meta_batch, mesh.size, extra, mesh.size)
     optimizer = make_optimizer(config)
     opt_state = optimizer.init(params)
     start = 0
