@@ -116,6 +116,7 @@ def map_tasks(fn, tasks: tuple, mesh: Mesh, sequential: bool):
         raise ValueError(f"a batch of {size} tasks does not split over {mesh.size} devices")
     if not sequential:
         return jax.vmap(fn)(*constrain(tasks, mesh))
+
     def walk(*local):  # the tasks of one device, one after another
         return jax.lax.map(lambda args: fn(*args), local)
 
