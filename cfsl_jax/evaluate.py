@@ -122,7 +122,7 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
     # padded to whole chunks; the extra tasks' results are dropped below
     keys = np.asarray(jax.random.key_data(task_keys(seed, purpose, num_chunks * batch_size)))
     params = parallel.replicate(params, mesh)
-    split = parallel.place_split(split, mesh, shard=parallel.is_sharded(split.images))
+    split = parallel.place_split(split, mesh, shard=parallel.is_sharded(split.images) or None)
     start = time.perf_counter()
     chunks = []
     for i in range(num_chunks):

@@ -6,8 +6,8 @@
 Training and evaluation lay a batch of tasks along the mesh's ``"tasks"``
 axis (``NamedSharding(mesh, P("tasks"))``) and keep everything else --
 meta-parameters, optimiser state, the dataset split -- replicated (the split
-may instead be sharded along its sample axis, ``place_split(shard=True)``,
-when it does not fit one device). The programs are ordinary ``jax.jit``
+is sharded along its sample axis instead when it does not fit one device,
+``place_split``). The programs are ordinary ``jax.jit``
 programs: XLA partitions them and inserts the cross-device reductions
 (gradients are summed by XLA, not by hand), so the numbers do not depend on
 the device count beyond float summation order.
@@ -133,13 +133,29 @@ def is_sharded(x: jax.Array) -> bool:
     return not x.sharding.is_fully_replicated
 
 
-def place_split(split, mesh: Mesh, shard: bool = False):
+SPLIT_MEMORY_FRACTION = 0.25  # a split bigger than this share of a device's memory is sharded
+
+
+def fits_one_device(nbytes: int, device: jax.Device) -> bool:
+    """Whether ``nbytes`` stay under ``SPLIT_MEMORY_FRACTION`` of ``device``'s memory.
+
+    True where the backend reports no limit (CPU): host memory is shared anyway.
+    """
+    stats = device.memory_stats() or {}
+    limit = stats.get("bytes_limit")
+    return limit is None or nbytes <= SPLIT_MEMORY_FRACTION * limit
+
+
+def place_split(split, mesh: Mesh, shard: bool | None = None):
     """A dataset split on the mesh: replicated, or its images sharded along the sample axis.
 
-    Sharding needs the sample count to divide over the devices; the split's
-    images are padded with blank images (never indexed by the class table).
-    A split already placed so is returned as it is.
+    ``shard=None`` shards only a split that does not fit one device
+    (``fits_one_device``). Sharding needs the sample count to divide over the
+    devices; the images are padded with blank images (never indexed by the
+    class table). A split already placed so is returned as it is.
     """
+    if shard is None:
+        shard = not fits_one_device(split.images.nbytes, mesh.devices.flat[0])
     if not shard or mesh.size == 1:
         return replicate(split, mesh)
     if is_sharded(split.images) and split.images.sharding == task_sharded(mesh):

@@ -98,6 +98,23 @@ def test_meta_training_on_8_devices_matches_one_and_compiles_once(split):
         assert diff <= 0.01 * move + 1e-7, (move, diff)
 
 
+class _Device:  # what fits_one_device reads of a device: its memory statistics
+    def __init__(self, limit):
+        self.limit = limit
+
+    def memory_stats(self):
+        return None if self.limit is None else {"bytes_limit": self.limit}
+
+
+def test_a_split_is_sharded_only_when_it_does_not_fit_one_device(split):
+    assert parallel.fits_one_device(10**12, _Device(None))  # CPU: no limit reported
+    assert parallel.fits_one_device(25, _Device(100))
+    assert not parallel.fits_one_device(26, _Device(100))
+    assert parallel.fits_one_device(split.images.nbytes, jax.devices()[0])
+    placed = parallel.place_split(split, parallel.make_mesh())  # CPU: replicated
+    assert not parallel.is_sharded(placed.images)
+
+
 def test_sharded_split_gives_the_same_evaluation(split):
     learner, params = build("protonets")
     mesh = parallel.make_mesh()
