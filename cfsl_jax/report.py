@@ -107,6 +107,11 @@ def _learner_order(learners: Iterable[str]) -> list[str]:
     return [name for name in LEARNERS if name in learners] + sorted(learners - set(LEARNERS))
 
 
+def _count(number: int, noun: str) -> str:
+    """'1 epoch', '3 epochs'."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
 def format_value(metric: str, mean: float, std: float | None = None) -> str:
     """``mean ± std`` in the metric's display unit; no std when it is None or 0."""
     _, _, scale, fmt = METRICS[metric]
@@ -173,7 +178,7 @@ def paper_comparison(accuracy: dict[Key, Aggregate], dataset: str, paper: dict
                 continue
             difference = 100.0 * ours.mean - theirs["mean"]
             rows.append([learner, cell, format_value("acc", ours.mean, ours.std),
-                         f"{theirs['mean']:.2f} ± {theirs['std']:.2f}", f"{difference:+.2f}"])
+                         paper_results.printed(theirs), f"{difference:+.2f}"])
     return rows
 
 
@@ -215,11 +220,16 @@ def dataset_markdown(results: Sequence[dict], dataset: str, paper: dict) -> str:
     """The Markdown report of one dataset: Table 1 for each metric, then the paper's numbers."""
     runs = [r for r in results if r["dataset"] == dataset]
     budget = runs[0]["config"]  # one budget per sweep directory (sweep.plan refuses others)
+    seeds = max(len(a.seeds) for a in aggregate(runs, "acc").values()) if runs else 0
+    spread = ("one seed per cell, so no ± on accuracy and cross-entropy" if seeds <= 1 else
+              "mean ± std across seeds; no ± where the seeds agree")
     parts = [f"# Table 1 on {dataset}",
-             f"{len(runs)} runs; mean ± std across seeds of each run's mean over "
-             f"{budget['test_tasks']} test tasks (no ± where the seeds agree). Budget per run: "
-             f"{budget['epochs']} epochs x {budget['iters_per_epoch']} iterations, meta-batch "
-             f"{budget['meta_batch']} ({budget['pretrain_steps']} steps for pretraining)."]
+             f"{_count(len(runs), 'run')}; each run's mean over "
+             f"{_count(budget['test_tasks'], 'test task')} ({spread}). Budget per run: "
+             f"{_count(budget['epochs'], 'epoch')} x "
+             f"{_count(budget['iters_per_epoch'], 'iteration')}, meta-batch "
+             f"{budget['meta_batch']} ({_count(budget['pretrain_steps'], 'step')} for "
+             f"pretraining)."]
     for metric, (_, title, _, _) in METRICS.items():
         parts += [f"## {title}", markdown(table(aggregate(runs, metric), dataset, metric))]
     parts.append(f"## Test accuracy vs the paper ({paper.get('table', 'table')}, "

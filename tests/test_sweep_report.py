@@ -151,7 +151,7 @@ def test_report_compares_with_the_shipped_paper_numbers(tmp_path):
         run_dir.mkdir(parents=True)
         (run_dir / "results.json").write_text(json.dumps(result))
     assert paper_results.TABLE1["values"]["omniglot"]["protonets"]["B3"] == {
-        "mean": 95.3, "std": 0.12}  # omniglot_variant.csv: matching-network,0,3,1,95.3,0.12
+        "mean": 95.3, "std": 0.12, "mean_printed": "95.30", "std_printed": "0.12"}  # Table 1
     paths = report.write_report(str(tmp_path / "sweep"), str(tmp_path / "report"),
                                 figure3=False)
     rows = {row["cell"]: row for row in
@@ -163,7 +163,7 @@ def test_report_compares_with_the_shipped_paper_numbers(tmp_path):
     markdown = open(paths["markdown"]["omniglot/small"]).read()
     assert "| protonets | B3 | 91.00 ± 1.00 | 95.30 ± 0.12 | -4.30 |" in markdown
     assert "| protonets | B2 |" not in markdown.split("vs the paper")[1]
-    assert paper_results.OMNIGLOT_SOURCE in markdown
+    assert paper_results.SOURCE in markdown
     assert "The paper used omniglot" in markdown
 
 
