@@ -1,60 +1,74 @@
-"""Run FLUID methods on one heavy-tailed stream: results.json, results.txt, rolling_accuracy.png.
+"""Run the FLUID protocol: every method of the paper's Table 3 on heavy-tailed streams.
 
-    python -m launch.fluid --workdir=/tmp/fluid                       # synthetic, all methods
-    python -m launch.fluid --method=ncm,exemplar_tuning --zipf_s=1.5 --workdir=/tmp/fluid_s15
-    python -m launch.fluid --dataset=omniglot --manual_dir=../shared/data/omniglot \
-        --stream_classes=100 --stream_length=1000 --head_threshold=10 \
-        --min_pretrain_samples=5 --workdir=/tmp/fluid_omniglot
+    python -m launch.fluid --workdir=/tmp/fluid                    # paper scale, 3 test streams
+    python -m launch.fluid --preset=small --workdir=/tmp/fluid_small   # CPU smoke run
+    python -m launch.fluid --preset=small --method=ncm,exemplar_tuning --workdir=/tmp/f
+    python -m launch.fluid --preset=small --streams=validation --num_streams=2 --workdir=/tmp/v
+    python -m launch.fluid --preset=small --study=update_strategy --workdir=/tmp/fluid_us
 
-The head threshold (50 in the paper's ImageNet-scale setting) must be scaled
-down for small datasets: an Omniglot class has 20 drawings. See
-``cfsl_jax/fluid/__init__.py`` for the protocol and ``fluid/experiment.py``
-for what is written.
+``--preset=paper``: 1,000 classes (250 pretrain, 750 novel), 90,000 samples,
+Zipf s=1, <= 961 per class, head > 50, 3 test streams, mean ± std.
+``--preset=small``: 40 classes, 1,200 samples. Stream flags left unset keep
+the preset's values. Each method's schedule is the paper's (4 epochs every
+5,000 samples, batch 256; Weight Imprinting from 10,000; OLTR also every 200
+up to 10,000) scaled to the stream length, unless --update_every (and
+--epochs_per_update, --batch_size) set one for all methods. Writes
+results.json, results.txt (Table 3 layout beside the paper's numbers) and
+rolling_accuracy.png; the study writes update_strategy.json/.png.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from absl import app, flags
 
 from cfsl_jax.data import DATASETS
-from cfsl_jax.fluid.experiment import FluidConfig, run_experiment
+from cfsl_jax.errors import UserError
+from cfsl_jax.fluid import study
+from cfsl_jax.fluid.experiment import PRESETS, STREAM_KINDS, preset, run_experiment
 from cfsl_jax.fluid.methods import METHODS
 from cfsl_jax.fluid.protocol import Schedule
-from cfsl_jax.fluid.report import table
-from cfsl_jax.fluid.sequences import ORDERS, StreamConfig
+from cfsl_jax.fluid.sequences import ORDERS
 
 from .options import define_data_flags, parse_options, quiet_third_party_logs
 
-_CONFIG, _STREAM, _SCHEDULE = FluidConfig(), StreamConfig(), Schedule()
-
-flags.DEFINE_enum("dataset", _CONFIG.dataset, DATASETS, "Dataset.")
-flags.DEFINE_string("split", _CONFIG.split, "Split the stream and pretraining data come from.")
-flags.DEFINE_list("method", list(_CONFIG.methods), f"Methods to run: {sorted(METHODS)}.")
-flags.DEFINE_integer("stream_classes", _STREAM.num_classes, "K: classes in the stream.")
-flags.DEFINE_integer("stream_length", _STREAM.length, "L: samples in the stream.")
-flags.DEFINE_float("pretrain_fraction", _STREAM.pretrain_fraction,
-                   "Fraction of the stream classes that are pretrain classes.")
-flags.DEFINE_float("zipf_s", _STREAM.zipf_s, "Zipf exponent of the class shares.")
-flags.DEFINE_integer("head_threshold", _STREAM.head_threshold,
-                     "A class with more stream samples than this is a head class.")
-flags.DEFINE_enum("order", _STREAM.order, ORDERS, "Sample order.")
-flags.DEFINE_integer("min_pretrain_samples", _STREAM.min_pretrain_samples,
-                     "Samples of each pretrain class kept out of the stream for pretraining.")
-flags.DEFINE_integer("update_every", _SCHEDULE.update_every,
-                     "U: samples between training phases of gradient-based methods.")
-flags.DEFINE_integer("epochs_per_update", _SCHEDULE.epochs_per_update,
-                     "E: epochs over the samples seen so far per training phase.")
-flags.DEFINE_integer("batch_size", _SCHEDULE.batch_size, "Minibatch of a training step.")
-flags.DEFINE_integer("seed", _CONFIG.seed, "Seed of every random choice.")
-flags.DEFINE_integer("filters", _CONFIG.filters, "Conv-4 width.")
-flags.DEFINE_integer("pretrain_steps", _CONFIG.pretrain_steps, "Backbone pretraining steps.")
+flags.DEFINE_enum("preset", "paper", sorted(PRESETS), "Stream scale preset.")
+flags.DEFINE_enum("study", None, ["update_strategy"], "Run a study instead of the table.")
+flags.DEFINE_string("study_method", "finetune", "Method of the update-strategy study.")
+flags.DEFINE_list("study_frequencies", [str(u) for u in study.FREQUENCIES],
+                  "U values (samples of a 90,000-sample sequence) of the study.")
+flags.DEFINE_list("study_epochs", [str(e) for e in study.EPOCHS], "E values of the study.")
+flags.DEFINE_enum("dataset", "synthetic", DATASETS, "Dataset.")
+flags.DEFINE_string("split", "train", "Split the stream and pretraining data come from.")
+flags.DEFINE_list("method", list(METHODS), f"Methods to run: {list(METHODS)}.")
+flags.DEFINE_enum("streams", "test", STREAM_KINDS, "Test streams, or validation for tuning.")
+flags.DEFINE_integer("num_streams", None, "Streams (default: the preset's).")
+flags.DEFINE_integer("stream_classes", None, "K: classes in the stream.")
+flags.DEFINE_integer("stream_length", None, "L: samples in the stream.")
+flags.DEFINE_float("pretrain_fraction", None, "Fraction of the stream classes that pretrain.")
+flags.DEFINE_float("zipf_s", None, "Zipf exponent of the class shares.")
+flags.DEFINE_integer("head_threshold", None, "A class with more samples is a head class.")
+flags.DEFINE_enum("order", None, ORDERS, "Sample order.")
+flags.DEFINE_integer("min_pretrain_samples", None, "Samples per pretrain class kept out.")
+flags.DEFINE_integer("max_per_class", None, "Cap on a class's stream samples (0: none).")
+flags.DEFINE_integer("update_every", None, "U for every method (default: each one's, scaled).")
+flags.DEFINE_integer("epochs_per_update", 4, "E, with --update_every.")
+flags.DEFINE_integer("batch_size", 256, "Training minibatch, with --update_every.")
+flags.DEFINE_integer("seed", 0, "Seed of every random choice.")
+flags.DEFINE_integer("filters", 64, "Conv-4 width.")
+flags.DEFINE_integer("pretrain_steps", None, "Pretraining steps (default: the preset's).")
 flags.DEFINE_integer("window", None, "Rolling-accuracy window (default max(10, L // 20)).")
 flags.DEFINE_multi_string("method_option", [], "METHOD:NAME=VALUE (repeatable), e.g. "
-                          "--method_option=exemplar_tuning:learning_rate=0.01.")
+                          "--method_option=ncm:metric=cosine.")
 define_data_flags()
 flags.DEFINE_string("workdir", None, "Where results are written.", required=True)
 
 FLAGS = flags.FLAGS
+_STREAM_FLAGS = {"stream_classes": "num_classes", "stream_length": "length",
+                 "pretrain_fraction": "pretrain_fraction", "zipf_s": "zipf_s",
+                 "head_threshold": "head_threshold", "order": "order",
+                 "min_pretrain_samples": "min_pretrain_samples", "max_per_class": "max_per_class"}
 
 
 def method_options(pairs: list[str]) -> dict[str, dict]:
@@ -62,26 +76,31 @@ def method_options(pairs: list[str]) -> dict[str, dict]:
     for pair in pairs:
         method, sep, rest = pair.partition(":")
         if not sep:
-            raise app.UsageError(f"--method_option={pair!r} is not METHOD:NAME=VALUE")
+            raise UserError(f"--method_option={pair!r} is not METHOD:NAME=VALUE")
         options.setdefault(method, {}).update(parse_options([rest], "method_option"))
     return options
 
 
-def config_from_flags() -> FluidConfig:
-    stream = StreamConfig(
-        num_classes=FLAGS.stream_classes, length=FLAGS.stream_length,
-        pretrain_fraction=FLAGS.pretrain_fraction, zipf_s=FLAGS.zipf_s,
-        head_threshold=FLAGS.head_threshold, order=FLAGS.order,
-        min_pretrain_samples=FLAGS.min_pretrain_samples)
-    schedule = Schedule(update_every=FLAGS.update_every,
-                        epochs_per_update=FLAGS.epochs_per_update, batch_size=FLAGS.batch_size)
-    return FluidConfig(
+def config_from_flags():
+    base = PRESETS[FLAGS.preset]
+    stream = dataclasses.replace(base["stream"], **{
+        field: getattr(FLAGS, flag) for flag, field in _STREAM_FLAGS.items()
+        if getattr(FLAGS, flag) is not None})
+    schedule = (Schedule(update_every=FLAGS.update_every,
+                         epochs_per_update=FLAGS.epochs_per_update, batch_size=FLAGS.batch_size)
+                if FLAGS.update_every is not None else None)
+    overrides = dict(
         dataset=FLAGS.dataset, split=FLAGS.split, methods=tuple(FLAGS.method), stream=stream,
-        schedule=schedule, seed=FLAGS.seed, filters=FLAGS.filters,
-        pretrain_steps=FLAGS.pretrain_steps, window=FLAGS.window,
-        dataset_options=parse_options(FLAGS.dataset_option, "dataset_option"),
-        method_options=method_options(FLAGS.method_option),
+        schedule=schedule, streams=FLAGS.streams, seed=FLAGS.seed, filters=FLAGS.filters,
+        window=FLAGS.window, method_options=method_options(FLAGS.method_option),
         data_dir=FLAGS.data_dir, manual_dir=FLAGS.manual_dir)
+    if FLAGS.dataset_option:
+        overrides["dataset_options"] = {**base["dataset_options"],
+                                        **parse_options(FLAGS.dataset_option, "dataset_option")}
+    for name in ("num_streams", "pretrain_steps"):
+        if getattr(FLAGS, name) is not None:
+            overrides[name] = getattr(FLAGS, name)
+    return preset(FLAGS.preset, **overrides)
 
 
 def main(argv) -> None:
@@ -90,16 +109,27 @@ def main(argv) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     try:
         config = config_from_flags()
-    except ValueError as error:
+    except ValueError as error:  # UserError included: one line, no traceback
         raise app.UsageError(str(error)) from error
+    if FLAGS.study == "update_strategy":
+        if FLAGS.study_method not in config.method_options and FLAGS.study_method in METHODS:
+            config = dataclasses.replace(config, methods=(FLAGS.study_method,), method_options={})
+        cells = study.run_update_strategy(config, FLAGS.workdir, FLAGS.study_method,
+                                          [int(u) for u in FLAGS.study_frequencies],
+                                          [int(e) for e in FLAGS.study_epochs])
+        print(study.table(cells))
+        print(f"written to {FLAGS.workdir}: update_strategy.json, update_strategy.png")
+        return
     results = run_experiment(config, FLAGS.workdir)
-    print(f"stream: {results['stream']}")
-    print(table(results["methods"]))
-    print(f"written to {FLAGS.workdir}: results.json, results.txt, rolling_accuracy.png")
+    with open(f"{FLAGS.workdir}/results.txt") as f:
+        print(f.read())
+    print(f"wall time {results['wall_seconds']:.0f} s; written to {FLAGS.workdir}: "
+          f"results.json, results.txt, rolling_accuracy.png")
 
 
 def run() -> None:
-    app.run(main)
+    from .cli import run as run_guarded  # the shared error boundary and --help (launch/cli.py)
+    run_guarded(main)
 
 
 if __name__ == "__main__":

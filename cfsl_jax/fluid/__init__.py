@@ -11,27 +11,30 @@ and all compute is counted.
                                         fluid.StreamConfig(num_classes=50, length=2000))
     method = fluid.get_method("exemplar_tuning", num_classes=50)
     params = method.init_params(init_key, split.images[:1])
-    params = fluid.pretrain_backbone(method, params, split, classes, pretrain_key)
-    record = fluid.run_stream(method, params, stream, split, run_key, fluid.Schedule())
+    params = fluid.pretrain_model(method, params, split, classes, pretrain_key, steps=300)
+    params = fluid.prepare_params(method, params, split, classes, fisher_key)
+    record = fluid.run_stream(method, params, stream, split, run_key,
+                              method.schedule.scaled(2000))  # the paper's, per sample count
     fluid.stream_metrics(record.prediction, record.unseen_score, stream)  # + record.macs
 
 Or from the command line: ``python -m launch.fluid --workdir=/tmp/fluid``.
 
 Modules: ``sequences`` (streams), ``protocol`` (``Method``, ``run_stream``, MACs),
 ``backbone`` (the per-image Conv-4), ``classifiers`` (class memory, detectors),
-``methods`` (NCM, Exemplar Tuning, Weight Imprinting, fine-tune, standard
-training), ``pretraining`` (the backbone on the pretrain classes), ``metrics``,
+``heads`` (each method's classifier), ``methods`` (the eleven methods of the
+paper's Table 3, one factory), ``pretraining`` / ``meta_pretraining`` (backbone
+and head on the pretrain classes), ``metrics``,
 ``report`` (table and plot), ``experiment`` (what ``launch.fluid`` runs).
 """
 
 from cfsl_jax.fluid.methods import METHODS, FluidState, get_method
 from cfsl_jax.fluid.metrics import auroc, rolling_accuracy, stream_metrics
-from cfsl_jax.fluid.pretraining import pretrain_backbone, pretrain_split
-from cfsl_jax.fluid.protocol import Method, Schedule, StreamRecord, run_stream
+from cfsl_jax.fluid.pretraining import pretrain_model, pretrain_split, prepare_params
+from cfsl_jax.fluid.protocol import PAPER_LENGTH, Method, Schedule, StreamRecord, run_stream
 from cfsl_jax.fluid.sequences import Stream, StreamClasses, StreamConfig, describe, make_stream
 
 __all__ = [
     "METHODS", "FluidState", "get_method", "auroc", "rolling_accuracy", "stream_metrics",
-    "pretrain_backbone", "pretrain_split", "Method", "Schedule", "StreamRecord", "run_stream",
+    "pretrain_model", "pretrain_split", "prepare_params", "PAPER_LENGTH", "Method", "Schedule", "StreamRecord", "run_stream",
     "Stream", "StreamClasses", "StreamConfig", "describe", "make_stream",
 ]

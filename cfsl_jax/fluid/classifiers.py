@@ -1,18 +1,20 @@
-"""Pieces shared by the FLUID methods: class memory, cosine scores, unseen-class detectors.
+"""Pieces shared by the FLUID methods: class memory, similarities, unseen-class detectors.
 
-- ``ClassMemory``: running sums of L2-normalised features and counts per
-  stream class (fixed shape [K, D] / [K]); a class is *seen* once its count is
-  positive. Its mean is the NCM class mean; running sums make the mean after
-  t updates equal to the batch mean of those t features.
-- Predictions are restricted to seen classes; before any class is seen the
-  predicted label is -1 (always wrong).
+- ``ClassMemory``: per stream class, running sums of raw features, of
+  L2-normalised features, and counts (fixed shapes [K, D] / [K]), plus
+  ``known`` [K]: the classes known when the stream starts (the pretrain
+  classes, whose pretraining images filled the sums). A class is *seen* once it
+  is known or its count is positive; predictions are restricted to seen
+  classes (before any is seen the predicted label is -1, always wrong).
+- Similarities (``logits`` [n, K], higher = closer): ``euclidean`` = minus the
+  squared distance to the raw class means (the paper's NCM, Appendix D),
+  ``cosine`` = ``scale * cos``, ``dot`` = ``C_k . f``.
 - Unseen-class scores (higher = more likely a class not seen so far):
-  ``mdt`` (Minimum Distance Thresholding): the Euclidean distance from the
-  normalised feature to the nearest normalised class representation of a
-  seen class (+inf when none is seen); ``softmax`` (Hendrycks & Gimpel's
-  maximum softmax probability): ``1 - max softmax`` over the seen classes'
-  logits (1 when none is seen). A threshold on either score is the detector;
-  the protocol reports the threshold-free AUROC.
+  ``mdt`` (Minimum Distance Thresholding): the distance from the feature to the
+  nearest class representation of a seen class (in the method's own metric:
+  Euclidean for raw representations, Euclidean between unit vectors for the
+  cosine ones; +inf when none is seen); ``softmax`` (Hendrycks & Gimpel):
+  ``1 - max softmax`` over the seen classes' logits (1 when none is seen).
 """
 
 from __future__ import annotations
@@ -23,32 +25,61 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from cfsl_jax.errors import UserError
+
 DETECTORS = ("mdt", "softmax")
 _EPS = 1e-12
 
 
 class ClassMemory(NamedTuple):
-    sums: jax.Array  # float32 [K, D] sum of the L2-normalised features of each class
-    counts: jax.Array  # float32 [K] samples of each class seen so far
+    sums: jax.Array  # float32 [K, D] sum of the raw features of each class
+    unit_sums: jax.Array  # float32 [K, D] sum of the L2-normalised features of each class
+    counts: jax.Array  # float32 [K] samples absorbed per class (pretraining images included)
+    known: jax.Array  # bool [K] classes known at the stream start
 
 
-def memory_init(num_classes: int, dim: int) -> ClassMemory:
-    return ClassMemory(jnp.zeros((num_classes, dim), jnp.float32),
-                       jnp.zeros((num_classes,), jnp.float32))
+def memory_init(num_classes: int, dim: int, known: "KnownClasses | None" = None) -> ClassMemory:
+    """An empty memory, or one holding the pretraining statistics of the known classes."""
+    memory = ClassMemory(jnp.zeros((num_classes, dim), jnp.float32),
+                         jnp.zeros((num_classes, dim), jnp.float32),
+                         jnp.zeros((num_classes,), jnp.float32),
+                         jnp.zeros((num_classes,), bool))
+    if known is None:
+        return memory
+    p = known.counts.shape[0]
+    return ClassMemory(memory.sums.at[:p].set(known.sums),
+                       memory.unit_sums.at[:p].set(known.unit_sums),
+                       memory.counts.at[:p].set(known.counts),
+                       memory.known.at[:p].set(True))
+
+
+class KnownClasses(NamedTuple):
+    """Feature statistics of the P pretrain classes over their pretraining images."""
+
+    sums: jax.Array  # float32 [P, D]
+    unit_sums: jax.Array  # float32 [P, D]
+    counts: jax.Array  # float32 [P]
 
 
 def memory_add(memory: ClassMemory, feature: jax.Array, label: jax.Array) -> ClassMemory:
-    """Absorb one normalised feature [D] of class ``label`` (int32 scalar)."""
-    return ClassMemory(memory.sums.at[label].add(feature), memory.counts.at[label].add(1.0))
+    """Absorb one raw feature [D] of class ``label`` (int32 scalar)."""
+    return memory._replace(sums=memory.sums.at[label].add(feature),
+                           unit_sums=memory.unit_sums.at[label].add(normalise(feature)),
+                           counts=memory.counts.at[label].add(1.0))
 
 
 def class_means(memory: ClassMemory) -> jax.Array:
-    """float32 [K, D]: mean normalised feature per class (0 for unseen classes)."""
+    """float32 [K, D]: mean raw feature per class (0 for classes with no samples)."""
     return memory.sums / jnp.maximum(memory.counts, 1.0)[:, None]
 
 
+def unit_means(memory: ClassMemory) -> jax.Array:
+    """float32 [K, D]: mean L2-normalised feature per class (0 for classes with no samples)."""
+    return memory.unit_sums / jnp.maximum(memory.counts, 1.0)[:, None]
+
+
 def seen(memory: ClassMemory) -> jax.Array:
-    return memory.counts > 0  # bool [K]
+    return memory.known | (memory.counts > 0)  # bool [K]
 
 
 def normalise(x: jax.Array) -> jax.Array:
@@ -56,9 +87,15 @@ def normalise(x: jax.Array) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), _EPS))
 
 
-def cosine_logits(features: jax.Array, representations: jax.Array, scale: float) -> jax.Array:
+def cosine_logits(features: jax.Array, representations: jax.Array, scale) -> jax.Array:
     """``scale * cos(feature, representation)``: [n, D] x [K, D] -> [n, K]."""
     return scale * normalise(features) @ normalise(representations).T
+
+
+def euclidean_logits(features: jax.Array, representations: jax.Array) -> jax.Array:
+    """``-||f - c_k||^2``: [n, D] x [K, D] -> [n, K] (expanded: one matrix product)."""
+    return (2.0 * features @ representations.T - jnp.sum(features**2, -1, keepdims=True)
+            - jnp.sum(representations**2, -1)[None])
 
 
 def mask_unseen(logits: jax.Array, seen_mask: jax.Array) -> jax.Array:
@@ -71,9 +108,15 @@ def decide(logits: jax.Array, seen_mask: jax.Array) -> jax.Array:
     return jnp.where(jnp.any(seen_mask), label, -1)
 
 
-def mdt_score(feature: jax.Array, representations: jax.Array, seen_mask: jax.Array) -> jax.Array:
-    """Distance from normalised ``feature`` [D] to the nearest seen representation [K, D]."""
-    distances = jnp.linalg.norm(normalise(feature)[None] - normalise(representations), axis=-1)
+def mdt_score(feature: jax.Array, representations: jax.Array, seen_mask: jax.Array,
+              unit: bool) -> jax.Array:
+    """Distance from ``feature`` [D] to the nearest seen representation [K, D].
+
+    ``unit``: between L2-normalised vectors (cosine methods); else raw Euclidean.
+    """
+    if unit:
+        feature, representations = normalise(feature), normalise(representations)
+    distances = jnp.linalg.norm(feature[None] - representations, axis=-1)
     return jnp.min(jnp.where(seen_mask, distances, jnp.inf))
 
 
@@ -84,15 +127,15 @@ def max_softmax_score(logits: jax.Array, seen_mask: jax.Array) -> jax.Array:
 
 
 def unseen_score(detector: str, feature: jax.Array, logits: jax.Array,
-                 representations: jax.Array, seen_mask: jax.Array) -> jax.Array:
+                 representations: jax.Array, seen_mask: jax.Array, unit: bool) -> jax.Array:
     if detector == "mdt":
-        return mdt_score(feature, representations, seen_mask)
+        return mdt_score(feature, representations, seen_mask, unit)
     return max_softmax_score(logits, seen_mask)
 
 
 def check_detector(detector: str) -> None:
     if detector not in DETECTORS:
-        raise ValueError(f"detector={detector!r}; valid: {DETECTORS}")
+        raise UserError(f"detector={detector!r}; valid: {DETECTORS}")
 
 
 def masked_cross_entropy(logits: jax.Array, labels: jax.Array, sample_mask: jax.Array,

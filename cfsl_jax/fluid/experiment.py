@@ -1,21 +1,30 @@
-"""One FLUID experiment: build the stream, pretrain the shared backbone, run every method.
+"""One FLUID experiment: test streams x methods, pretrained per stream, mean +- std.
 
-``run_experiment(config, workdir)`` writes into ``workdir``:
-``results.json`` (config, dataset, stream statistics, and per method: metrics,
-MACs, training steps, seconds), ``results.txt`` (the printed table) and
-``rolling_accuracy.png``; it returns the results dict.
+``run_experiment(config, workdir)`` writes into ``workdir``: ``results.json``
+(config, dataset, per stream: statistics and per method metrics, MACs with and
+without feature caching, training steps, seconds; and the mean +- std over the
+streams), ``results.txt`` (the paper's Table 3 layout beside ours,
+``report.paper_table``) and ``rolling_accuracy.png`` (first stream).
 
-Keys (``seeding.purpose_key``): "data" builds the stream, "init" the backbone,
-"pretrain" pretrains it, "train" drives each method's stream (its state init
-and minibatch shuffles) -- the same for every method.
+Presets (``PRESETS``): ``paper`` -- 1,000 classes (250 pretrain, 750 novel),
+90,000 samples, Zipf s=1, at most 961 samples per class, head > 50, 3 test
+streams (and 2 validation streams with ``--streams=validation``), on the
+synthetic set with 1,353 classes (1,000 in its train split) x 1,061 samples
+(each pretrain class keeps >= 100 images out of the stream for pretraining);
+``small`` -- 40 classes, 1,200 samples, head > 30, for CPU smoke runs. Each
+method's schedule is the paper's, scaled to the stream length
+(``Schedule.scaled``; logged), unless ``schedule`` overrides it.
 
-Datasets: ``synthetic`` (built in memory; ``dataset_options`` default to 100
-classes x 400 samples, whose train split has 74 classes) and ``omniglot*``.
-On Omniglot the pretrain and novel classes come from disjoint alphabets:
-alphabets are taken in the split's class order (background before evaluation
-alphabets) into the pretrain pool while it holds at most
-``pretrain_fraction`` of the split's classes (at least one alphabet); with the
-full Omniglot zips and a fraction near 0.8 that is the background alphabets.
+Keys (``seeding.purpose_key`` folded with the stream index ``i``): test stream
+``i`` is built from ``fold_in(data, i)``, validation stream ``i`` from
+``fold_in(data, 1000 + i)`` (disjoint from the test streams' keys); stream
+``i``'s pretraining uses ``fold_in(pretrain, i)``, EWC's Fisher sample
+``fold_in(pretrain, 10000 + i)``, method runs ``fold_in(train, i)`` -- the same
+for every method.
+
+Datasets: ``synthetic`` or any dataset of ``cfsl_jax.data`` (TFDS image sets
+with a class table); on Omniglot pretrain and novel classes come from disjoint
+alphabets (``alphabet_pretrain_mask``).
 """
 
 from __future__ import annotations
@@ -32,30 +41,53 @@ from absl import logging
 
 import cfsl_jax
 from cfsl_jax import data, results as results_io, seeding
+from cfsl_jax.errors import UserError
 from cfsl_jax.fluid import methods as fluid_methods
 from cfsl_jax.fluid import report
 from cfsl_jax.fluid.metrics import rolling_accuracy, stream_metrics
-from cfsl_jax.fluid.pretraining import pretrain_backbone
+from cfsl_jax.fluid.pretraining import pretrain_model, prepare_params
 from cfsl_jax.fluid.protocol import Schedule, run_stream
 from cfsl_jax.fluid.sequences import StreamConfig, describe, make_stream
 
-SYNTHETIC_DEFAULTS = {"num_classes": 100, "samples_per_class": 400}
+PAPER_STREAM = StreamConfig(num_classes=1000, length=90_000, pretrain_fraction=0.25, zipf_s=1.0,
+                            head_threshold=50, min_pretrain_samples=100, max_per_class=961)
+SMALL_STREAM = StreamConfig(num_classes=40, length=1200, pretrain_fraction=0.25, zipf_s=1.0,
+                            head_threshold=30, min_pretrain_samples=20)
+PRESETS = {
+    "paper": dict(stream=PAPER_STREAM, dataset_options={"num_classes": 1353,
+                                                        "samples_per_class": 1061},
+                  pretrain_steps=2000, num_streams=3),
+    "small": dict(stream=SMALL_STREAM, dataset_options={"num_classes": 80,
+                                                        "samples_per_class": 120},
+                  pretrain_steps=200, num_streams=1),
+}
+STREAM_KINDS = ("test", "validation")
+FISHER = 10_000  # key offset of EWC's Fisher samples
+
+
+def stream_key(config: "FluidConfig", index: int) -> jax.Array:
+    """The key of stream ``index`` of ``config.streams`` (module doc)."""
+    offset = 0 if config.streams == "test" else 1000
+    return jax.random.fold_in(seeding.purpose_key(config.seed, "data"), offset + index)
 
 
 @dataclasses.dataclass(frozen=True)
 class FluidConfig:
     dataset: str = "synthetic"
     split: str = "train"
-    methods: tuple[str, ...] = ("ncm", "exemplar_tuning", "imprinting", "finetune", "standard")
-    stream: StreamConfig = StreamConfig()
-    schedule: Schedule = Schedule()
+    methods: tuple[str, ...] = fluid_methods.METHODS
+    stream: StreamConfig = PAPER_STREAM
+    schedule: Schedule | None = None  # None: each method's paper schedule, scaled to the stream
+    num_streams: int = 3
+    streams: str = "test"  # "test" or "validation" (tuning)
     seed: int = 0
     filters: int = 64  # Conv-4 width, shared by every method
-    pretrain_steps: int = 300
+    pretrain_steps: int = 2000
     pretrain_batch: int = 64
     pretrain_learning_rate: float = 1e-3
     window: int | None = None  # rolling-accuracy window; None: max(10, L // 20)
-    dataset_options: dict = dataclasses.field(default_factory=dict)
+    dataset_options: dict = dataclasses.field(
+        default_factory=lambda: dict(PRESETS["paper"]["dataset_options"]))
     method_options: dict = dataclasses.field(default_factory=dict)  # {method: {option: value}}
     data_dir: str | None = None
     manual_dir: str | None = None
@@ -63,20 +95,32 @@ class FluidConfig:
     def __post_init__(self):
         unknown = [m for m in self.methods if m not in fluid_methods.METHODS]
         if not self.methods or unknown:
-            raise ValueError(f"methods {list(self.methods)}: unknown {unknown}; "
-                             f"valid: {sorted(fluid_methods.METHODS)}")
+            raise UserError(f"methods {list(self.methods)}: unknown {unknown}; "
+                            f"valid: {list(fluid_methods.METHODS)}")
         extra = sorted(set(self.method_options) - set(self.methods))
         if extra:
-            raise ValueError(f"method_options for methods not run: {extra}")
+            raise UserError(f"method_options for methods not run: {extra}")
         if self.dataset not in data.DATASETS:
-            raise ValueError(f"unknown dataset {self.dataset!r}; valid: {data.DATASETS}")
+            raise UserError(f"unknown dataset {self.dataset!r}; valid: {data.DATASETS}")
+        if self.streams not in STREAM_KINDS:
+            raise UserError(f"streams={self.streams!r}; valid: {STREAM_KINDS}")
+        if isinstance(self.num_streams, bool) or not isinstance(self.num_streams, int) \
+                or self.num_streams < 1:
+            raise UserError(f"num_streams={self.num_streams!r} is invalid: must be an int >= 1")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
+def preset(name: str, **overrides) -> FluidConfig:
+    """``FluidConfig`` of preset ``name`` (``PRESETS``) with ``overrides``."""
+    if name not in PRESETS:
+        raise UserError(f"unknown preset {name!r}; valid: {sorted(PRESETS)}")
+    return FluidConfig(**{**PRESETS[name], **overrides})
+
+
 def alphabet_pretrain_mask(class_names: tuple[str, ...], fraction: float) -> np.ndarray:
-    """bool [C]: classes of the leading alphabets (module doc) -- Omniglot's pretrain pool."""
+    """bool [C]: classes of the leading alphabets -- Omniglot's pretrain pool."""
     alphabets = [name.split("/")[0] for name in class_names]
     order = list(dict.fromkeys(alphabets))  # first-appearance order
     sizes = {a: alphabets.count(a) for a in order}
@@ -92,65 +136,121 @@ def alphabet_pretrain_mask(class_names: tuple[str, ...], fraction: float) -> np.
 def load(config: FluidConfig) -> data.Split:
     options = dict(config.dataset_options)
     if config.dataset == "synthetic":
-        options = {**SYNTHETIC_DEFAULTS, "image_size": 28, **options}
+        options = {"image_size": 28, **options}
+    elif config.dataset_options:
+        options = {}  # synthetic-only options
     return data.load_split(config.dataset, config.split, data_dir=config.data_dir,
                            manual_dir=config.manual_dir, **options)
 
 
-def run_experiment(config: FluidConfig, workdir: str) -> dict[str, Any]:
-    """Run every method of ``config`` on one stream; write and return the results."""
-    os.makedirs(workdir, exist_ok=True)
-    split = load(config)
+def schedule_for(method, config: FluidConfig) -> Schedule | None:
+    """The schedule ``method`` runs: ``config.schedule``, else its own scaled to the stream."""
+    if method.train_step is None:
+        return None
+    if config.schedule is not None:
+        return config.schedule
+    return method.schedule.scaled(config.stream.length)
+
+
+def run_one_stream(config: FluidConfig, split: data.Split, built: dict, index: int
+                   ) -> tuple[dict, dict, dict]:
+    """Stream ``index``: (stream statistics, per method results, rolling-accuracy curves)."""
     mask = (alphabet_pretrain_mask(split.info.class_names, config.stream.pretrain_fraction)
             if config.dataset.startswith("omniglot") else None)
-    stream, classes = make_stream(seeding.purpose_key(config.seed, "data"), split.class_table,
-                                  split.class_sizes, config.stream, pretrain_mask=mask)
+    stream, classes = make_stream(
+        stream_key(config, index), split.class_table,
+        split.class_sizes, config.stream, pretrain_mask=mask)
     stats = describe(stream, classes)
-    logging.info("stream: %s", stats)
+    logging.info("%s stream %d: %s", config.streams, index, stats)
+    image_shape = tuple(split.images.shape[1:])
+    init = next(iter(built.values())).init_params(seeding.purpose_key(config.seed, "init"),
+                                                  jnp.zeros((1, *image_shape), jnp.float32))
+    pretrained, per_method, curves = {}, {}, {}
+    for name, method in built.items():
+        started = time.perf_counter()
+        if method.pretraining not in pretrained:  # one pretraining per strategy and stream
+            pretrained[method.pretraining] = pretrain_model(
+                method, init, split, classes, jax.random.fold_in(seeding.purpose_key(config.seed, "pretrain"), index),
+                steps=config.pretrain_steps, batch_size=config.pretrain_batch,
+                learning_rate=config.pretrain_learning_rate)
+        params = prepare_params(method, pretrained[method.pretraining], split, classes,
+                                jax.random.fold_in(seeding.purpose_key(config.seed, "pretrain"), FISHER + index))
+        pretrain_seconds = time.perf_counter() - started
+        schedule = schedule_for(method, config)
+        record = run_stream(method, params, stream, split,
+                            jax.random.fold_in(seeding.purpose_key(config.seed, "train"), index), schedule)
+        result = stream_metrics(record.prediction, record.unseen_score, stream, config.window)
+        curves[name] = rolling_accuracy(record.prediction == np.asarray(stream.label),
+                                        result["rolling_window"])
+        per_method[name] = {"detector": method.detector, "metrics": result, "macs": record.macs,
+                            "schedule": schedule.describe() if schedule else None,
+                            "train_steps": record.train_steps, "seconds": record.seconds,
+                            "pretrain_seconds": pretrain_seconds}
+        logging.info("%s: accuracy %.4f auroc %s (%.1f s; schedule %s)", name,
+                     result["accuracy"], report.auroc_text(result["auroc"]), record.seconds,
+                     per_method[name]["schedule"])
+    return stats, per_method, curves
+
+
+def summarise(per_stream: list[dict]) -> dict[str, dict]:
+    """Per method: mean and std (ddof=1 when >1 stream) over streams of each number."""
+    summary = {}
+    for name in per_stream[0]:
+        runs = [stream[name] for stream in per_stream]
+        keys = list(report.METRIC_KEYS) + ["macs.total", "macs.total_uncached", "seconds"]
+        entry = {"detector": runs[0]["detector"], "schedule": runs[0]["schedule"],
+                 "streams": len(runs)}
+        for key in keys:
+            values = [report.lookup(run, key) for run in runs]
+            if any(v is None for v in values):
+                entry[key] = {"mean": None, "std": None}
+                continue
+            values = np.asarray(values, np.float64)
+            entry[key] = {"mean": float(values.mean()),
+                          "std": float(values.std(ddof=1)) if values.size > 1 else 0.0}
+        summary[name] = entry
+    return summary
+
+
+def run_experiment(config: FluidConfig, workdir: str) -> dict[str, Any]:
+    """Run every method of ``config`` on ``num_streams`` streams; write and return the results."""
+    os.makedirs(workdir, exist_ok=True)
+    started = time.perf_counter()
+    split = load(config)
     image_shape = tuple(split.images.shape[1:])
     k = config.stream.num_classes
     built = {name: fluid_methods.get_method(name, k, image_shape, filters=config.filters,
                                             **config.method_options.get(name, {}))
              for name in config.methods}
-
-    first = built[config.methods[0]]  # every method has the same backbone architecture
-    params = first.init_params(seeding.purpose_key(config.seed, "init"),
-                               jnp.zeros((1, *image_shape), jnp.float32))
-    started = time.perf_counter()
-    params = pretrain_backbone(first, params, split, classes,
-                               seeding.purpose_key(config.seed, "pretrain"),
-                               steps=config.pretrain_steps, batch_size=config.pretrain_batch,
-                               learning_rate=config.pretrain_learning_rate,
-                               log_every=max(1, config.pretrain_steps // 5))
-    pretrain_seconds = time.perf_counter() - started
-
-    per_method, curves, window = {}, {}, None
     for name, method in built.items():
-        record = run_stream(method, params, stream, split,
-                            seeding.purpose_key(config.seed, "train"), config.schedule)
-        result = stream_metrics(record.prediction, record.unseen_score, stream, config.window)
-        window = result["rolling_window"]
-        curves[name] = rolling_accuracy(record.prediction == np.asarray(stream.label), window)
-        per_method[name] = {"detector": method.detector, "metrics": result, "macs": record.macs,
-                            "train_steps": record.train_steps, "seconds": record.seconds}
-        logging.info("%s: accuracy %.4f auroc %s (%.1f s)", name, result["accuracy"],
-                     result["auroc"], record.seconds)
-
+        schedule = schedule_for(method, config)
+        if schedule is not None and config.schedule is None:
+            logging.info("%s: the paper's schedule (%s) scaled to %d samples: %s", name,
+                         method.schedule.describe(), config.stream.length, schedule.describe())
+    streams = []
+    for index in range(config.num_streams):
+        stats, per_method, curves = run_one_stream(config, split, built, index)
+        streams.append({"stream": stats, "methods": per_method})
+        if index == 0:
+            window = next(iter(per_method.values()))["metrics"]["rolling_window"]
+            report.plot_rolling_accuracy(curves, window,
+                                         os.path.join(workdir, "rolling_accuracy.png"),
+                                         title=f"FLUID on {split.info.dataset}: rolling accuracy")
+    summary = summarise([s["methods"] for s in streams])
     results = {
         "config": config.to_json(),
         "dataset": {"name": split.info.dataset, "split": split.info.split,
                     "num_classes": split.info.num_classes, "num_images": split.info.num_images,
                     "source": split.info.source},
-        "stream": stats,
-        "pretrain_seconds": pretrain_seconds,
-        "methods": per_method,
+        "streams": streams,
+        "summary": summary,
+        "wall_seconds": time.perf_counter() - started,
         "versions": {"cfsl_jax": cfsl_jax.__version__, "jax": jax.__version__,
                      "backend": jax.default_backend()},
     }
     results_io.write_json(os.path.join(workdir, "results.json"), results)
-    text = report.table(per_method)
+    text = report.paper_table(summary, dataset=split.info.dataset,
+                              streams=f"{config.num_streams} {config.streams} stream(s)")
     with open(os.path.join(workdir, "results.txt"), "w") as f:
         f.write(text + "\n")
-    report.plot_rolling_accuracy(curves, window, os.path.join(workdir, "rolling_accuracy.png"),
-                                 title=f"FLUID on {split.info.dataset}: rolling accuracy")
     return results

@@ -1,7 +1,9 @@
 """FLUID metrics of one stream (numpy, on the host, after the stream ran).
 
-Every sample counts, first appearances included (their label is not among the
-seen classes, so they are always wrong -- as in a deployed system).
+Every sample counts, first appearances included (a novel class's first sample
+is always wrong: its label is not among the known or seen classes), as in the
+authors' ``OnlineMetricTracker`` (metrics.py): overall accuracy over all
+samples, per-class accuracy = correct / images of the class in the sequence.
 
 - ``accuracy``: fraction of samples predicted correctly.
 - ``mean_per_class_accuracy``: the mean over the stream's classes of each
@@ -12,8 +14,11 @@ seen classes, so they are always wrong -- as in a deployed system).
 - ``rolling_accuracy(correct, window)``: accuracy over the last ``window``
   samples at each t (over all samples so far while t < window); the results
   keep ``curve_points`` evenly spaced points of it.
-- ``auroc``: area under the ROC curve of unseen-class detection, first
-  appearances (positives) against all other samples (negatives), computed
+- ``auroc``: area under the ROC curve of unseen-class detection: the first
+  appearances of *novel* classes are the positives (the pretrain classes are
+  known from the start, so their first appearances are not new: negatives,
+  like every other sample; the paper's 750 positives against ~89k
+  negatives), computed
   from ranks (Mann-Whitney U, ties counted 1/2): ``(sum of positive ranks -
   P(P+1)/2) / (P N)``. It equals the fraction of (positive, negative) pairs
   where the positive scores higher, plus half the ties. None if either set is
@@ -69,6 +74,11 @@ def rolling_accuracy(correct, window: int) -> np.ndarray:
     return (cumulative[t] - cumulative[first]) / (t - first)
 
 
+def novel_first_appearances(stream) -> np.ndarray:
+    """bool [L]: the AUROC positives, first samples of the novel classes."""
+    return np.asarray(stream.first_appearance) & ~np.asarray(stream.is_pretrain_class)
+
+
 def stream_metrics(prediction, unseen_score, stream, window: int | None = None,
                    curve_points: int = 20) -> dict[str, Any]:
     """All metrics of one stream as plain numbers; ``window`` defaults to max(10, L // 20)."""
@@ -96,7 +106,7 @@ def stream_metrics(prediction, unseen_score, stream, window: int | None = None,
         "accuracy": float(correct.mean()),
         "mean_per_class_accuracy": float(np.mean(per_class)),
         **sections,
-        "auroc": auroc(unseen_score, np.asarray(stream.first_appearance)),
+        "auroc": auroc(unseen_score, novel_first_appearances(stream)),
         "rolling_window": window,
         "rolling_accuracy": {"t": (points + 1).tolist(), "accuracy": rolling[points].tolist()},
     }

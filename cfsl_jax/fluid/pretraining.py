@@ -1,13 +1,22 @@
-"""Pretraining the shared FLUID backbone on the pretrain classes' held-back samples.
+"""Pretraining for FLUID: the backbone and linear head on the pretrain classes.
 
-A thin adapter over ``cfsl_jax.pretrain.pretrain`` (supervised softmax
-cross-entropy of ``params["embed"]`` with a temporary linear head, Adam): the
-split it sees is the stream's split with its class table replaced by
-``StreamClasses.pretrain_table`` -- row k = pretrain class k's samples that
-are not in the stream -- so pretraining never touches a stream sample, and
-novel classes are never seen. A ``Method`` carries ``name``, ``training`` and
-``embed_apply``, which is all ``pretrain`` uses of a learner. The backbone
-normalises each image on its own (``fluid.backbone``), in pretraining too.
+The pretraining data is the stream's split with its class table replaced by
+``StreamClasses.pretrain_table`` (row k = pretrain class k's samples that are
+not in the stream): pretraining never touches a stream sample, and novel
+classes are never seen. Strategies (``Method.pretraining``):
+
+- ``supervised`` (the paper's "Sup."): softmax cross-entropy of the backbone
+  and a linear head over the P pretrain classes (``cfsl_jax.pretrain``'s step:
+  Adam, L2 weight decay); the head is kept: ``params["head"]`` = {"kernel"
+  [D, P], "bias" [P]} -- row k = stream label k, so the pretrain classes are
+  known when the stream starts.
+- ``protonets``, ``meta_baseline``, ``maml``: episodic, ``meta_pretraining``.
+  After them the head is fitted on the frozen features (``fit_head``) so that
+  a linear method (MAML) also knows the pretrain classes.
+
+``prepare_params`` then adds what methods read at the stream start:
+``params["known"]`` (``KnownClasses``: feature sums/counts of the pretraining
+images per pretrain class) and, for EWC, ``params["fisher"]``.
 """
 
 from __future__ import annotations
@@ -16,12 +25,17 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+import optax
 from absl import logging
 
+from cfsl_jax import data, pretrain as supervised
 from cfsl_jax.data import Split
+from cfsl_jax.fluid import classifiers as cls
 from cfsl_jax.fluid.protocol import Method, Params
 from cfsl_jax.fluid.sequences import StreamClasses, pretrain_class_table
-from cfsl_jax.pretrain import pretrain
+
+STRATEGIES = ("supervised", "protonets", "meta_baseline", "maml")
 
 
 def pretrain_split(split: Split, classes: StreamClasses) -> Split:
@@ -35,13 +49,135 @@ def pretrain_split(split: Split, classes: StreamClasses) -> Split:
                                class_sizes=jnp.asarray(sizes), info=info)
 
 
-def pretrain_backbone(method: Method, params: Params, split: Split, classes: StreamClasses,
-                      key: jax.Array, **options) -> Params:
-    """``params`` with the backbone pretrained on the pretrain classes (``pretrain`` options).
+def pretrain_supervised(method: Method, params: Params, split: Split, key: jax.Array, *,
+                        steps: int, batch_size: int = 64, learning_rate: float = 1e-3,
+                        weight_decay: float = 1e-5) -> Params:
+    """Backbone + linear head over the split's classes (softmax CE); the head is kept."""
+    pool = supervised.entry_pool(split.class_table)
+    num_classes = int(split.class_table.shape[0])
+    head_key, data_key = jax.random.split(key)
+    state = supervised.init_state(method, params, num_classes, tuple(split.images.shape[1:]),
+                                  head_key, learning_rate, weight_decay)
+    hyper = dict(learner=method, num_classes=num_classes, batch_size=batch_size,
+                 learning_rate=learning_rate, weight_decay=weight_decay)
+    for step in range(steps):
+        state, loss, accuracy = supervised.train_step(state, split, pool,
+                                                      jax.random.fold_in(data_key, step), **hyper)
+        if (step + 1) % max(1, steps // 5) == 0:
+            logging.info("pretrain step %d/%d: loss %.4f accuracy %.3f", step + 1, steps,
+                         float(loss), float(accuracy))
+    dense = state.params["head"]["params"]["Dense_0"]
+    return {**params, "embed": state.params["embed"],
+            "head": {"kernel": dense["kernel"], "bias": dense["bias"]}}
 
-    With no pretraining data (``pretrain_fraction=0``) the backbone stays as it is.
-    """
+
+def pretraining_features(method: Method, params: Params, split: Split,
+                         batch: int = 1000) -> tuple[jax.Array, jax.Array]:
+    """(raw features [M, D], class row [M]) of every pretraining image (``split`` as above)."""
+    pool = supervised.entry_pool(split.class_table)
+    run = jax.jit(lambda embed, idx: method.embed_apply(embed, data.gather_normalised(split, idx)))
+    n = int(pool.image_idx.shape[0])
+    idx = jnp.pad(pool.image_idx, (0, -n % batch))
+    features = jnp.concatenate([run(params["embed"], idx[i:i + batch])
+                                for i in range(0, idx.shape[0], batch)])[:n]
+    return features, pool.labels
+
+
+def known_classes(features: jax.Array, labels: jax.Array, num_pretrain: int) -> cls.KnownClasses:
+    """Per pretrain class sums of raw and normalised features and counts."""
+    def segment(x):
+        return jax.ops.segment_sum(x, labels, num_segments=num_pretrain)
+
+    return cls.KnownClasses(segment(features), segment(cls.normalise(features)),
+                            segment(jnp.ones_like(labels, jnp.float32)))
+
+
+def fit_head(features: jax.Array, labels: jax.Array, num_classes: int, key: jax.Array,
+             steps: int = 300, learning_rate: float = 1e-2) -> dict:
+    """A linear head on frozen features (full-batch Adam, softmax CE): {"kernel", "bias"}."""
+    dim = features.shape[-1]
+    head = {"kernel": jax.random.normal(key, (dim, num_classes)) / jnp.sqrt(dim),
+            "bias": jnp.zeros((num_classes,))}
+    opt = optax.adam(learning_rate)
+
+    def loss_fn(head):
+        logits = features @ head["kernel"] + head["bias"]
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    @jax.jit
+    def run(head):
+        def step(carry, _):
+            head, opt_state = carry
+            updates, opt_state = opt.update(jax.grad(loss_fn)(head), opt_state, head)
+            return (optax.apply_updates(head, updates), opt_state), None
+
+        return jax.lax.scan(step, (head, opt.init(head)), None, length=steps)[0][0]
+
+    return run(head)
+
+
+def empirical_fisher(method: Method, params: Params, split: Split, key: jax.Array,
+                     samples: int = 256, chunk: int = 32) -> Params:
+    """Diagonal empirical Fisher of the backbone: mean squared per-sample log-likelihood grads."""
+    pool = supervised.entry_pool(split.class_table)
+    pick = jax.random.choice(key, pool.image_idx.shape[0], (samples,), replace=False)
+
+    def per_sample(embed, image, label):
+        logits = method.embed_apply(embed, image[None])[0] @ params["head"]["kernel"] + \
+            params["head"]["bias"]
+        return jax.nn.log_softmax(logits)[label]
+
+    @jax.jit
+    def squared(embed, idx, labels):
+        grads = jax.vmap(jax.grad(per_sample), (None, 0, 0))(
+            embed, data.gather_normalised(split, idx), labels)
+        return jax.tree.map(lambda g: jnp.sum(g * g, 0), grads)
+
+    total = None
+    for i in range(0, samples, chunk):
+        part = squared(params["embed"], pool.image_idx[pick[i:i + chunk]],
+                       pool.labels[pick[i:i + chunk]])
+        total = part if total is None else jax.tree.map(jnp.add, total, part)
+    return jax.tree.map(lambda t: t / samples, total)
+
+
+def pretrain_model(method: Method, params: Params, split: Split, classes: StreamClasses,
+                   key: jax.Array, *, steps: int, batch_size: int = 64,
+                   learning_rate: float = 1e-3) -> Params:
+    """``params`` pretrained by ``method.pretraining`` on the pretrain classes (module doc)."""
+    from cfsl_jax.fluid import meta_pretraining  # one concept per module
+
     if classes.pretrain_table.shape[0] == 0 or not (classes.pretrain_table >= 0).any():
         logging.warning("no pretraining data (no pretrain classes): the backbone stays random")
         return params
-    return pretrain(method, params, pretrain_split(split, classes), key, **options)
+    pre = pretrain_split(split, classes)
+    sup_key, meta_key, head_key = jax.random.split(key, 3)
+    strategy = method.pretraining
+    if strategy in ("supervised", "meta_baseline"):
+        params = pretrain_supervised(method, params, pre, sup_key, steps=steps,
+                                     batch_size=batch_size, learning_rate=learning_rate)
+    if strategy != "supervised":
+        params = meta_pretraining.meta_train(method, params, pre, meta_key, strategy,
+                                             steps=steps, learning_rate=learning_rate)
+        features, labels = pretraining_features(method, params, pre)
+        params = {**params, "head": fit_head(features, labels, pre.class_table.shape[0],
+                                             head_key)}
+    return params
+
+
+def prepare_params(method: Method, params: Params, split: Split, classes: StreamClasses,
+                   key: jax.Array) -> Params:
+    """Add ``known`` (and ``fisher`` for EWC) to pretrained ``params``."""
+    num_pretrain = int(classes.pretrain_table.shape[0])
+    if num_pretrain == 0 or "head" not in params:
+        return params
+    pre = pretrain_split(split, classes)
+    features, labels = pretraining_features(method, params, pre)
+    params = {**params, "known": known_classes(features, labels, num_pretrain)}
+    if method.name == "ewc":
+        params["fisher"] = empirical_fisher(method, params, pre, key)
+    return params
+
+
+def count_pretraining(classes: StreamClasses) -> int:
+    return int(np.sum(classes.pretrain_table >= 0))

@@ -3,41 +3,46 @@
 A ``Method`` is a NamedTuple of pure functions built by a factory that closes
 over its options (like the CFSL ``Learner``):
 
-    state = method.init(params, key)                     # fresh, fixed shape (K classes)
+    state = method.init(params, key)     # fresh; the pretrain classes are known
     for t in range(L):
         features = method.embed(params, state, x_t[None])  # [1, D]
         label_t, unseen_t = method.predict(params, state, features[0])   # recorded
         state = method.update(params, state, features[0], y_t)           # y_t revealed
-        every U samples (if method.train_step), E epochs over samples 0..t:
-            state = method.train_step(params, state, inputs, labels, mask, key) per minibatch
+        after each phase end t in schedule.phase_ends(L) (if method.train_step):
+            E epochs over samples 0..t: state = method.train_step(...) per minibatch
 
 ``predict`` is called before ``y_t`` exists anywhere in the computation:
 ``run_stream`` feeds ``y_t`` only to ``update``, and a training phase after
 sample t only sees the samples up to t (rows after t are zero, labels -1).
-``update`` reuses the features that ``predict`` used (no second forward pass).
 
-Execution: instance-based methods (no ``train_step``) run the whole stream as
-one jitted ``lax.scan``; gradient-based ones alternate jitted scans over
-chunks of U samples with training phases: E epochs of ``ceil(t / batch_size)``
-minibatches drawn without replacement from the t samples revealed so far, a
-fresh shuffle per epoch (the last minibatch of an epoch is padded and
-masked). No phase runs after the last sample. Methods with a frozen backbone
-(``train_on="features"``) train on the features the scans computed (a [L, D]
-bank filled as the stream goes), so a step costs no backbone pass, and an
-epoch is one jitted ``fori_loop``; image-trained methods (``"images"``) gather
-images per step and run one jitted step per minibatch from the host, because
-XLA:CPU runs convolutions inside a loop about 10x slower than at top level.
-Images are gathered from the split inside jitted code (only indices cross
-from the host). Compiled programs are cached per ``Method`` object, so a
-second stream with the same method does not recompile.
+Schedules are counted in samples (``Schedule``): a phase every
+``update_every`` samples from ``start`` on, plus (optionally) a phase every
+``warmup_every`` samples up to ``warmup_until`` (OLTR). The paper's values are
+for its ~90,000-sample sequences (``PAPER_LENGTH``); ``Schedule.scaled(L)``
+multiplies every sample count by ``L / PAPER_LENGTH`` for a shorter stream
+(the experiment logs the scaled schedule).
+
+Execution: between two phases nothing changes the backbone (``update`` only
+touches the class memory), so the features of a chunk of samples between two
+phase ends are computed in batches (``embed_batch`` images at a time, one
+jitted program) and then one jitted ``lax.scan`` runs predict/update over
+them. A training phase is E epochs of ``ceil(t / batch_size)`` minibatches
+drawn without replacement from the t samples revealed so far, a fresh shuffle
+per epoch (the last minibatch is padded and masked). No phase runs after the
+last sample. Frozen-backbone methods (``train_on="features"``) train on the
+cached features (a [L, D] bank), an epoch one jitted ``fori_loop``;
+image-trained methods gather images per step and run one jitted step per
+minibatch from the host (XLA:CPU runs convolutions inside a loop ~10x slower).
 
 Compute (MACs, ``metrics.xla_macs``: XLA's cost analysis, flops / 2) is
 counted per call -- one ``embed`` of one image, one ``predict``, one
-``update``, one ``train_step`` on a ``batch_size`` minibatch -- and the total
-is ``L * (embed + predict + update) + train_steps * train_step``: exactly the
-sum of the per-call analyses over every call the stream makes. (Counting the
-scan as a whole would not work: XLA counts a loop body once.) Data movement
-by the protocol itself (gathering, shuffling) is not counted.
+``update``, one ``train_step`` on a ``batch_size`` minibatch -- and
+``total = L * (embed + predict + update) + train_steps * train_step``. That is
+the cost *with feature caching*. Without caching (the paper's second GMACs
+figure) a frozen-backbone method recomputes the backbone for every training
+sample: ``total_uncached = total + train_steps * batch_size * embed``; for
+image-trained methods the two are equal. (Counting a scan as a whole would not
+work: XLA counts a loop body once.) Data movement is not counted.
 """
 
 from __future__ import annotations
@@ -54,11 +59,71 @@ import jax.numpy as jnp
 import numpy as np
 
 from cfsl_jax import data, metrics
+from cfsl_jax.errors import UserError
 from cfsl_jax.fluid.sequences import Stream
 
 Params = Any
 State = Any
 TRAIN_INPUTS = ("features", "images")
+PAPER_LENGTH = 90_000  # samples in one of the paper's sequences (Table 4: 86,988-90,133)
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """When and how gradient-based methods train, in samples (ignored by instance-based ones).
+
+    Defaults: the paper's offline training (Appendix E): 4 epochs every 5,000
+    samples, minibatches of 256 (the authors' ``offline_batch_size``).
+    """
+
+    update_every: int = 5000  # U: a phase after every U samples (from ``start`` on)
+    epochs_per_update: int = 4  # E: epochs over the samples seen so far per phase
+    batch_size: int = 256  # minibatch size of a training step
+    start: int = 0  # no regular phase before this many samples (Weight Imprinting: 10,000)
+    warmup_every: int = 0  # > 0: also a phase every this many samples ...
+    warmup_until: int = 0  # ... up to this many samples (OLTR: every 200 up to 10,000)
+
+    def __post_init__(self):
+        for name in ("update_every", "epochs_per_update", "batch_size"):
+            _check_int(name, getattr(self, name), 1)
+        for name in ("start", "warmup_every", "warmup_until"):
+            _check_int(name, getattr(self, name), 0)
+
+    def steps(self, seen: int) -> int:
+        """Training steps of one phase after ``seen`` samples: E * ceil(seen / batch_size)."""
+        return self.epochs_per_update * math.ceil(seen / self.batch_size)
+
+    def phase_ends(self, length: int) -> list[int]:
+        """Sample counts t < ``length`` after which a phase runs, ascending."""
+        ends = {t for t in range(self.update_every, length, self.update_every) if t >= self.start}
+        if self.warmup_every:
+            ends |= set(range(self.warmup_every, min(self.warmup_until, length - 1) + 1,
+                              self.warmup_every))
+        return sorted(t for t in ends if 0 < t < length)
+
+    def scaled(self, length: int, reference: int = PAPER_LENGTH) -> "Schedule":
+        """Every sample count times ``length / reference`` (rounded; intervals >= 1)."""
+        factor = length / reference
+
+        def scale(value: int, low: int) -> int:
+            return max(low, int(round(value * factor))) if value else 0
+
+        return dataclasses.replace(
+            self, update_every=scale(self.update_every, 1), start=scale(self.start, 0),
+            warmup_every=scale(self.warmup_every, 1), warmup_until=scale(self.warmup_until, 0))
+
+    def describe(self) -> str:
+        text = f"{self.epochs_per_update} epochs every {self.update_every} samples"
+        if self.start:
+            text += f" from {self.start}"
+        if self.warmup_every:
+            text += f" (and every {self.warmup_every} up to {self.warmup_until})"
+        return text + f", batch {self.batch_size}"
+
+
+def _check_int(name: str, value, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise UserError(f"{name}={value!r} is invalid: must be an int >= {low}")
 
 
 class Method(NamedTuple):
@@ -83,25 +148,8 @@ class Method(NamedTuple):
     embed_apply: Callable[[Params, jax.Array], jax.Array] | None = None
     training: str = "pretrain"
     detector: str = "mdt"  # the unseen-class score predict returns (for reports)
-
-
-@dataclasses.dataclass(frozen=True)
-class Schedule:
-    """When and how gradient-based methods train (ignored by instance-based ones)."""
-
-    update_every: int = 100  # U: a training phase after every U samples
-    epochs_per_update: int = 1  # E: epochs over the samples seen so far per phase
-    batch_size: int = 32  # minibatch size of a training step
-
-    def __post_init__(self):
-        for name in ("update_every", "epochs_per_update", "batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} is invalid: must be an int >= 1")
-
-    def steps(self, seen: int) -> int:
-        """Training steps of one phase after ``seen`` samples: E * ceil(seen / batch_size)."""
-        return self.epochs_per_update * math.ceil(seen / self.batch_size)
+    schedule: Schedule | None = None  # the method's own (paper) schedule; None: instance-based
+    pretraining: str = "supervised"  # how its backbone is pretrained (fluid.pretraining)
 
 
 class StreamRecord(NamedTuple):
@@ -113,21 +161,34 @@ class StreamRecord(NamedTuple):
 
 
 @functools.lru_cache(maxsize=64)
-def make_scan(method: Method, keep_features: bool) -> Callable:
-    """Jitted (cached) ``(params, state, split, sample_idx [n], labels [n]) -> (state, out)``.
+def make_embed(method: Method, batch: int) -> Callable:
+    """Jitted (cached) ``(params, state, split, sample_idx [batch]) -> features [batch, D]``."""
+    return jax.jit(lambda params, state, split, idx: method.embed(
+        params, state, data.gather_normalised(split, idx)))
 
-    ``out`` = (predicted labels [n], unseen scores [n], features [n, D] or None).
-    """
 
-    def run(params, state, split, sample_idx, labels):
+def embed_samples(method: Method, params: Params, state: State, split: Any,
+                  sample_idx: jax.Array, batch: int) -> jax.Array:
+    """Features [n, D] of ``sample_idx`` [n], ``batch`` images per call (the last one padded)."""
+    n = int(sample_idx.shape[0])
+    run = make_embed(method, batch)
+    padded = jnp.pad(sample_idx, (0, -n % batch))
+    parts = [run(params, state, split, padded[i:i + batch]) for i in range(0, n + (-n % batch),
+                                                                          batch)]
+    return jnp.concatenate(parts)[:n]
+
+
+@functools.lru_cache(maxsize=64)
+def make_scan(method: Method) -> Callable:
+    """Jitted (cached) ``(params, state, features [n, D], labels [n]) -> (state, (label, score))``."""
+
+    def run(params, state, features, labels):
         def step(state, inputs):
-            idx, y = inputs
-            features = method.embed(params, state, data.gather_normalised(split, idx[None]))
-            label, score = method.predict(params, state, features[0])  # before y is used
-            state = method.update(params, state, features[0], y)
-            return state, (label, score, features[0] if keep_features else None)
+            feature, y = inputs
+            label, score = method.predict(params, state, feature)  # before y is used
+            return method.update(params, state, feature, y), (label, score)
 
-        return jax.lax.scan(step, state, (sample_idx, labels))
+        return jax.lax.scan(step, state, (features, labels))
 
     return jax.jit(run)
 
@@ -225,60 +286,76 @@ def call_macs(method: Method, params: Params, state: State, image_shape: tuple[i
     return macs
 
 
-def total_macs(per_call: dict[str, float], length: int, train_steps: int) -> dict[str, float]:
-    """Per-call MACs plus the stream totals: inference, updates, training, total."""
+def total_macs(per_call: dict[str, float], length: int, train_steps: int, batch_size: int,
+               train_on: str) -> dict[str, float]:
+    """Per-call MACs plus the stream totals, with and without feature caching (module doc)."""
     inference = length * (per_call["embed"] + per_call["predict"])
     updates = length * per_call["update"]
     training = train_steps * per_call["train_step"]
+    total = inference + updates + training
+    recompute = train_steps * batch_size * per_call["embed"] if train_on == "features" else 0.0
     return {**{f"per_call_{k}": v for k, v in per_call.items()},
             "inference": inference, "updates": updates, "training": training,
-            "total": inference + updates + training}
+            "total": total, "total_uncached": total + recompute}
+
+
+def resolve_schedule(method: Method, schedule: Schedule | None) -> Schedule | None:
+    """The schedule a stream uses: ``schedule`` if given, else the method's own."""
+    if method.train_step is None:
+        return None
+    return schedule if schedule is not None else (method.schedule or Schedule())
 
 
 def run_stream(method: Method, params: Params, stream: Stream, split: data.Split, key: jax.Array,
-               schedule: Schedule = Schedule(), count_macs: bool = True) -> StreamRecord:
-    """Predict-then-update over ``stream``; returns the predictions, scores and compute."""
+               schedule: Schedule | None = None, count_macs: bool = True,
+               embed_batch: int = 1000) -> StreamRecord:
+    """Predict-then-update over ``stream``; returns the predictions, scores and compute.
+
+    ``schedule``: None uses the method's own (``method.schedule``), unscaled.
+    """
     if method.train_on not in TRAIN_INPUTS:
-        raise ValueError(f"method {method.name!r}: train_on={method.train_on!r}; "
-                         f"valid: {TRAIN_INPUTS}")
+        raise UserError(f"method {method.name!r}: train_on={method.train_on!r}; "
+                        f"valid: {TRAIN_INPUTS}")
+    schedule = resolve_schedule(method, schedule)
     length = int(stream.label.shape[0])
     chex.assert_shape([stream.sample_idx, stream.label], (length,))
     init_key, train_key = jax.random.split(key)
     state = method.init(params, init_key)
     image_shape = tuple(split.images.shape[1:])
-    per_call = call_macs(method, params, state, image_shape, schedule) if count_macs else None
+    per_call = (call_macs(method, params, state, image_shape, schedule or Schedule())
+                if count_macs else None)
     start_time = time.perf_counter()
 
-    trains = method.train_step is not None
+    trains = schedule is not None
     on_features = trains and method.train_on == "features"
-    scan = make_scan(method, keep_features=on_features)
+    scan = make_scan(method)
     positions = jnp.arange(length)
     bank = stream.sample_idx  # images: the revealed rows of it are passed to a phase
-    if on_features:
-        features = jax.eval_shape(method.embed, params, state,
-                                  jax.ShapeDtypeStruct((1, *image_shape), jnp.float32))
-        bank = jnp.zeros((length, features.shape[-1]), features.dtype)
-
+    banked = []
+    ends = schedule.phase_ends(length) if trains else []
     predictions, scores, train_steps = [], [], 0
-    for begin in range(0, length, schedule.update_every if trains else length):
-        end = min(begin + schedule.update_every, length) if trains else length
-        state, (label, score, features) = scan(params, state, split,
-                                               stream.sample_idx[begin:end],
-                                               stream.label[begin:end])
+    chunks = list(zip([0, *ends], [*ends, length]))
+    batch = min(embed_batch, max(end - begin for begin, end in chunks))  # one embed program
+    for begin, end in chunks:
+        features = embed_samples(method, params, state, split, stream.sample_idx[begin:end],
+                                 batch)
+        state, (label, score) = scan(params, state, features, stream.label[begin:end])
         predictions.append(label)
         scores.append(score)
         if on_features:
-            bank = jax.lax.dynamic_update_slice(bank, features, (begin, 0))
-        if trains and end < length:
+            banked.append(features)
+        if end < length:
             revealed = positions < end
+            if on_features:
+                bank = jnp.pad(jnp.concatenate(banked), ((0, length - end), (0, 0)))
             state = train_phase(method, schedule, params, state, split,
-                                jnp.where(revealed[:, None] if on_features else revealed,
-                                          bank, 0),
+                                bank if on_features else jnp.where(revealed, bank, 0),
                                 jnp.where(revealed, stream.label, -1), end,
-                                jax.random.fold_in(train_key, begin))
+                                jax.random.fold_in(train_key, end))
             train_steps += schedule.steps(end)
     prediction = np.concatenate([np.asarray(p) for p in predictions]).astype(np.int32)
     unseen = np.concatenate([np.asarray(s) for s in scores]).astype(np.float32)
     seconds = time.perf_counter() - start_time
-    macs = total_macs(per_call, length, train_steps) if count_macs else {}
+    macs = (total_macs(per_call, length, train_steps, schedule.batch_size if trains else 0,
+                       method.train_on) if count_macs else {})
     return StreamRecord(prediction, unseen, train_steps, macs, seconds)

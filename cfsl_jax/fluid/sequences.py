@@ -13,7 +13,8 @@ split's class table (the stream holds sample indices; images stay on device):
 2. Counts. Each class gets a uniformly random Zipf rank ``r`` in ``1..K`` and a
    target share ``p_r = r**-s / sum_j j**-s``. A class's count is capped by the
    samples it can give: its class size, minus ``min_pretrain_samples`` for a
-   pretrain class (kept back for pretraining). Counts are the capped
+   pretrain class (kept back for pretraining), and by ``max_per_class`` if set
+   (the paper's sequences: at most 961 images per class, Table 4). Counts are the capped
    water-filling ``n_i = clip(c * p_i, 1, cap_i)`` with ``c`` chosen so that
    ``sum n_i = length``, rounded to integers by largest remainder: the stream
    has exactly ``length`` samples, every class appears at least once, and
@@ -60,6 +61,7 @@ class StreamConfig:
     head_threshold: int = 50  # a class with more samples than this in the stream is a head class
     order: str = "uniform"  # "uniform" | "staggered" (classes first appear over time)
     min_pretrain_samples: int = 10  # samples of each pretrain class kept out of the stream
+    max_per_class: int = 0  # > 0: no class has more stream samples (the paper's: 961)
 
     def __post_init__(self):
         def check(name, ok, limit):
@@ -74,6 +76,8 @@ class StreamConfig:
         check("head_threshold", _is_int(self.head_threshold) and self.head_threshold >= 0,
               "an int >= 0")
         check("order", self.order in ORDERS, f"one of {ORDERS}")
+        check("max_per_class", _is_int(self.max_per_class) and self.max_per_class >= 0,
+              "an int >= 0 (0: no cap)")
         check("min_pretrain_samples",
               _is_int(self.min_pretrain_samples) and self.min_pretrain_samples >= 0, "an int >= 0")
 
@@ -176,6 +180,8 @@ def make_stream(key: jax.Array, class_table, class_sizes, config: StreamConfig,
     # 2. Counts: Zipf shares by a random rank, capped by what each class can give.
     rank = np.asarray(jax.random.permutation(rank_key, k)).astype(np.int32) + 1
     caps = sizes[chosen] - np.where(is_pretrain, config.min_pretrain_samples, 0)
+    if config.max_per_class:
+        caps = np.minimum(caps, config.max_per_class)
     if np.any(caps < 1):
         bad = int(np.argmin(caps))
         raise ValueError(f"class {int(chosen[bad])} has {int(sizes[chosen[bad]])} samples: too few "
