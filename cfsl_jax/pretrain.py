@@ -5,18 +5,34 @@ the FLUID methods): ``params["embed"]`` is trained with ordinary softmax
 cross-entropy through ``learner.embed_apply`` and a temporary linear head over
 all ``split.class_table.shape[0]`` classes; the head is then thrown away and
 every other entry of ``params`` (e.g. the learner's own head) is returned
-untouched.
+untouched. Two ways (``TrainConfig.pretrain_data``):
 
-Rules:
-- A batch is ``batch_size`` entries drawn uniformly, with replacement, from
-  the valid (non-padding) entries of the class table; the label of an image is
-  its class-table row. Step ``s`` draws with ``fold_in(data_key, s)``, and the
-  temporary head is initialised from ``head_key``, where
-  ``head_key, data_key = split(key)``: the result is a pure function of the key.
+``"tasks"`` (the default, as the authors' code: ``FineTuneFromPretrainedFewShotClassifier.
+run_train_iter``, commit 5b814ac, ``few_shot_learning_system.py``), ``pretrain_on_tasks``:
+- Step ``s`` samples ``meta_batch`` CFSL tasks of the run's spec from the training
+  split with ``fold_in(data_key, s)`` (the same sampler as meta-training) and
+  trains on every image of them (support sets and target set), each labelled with
+  its class-table row.
+- The schedule is the run's: ``epochs x iters_per_epoch`` steps. After every
+  epoch the learner (fine-tuning from the current backbone) is validated on the
+  run's fixed validation tasks; the best ``keep_best`` epochs are kept and the
+  test uses their ensemble, exactly as for meta-learned learners.
+- Resumable: the backbone, the temporary head and Adam's state are checkpointed
+  at every epoch end (and every ``checkpoint_every`` steps).
+- The authors' head has 2000 units indexed by global class id (only the training
+  classes are ever targets); here it has one unit per training class.
+
+``"uniform"``, ``pretrain``: ``steps`` batches of ``batch_size`` images drawn
+uniformly, with replacement, from the valid entries of the class table; no
+validation; the final backbone is used. Also used by the FLUID methods.
+
+Rules shared by both:
+- Step ``s`` draws with ``fold_in(data_key, s)``; the temporary head is
+  initialised from ``head_key``, where ``head_key, data_key = split(key)``: the
+  result is a pure function of the key.
 - Images are gathered and normalised on device (``data.gather_normalised``)
-  inside the jitted ``train_step``, so a step is one XLA program. The learner
-  and hyperparameters are static arguments: the step compiles once per
-  (learner, split shapes, hyperparameters), however many steps run.
+  inside the jitted step, so a step is one XLA program that compiles once per
+  (learner, split shapes, hyperparameters).
 - Optimiser: ``chain(add_decayed_weights(weight_decay), adam(learning_rate))``,
   i.e. PyTorch's ``Adam(weight_decay=...)`` (L2 added to the gradient, not
   AdamW), on the backbone and the temporary head.
@@ -28,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import time
 from typing import NamedTuple
 
@@ -37,9 +54,11 @@ import numpy as np
 import optax
 from absl import logging
 
-from cfsl_jax import data
+from cfsl_jax import data, results, sampler, seeding
 from cfsl_jax.learners.base import Learner, Params
 from cfsl_jax.models.conv4 import LinearHead
+
+PRETRAIN_DATA: tuple[str, ...] = ("tasks", "uniform")
 
 
 class PretrainState(NamedTuple):
@@ -76,8 +95,14 @@ def train_step(state: PretrainState, split: data.Split, pool: Pool, key: jax.Arr
                weight_decay: float) -> tuple[PretrainState, jax.Array, jax.Array]:
     """One step on a batch drawn with ``key``: (new state, batch loss, batch accuracy)."""
     pick = jax.random.randint(key, (batch_size,), 0, pool.image_idx.shape[0])
-    images = data.gather_normalised(split, pool.image_idx[pick])
-    labels = pool.labels[pick]
+    return _update(state, learner, num_classes, data.gather_normalised(split, pool.image_idx[pick]),
+                   pool.labels[pick], learning_rate, weight_decay)
+
+
+def _update(state: PretrainState, learner: Learner, num_classes: int, images: jax.Array,
+            labels: jax.Array, learning_rate: float, weight_decay: float
+            ) -> tuple[PretrainState, jax.Array, jax.Array]:
+    """One optimiser step of cross-entropy on (images, labels): (state, loss, accuracy)."""
     head = LinearHead(num_classes)
 
     def loss_fn(params):
@@ -148,3 +173,106 @@ def pretrain(learner: Learner, params: Params, split: data.Split, key: jax.Array
             window.clear()
     return {**params, "embed": state.params["embed"]}
 
+
+
+# ---- pretraining on the images of sampled training tasks (the authors' way) ----------------
+
+
+def image_classes(class_table) -> jax.Array:
+    """int32 [N]: the class-table row of every image index (-1 for an index in no row)."""
+    table = np.asarray(class_table)
+    rows, cols = np.nonzero(table >= 0)
+    out = np.full(int(table.max()) + 1, -1, np.int32)
+    out[table[rows, cols]] = rows
+    return jnp.asarray(out)
+
+
+def task_images(key: jax.Array, split: data.Split, classes: jax.Array, spec, tasks: int
+                ) -> tuple[jax.Array, jax.Array]:
+    """Image indices [tasks * per-task images] of ``tasks`` tasks drawn with ``key`` (support
+    sets and target set) and their class-table rows; jittable."""
+    drawn = jax.vmap(sampler.sample_task, in_axes=(0, None, None, None))(
+        jax.random.split(key, tasks), split.class_table, split.class_sizes, spec)
+    idx = jnp.concatenate([drawn.support_idx.reshape(tasks, -1), drawn.target_idx], axis=1)
+    idx = idx.reshape(-1)
+    return idx, classes[idx]
+
+
+@functools.partial(jax.jit, donate_argnums=0,
+                   static_argnames=("learner", "num_classes", "tasks", "learning_rate",
+                                    "weight_decay"))
+def task_step(state: PretrainState, split: data.Split, classes: jax.Array, key: jax.Array, *,
+              learner: Learner, num_classes: int, tasks: int, learning_rate: float,
+              weight_decay: float) -> tuple[PretrainState, jax.Array, jax.Array]:
+    """One step on every image of ``tasks`` training tasks of ``learner.spec`` drawn with ``key``."""
+    idx, labels = task_images(key, split, classes, learner.spec, tasks)
+    return _update(state, learner, num_classes, data.gather_normalised(split, idx), labels,
+                   learning_rate, weight_decay)
+
+
+def pretrain_on_tasks(config, learner: Learner, params: Params, splits: dict[str, data.Split],
+                      workdir: str, ckpt, stop_after_steps: int | None = None, mesh=None
+                      ) -> Params:
+    """Pretrain ``params["embed"]`` on sampled training tasks for the run's schedule, selecting
+    epochs on validation; returns the ensemble (stacked along a leading axis) of the best
+    ``config.keep_best`` epochs' params. ``config`` is a ``train.TrainConfig``; ``ckpt`` the
+    run's ``checkpoints.Checkpoints``. Resumes from ``ckpt``'s latest checkpoint."""
+    from cfsl_jax import checkpoints
+    from cfsl_jax.evaluate import evaluate
+    from cfsl_jax.train import Interrupted
+
+    if learner.embed_apply is None:
+        raise ValueError(f"learner {learner.name!r} has no embed_apply to pretrain "
+                         f"(training={learner.training!r})")
+    train_split = splits["train"]
+    sampler.check_split(train_split.class_table, train_split.class_sizes, learner.spec)
+    num_classes = int(train_split.class_table.shape[0])
+    head_key, data_key = jax.random.split(seeding.purpose_key(config.seed, "pretrain"))
+    state = init_state(learner, params, num_classes, tuple(train_split.images.shape[1:]),
+                       head_key, config.learning_rate, config.weight_decay)
+    start = 0
+    restored = ckpt.restore_latest(state.params, state.opt_state)
+    if restored is not None:
+        start, trainable, opt_state = restored
+        state = PretrainState(trainable, opt_state)
+        logging.info("pretraining: resuming from step %d", start)
+    classes = image_classes(train_split.class_table)
+    hyper = dict(learner=learner, num_classes=num_classes, tasks=config.meta_batch,
+                 learning_rate=config.learning_rate, weight_decay=config.weight_decay)
+    history_path = os.path.join(workdir, "val_history.json")
+    history = [h for h in results.read_json(history_path, default=[])
+               if h["epoch"] < start // config.iters_per_epoch]
+    total = config.epochs * config.iters_per_epoch
+    window: list[tuple[jax.Array, jax.Array]] = []
+    clock = time.perf_counter()
+    for step in range(start, total):
+        state, loss, accuracy = task_step(state, train_split, classes,
+                                          jax.random.fold_in(data_key, step), **hyper)
+        window.append((loss, accuracy))
+        if (step + 1) % config.log_every == 0 or (step + 1) % config.iters_per_epoch == 0:
+            losses, accuracies = np.asarray(window).T  # one host sync per log line
+            window.clear()
+            if not np.isfinite(losses).all():
+                raise FloatingPointError(f"pretraining loss is not finite at step {step}")
+            logging.info("pretrain step %d/%d: loss %.4f accuracy %.4f (%.1f steps/s)", step + 1,
+                         total, losses.mean(), accuracies.mean(),
+                         len(losses) / (time.perf_counter() - clock))
+            clock = time.perf_counter()
+        if (step + 1) % config.iters_per_epoch == 0:
+            epoch = step // config.iters_per_epoch
+            current = {**params, "embed": state.params["embed"]}
+            val = evaluate(learner, current, splits["val"], num_tasks=config.val_tasks,
+                           seed=config.seed, purpose="val", batch_size=config.eval_batch,
+                           cost_metrics=False, mesh=mesh)
+            ckpt.save_best(epoch, current, val["acc_mean"])
+            history.append({"epoch": epoch, "val_acc": val["acc_mean"],
+                            "val_ce": val["ce_mean"], "train_loss": float(losses.mean())})
+            results.write_json(history_path, history)
+            ckpt.save_latest(step + 1, state.params, state.opt_state)
+            logging.info("pretrain epoch %d: val acc %.4f ce %.4f", epoch, val["acc_mean"],
+                         val["ce_mean"])
+        elif config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
+            ckpt.save_latest(step + 1, state.params, state.opt_state)
+        if stop_after_steps is not None and step + 1 == stop_after_steps and step + 1 < total:
+            raise Interrupted(f"stopped after step {step + 1} as asked")
+    return checkpoints.stack(ckpt.restore_best(params))

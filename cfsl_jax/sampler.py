@@ -17,7 +17,9 @@ How a task is drawn (I = ceil(NSS/CCI) groups, m = min(CCI, NSS)):
    ``m*KS + j*KT ..`` (``per_support_set``), or each class gives draws
    ``m*KS..m*KS+KT`` once (``per_class``). Draws never repeat, so no sample
    is used twice in a task.
-3. Labels: position in group with overwrite, else ``g*NC + position``.
+3. Labels: position in group with overwrite, else ``g*NC + position``
+   (``spec.label_offset="per_support_set"``, the authors' paper-era rule:
+   ``n*NC + position`` for support set n and its target part).
 4. Each support set and the target set are shuffled.
 
 All slicing in step 2 is by static index tables built from ``spec`` once.
@@ -57,6 +59,8 @@ class _Layout(NamedTuple):
     target_group: np.ndarray  # int [T]
     target_class: np.ndarray  # int [T]
     target_draw: np.ndarray  # int [T]
+    support_offset: np.ndarray  # int [NSS, NC*KS] label offset / NC (without overwrite)
+    target_offset: np.ndarray  # int [T]
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,17 +69,19 @@ def _layout(spec: TaskSpec) -> _Layout:
     n = np.arange(spec.nss)[:, None, None]
     c = np.arange(nc)[None, :, None]
     group, j = n // spec.cci, n % spec.cci
+    per_set = spec.label_offset == "per_support_set"
     shape = (spec.nss, nc, ks)
     support = [np.broadcast_to(a, shape).reshape(spec.nss, nc * ks)
-               for a in (group, c, j * ks + np.arange(ks))]
+               for a in (group, c, j * ks + np.arange(ks), n if per_set else group)]
     if spec.target_mode == "per_support_set":
         shape = (spec.nss, nc, kt)
-        target = (group, c, m * ks + j * kt + np.arange(kt))
-    else:
+        target = (group, c, m * ks + j * kt + np.arange(kt), n if per_set else group)
+    else:  # a per_class target part is its group's (TaskSpec refuses it where n would differ)
         shape = (spec.num_groups, nc, kt)
-        target = (np.arange(spec.num_groups)[:, None, None], c, m * ks + np.arange(kt))
+        groups = np.arange(spec.num_groups)[:, None, None]
+        target = (groups, c, m * ks + np.arange(kt), groups)
     target = [np.broadcast_to(a, shape).reshape(-1) for a in target]
-    return _Layout(spec.samples_per_class(), *support, *target)
+    return _Layout(spec.samples_per_class(), *support[:3], *target[:3], support[3], target[3])
 
 
 def _is_concrete(x) -> bool:
@@ -124,13 +130,13 @@ def sample_task(key: jax.Array, class_table: jax.Array, class_sizes: jax.Array,
     _, slot = jax.lax.top_k(jnp.where(valid, scores, -1.0), layout.draws)
     draws = class_table[classes[..., None], slot]  # [I, NC, R] image indices
 
-    def labels(group, position):
-        return position if spec.overwrite else group * spec.nc + position
+    def labels(offset, position):
+        return position if spec.overwrite else offset * spec.nc + position
 
     support_idx = draws[layout.support_group, layout.support_class, layout.support_draw]
-    support_labels = jnp.asarray(labels(layout.support_group, layout.support_class), jnp.int32)
+    support_labels = jnp.asarray(labels(layout.support_offset, layout.support_class), jnp.int32)
     target_idx = draws[layout.target_group, layout.target_class, layout.target_draw]
-    target_labels = jnp.asarray(labels(layout.target_group, layout.target_class), jnp.int32)
+    target_labels = jnp.asarray(labels(layout.target_offset, layout.target_class), jnp.int32)
     target_group = jnp.asarray(layout.target_group, jnp.int32)
 
     # 4. Shuffle within each support set and within the target set.

@@ -1,7 +1,8 @@
 """TaskSpec: the numbers that define a continual few-shot learning task.
 
 A CFSL task is ``nss`` support sets seen one at a time, then one target set
-(see DESIGN.md, "The specification"). ``TaskSpec`` is a frozen, validated,
+(the rules: ``cfsl_jax/sampler.py``; the settings against the paper and the
+authors' code: ``docs/fidelity.md``). ``TaskSpec`` is a frozen, validated,
 hashable dataclass, so it can be a static argument of ``jax.jit``.
 
         spec = TaskSpec(nss=10, nc=5, ks=1, kt=5, cci=1, overwrite=False)
@@ -11,6 +12,18 @@ hashable dataclass, so it can be a static argument of ``jax.jit``.
 Task types: A new samples (cci >= nss, overwrite), B new classes (cci=1, no
 overwrite), C new classes with overwrite (cci=1, overwrite), D new classes
 and samples (1 < cci < nss, no overwrite).
+
+Labels without overwrite (``label_offset``): ``"per_class_group"`` (default, the
+specification) labels class group g with g*NC..g*NC+NC-1, so every support set
+of a group shows its classes under the same labels. ``"per_support_set"`` is
+what the authors' paper-era code did (commit 5b814ac, ``data.py``; fixed in
+97c2d3f): support set n, and its target part, are labelled n*NC..n*NC+NC-1, so
+when CCI > 1 one class carries a different label in each support set of its
+group, ``num_outputs`` becomes NSS*NC, and a learner can be right on at most one
+of the m = min(CCI, NSS) labels of a class: the published D accuracies (every
+Omniglot D cell of Table 1 is below 50 %) reflect it. It only changes tasks with
+overwrite False and CCI > 1, and needs ``target_mode="per_support_set"`` there
+(a per_class target sample would have no single label).
 """
 
 from __future__ import annotations
@@ -22,6 +35,8 @@ from typing import Literal
 
 TargetMode = Literal["per_support_set", "per_class"]
 TARGET_MODES: tuple[str, ...] = ("per_support_set", "per_class")
+LabelOffset = Literal["per_class_group", "per_support_set"]
+LABEL_OFFSETS: tuple[str, ...] = ("per_class_group", "per_support_set")
 TASK_TYPES: tuple[str, ...] = ("A", "B", "C", "D")
 
 # The paper's grid: NC=5, KS=1, KT=5, per_class targets; cell -> (type, NSS, CCI).
@@ -43,7 +58,7 @@ def _check_positive_int(field: str, value: object) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
-    """A CFSL task specification (symbols as in DESIGN.md)."""
+    """A CFSL task specification (symbols as in the README's table)."""
 
     nss: int  # support sets per task
     nc: int  # classes per support set (way)
@@ -52,6 +67,7 @@ class TaskSpec:
     cci: int  # class change interval (support sets per class group)
     overwrite: bool  # True: every group labelled 0..nc-1
     target_mode: TargetMode = "per_support_set"
+    label_offset: LabelOffset = "per_class_group"  # without overwrite: group g or support set n
 
     def __post_init__(self):
         for field in ("nss", "nc", "ks", "kt", "cci"):
@@ -61,6 +77,15 @@ class TaskSpec:
         if self.target_mode not in TARGET_MODES:
             raise ValueError(
                     f"TaskSpec.target_mode must be one of {TARGET_MODES}, got {self.target_mode!r}")
+        if self.label_offset not in LABEL_OFFSETS:
+            raise ValueError(f"TaskSpec.label_offset must be one of {LABEL_OFFSETS}, got "
+                             f"{self.label_offset!r}")
+        if self.relabels_within_groups and self.target_mode == "per_class":
+            raise ValueError(
+                    f"TaskSpec.label_offset='per_support_set' with cci={self.cci} and "
+                    f"overwrite=False labels a class differently in each support set of its "
+                    f"group, so a per_class target sample has no single label; use "
+                    f"target_mode='per_support_set' (as the authors' code)")
 
     # ---- derived values ------------------------------------------------------
     @property
@@ -96,9 +121,19 @@ class TaskSpec:
         return parts * self.nc * self.kt
 
     @property
+    def relabels_within_groups(self) -> bool:
+        """Whether ``label_offset`` gives one class several labels (per_support_set, no
+        overwrite, groups of more than one support set)."""
+        return (self.label_offset == "per_support_set" and not self.overwrite
+                and self.max_group_length > 1)
+
+    @property
     def num_outputs(self) -> int:
-        """Output units a learner needs: NC with overwrite, else NC * I."""
-        return self.nc if self.overwrite else self.nc * self.num_groups
+        """Output units a learner needs: NC with overwrite, else NC * I (NC * NSS when
+        ``label_offset="per_support_set"``)."""
+        if self.overwrite:
+            return self.nc
+        return self.nc * (self.nss if self.label_offset == "per_support_set" else self.num_groups)
 
     def samples_per_class(self, target_mode: str | None = None) -> int:
         """Distinct samples one class must supply: m*(KS+KT) or m*KS+KT."""
@@ -121,8 +156,9 @@ class TaskSpec:
     def name(self) -> str:
         """Short readable name, e.g. 'D8(cci=2,nc=5,ks=1,kt=5,per_class)'."""
         kind = self.task_type or "X"
+        offset = ",labels_per_support_set" if self.relabels_within_groups else ""
         return (f"{kind}{self.nss}(cci={self.cci},nc={self.nc},ks={self.ks},kt={self.kt},"
-                        f"{'overwrite,' if self.overwrite else ''}{self.target_mode})")
+                        f"{'overwrite,' if self.overwrite else ''}{self.target_mode}{offset})")
 
     # ---- feasibility -----------------------------------------------------------
     def check_feasible(self, num_classes: int, min_class_size: int) -> None:

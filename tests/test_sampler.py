@@ -1,4 +1,5 @@
-"""The sampler's rules (DESIGN.md, Algorithm 1) as properties over random specs and keys."""
+"""The sampler's rules (Algorithm 1, cfsl_jax/sampler.py) as properties over random specs and
+keys."""
 
 import collections
 
@@ -37,10 +38,16 @@ WIDE_TABLE, WIDE_SIZES = padded_table(240, 120, 210)
 @st.composite
 def specs(draw, max_nss=20):
     nss = draw(st.integers(1, max_nss))
-    return TaskSpec(nss=nss, nc=draw(st.integers(1, 10)), ks=draw(st.integers(1, 5)),
-                    kt=draw(st.integers(1, 5)), cci=draw(st.integers(1, nss + 2)),
-                    overwrite=draw(st.booleans()),
-                    target_mode=draw(st.sampled_from(["per_support_set", "per_class"])))
+    fields = dict(nss=nss, nc=draw(st.integers(1, 10)), ks=draw(st.integers(1, 5)),
+                  kt=draw(st.integers(1, 5)), cci=draw(st.integers(1, nss + 2)),
+                  overwrite=draw(st.booleans()),
+                  target_mode=draw(st.sampled_from(["per_support_set", "per_class"])))
+    offset = draw(st.sampled_from(["per_class_group", "per_support_set"]))
+    relabels = offset == "per_support_set" and not fields["overwrite"] and min(
+        fields["cci"], nss) > 1
+    if relabels and fields["target_mode"] == "per_class":  # refused (tested below)
+        offset = "per_class_group"
+    return TaskSpec(**fields, label_offset=offset)
 
 
 def feasible(spec, sizes):
@@ -68,19 +75,23 @@ def check_task_rules(task: TaskIndices, table: np.ndarray, spec: TaskSpec) -> No
     class_of = np.full(table.max() + 1, -1)
     class_of[table[rows, slots]] = rows
 
-    def expected_label(group, cls):
+    per_set = spec.label_offset == "per_support_set"
+
+    def expected_label(offset, group, cls):  # offset: the group, or the support set (per_set)
         position = list(task.classes[group]).index(cls)
-        return position if spec.overwrite else group * nc + position
+        return position if spec.overwrite else offset * nc + position
 
     for n in range(nss):
         group = n // spec.cci
         classes = class_of[task.support_idx[n]].tolist()
         # Each support set shows KS samples of each class of its group, and no other class.
         assert collections.Counter(classes) == {int(c): ks for c in task.classes[group]}
-        assert [expected_label(group, c) for c in classes] == list(task.support_labels[n])
-        # Support sets of one group share classes and labels.
+        offset = n if per_set else group
+        assert [expected_label(offset, group, c) for c in classes] == list(task.support_labels[n])
+        # Support sets of one group share classes and (unless relabelled per set) labels.
         first = group * spec.cci
-        assert set(task.support_labels[n]) == set(task.support_labels[first])
+        same = set(task.support_labels[n]) == set(task.support_labels[first])
+        assert same == (n == first or not spec.relabels_within_groups)
     labels = np.concatenate([task.support_labels.ravel(), task.target_labels])
     assert labels.min() >= 0 and labels.max() < spec.num_outputs
 
@@ -91,8 +102,15 @@ def check_task_rules(task: TaskIndices, table: np.ndarray, spec: TaskSpec) -> No
         for c in task.classes[group]:
             assert counts[(group, int(c))] == per_class
     assert sum(counts.values()) == spec.target_size
-    assert [expected_label(g, c) for g, c in zip(task.target_group, target_classes)] == \
-        list(task.target_labels)
+    if not spec.relabels_within_groups:  # one label per class, its support sets' label
+        assert [expected_label(g if not per_set else g * spec.cci, g, c) for g, c in
+                zip(task.target_group, target_classes)] == list(task.target_labels)
+    else:  # target part n carries support set n's labels: KT samples of each class under each
+        labels = collections.Counter(zip(target_classes, task.target_labels.tolist()))
+        for group, length in enumerate(spec.group_lengths):
+            for c in task.classes[group]:
+                for n in range(group * spec.cci, group * spec.cci + length):
+                    assert labels[(int(c), expected_label(n, group, c))] == kt
 
 
 def _run_rules(spec, seed, table, sizes):
@@ -208,3 +226,49 @@ def test_sample_task_jits_once_per_spec():
     for seed in range(3):
         sampler(jax.random.key(seed), table, sizes, spec=spec)
     assert sampler._cache_size() - before == 1
+
+
+def test_labels_per_support_set_as_published_on_d4():
+    """label_offset="per_support_set" (the authors' paper-era rule): in D4 (CCI 2) each class
+    carries one label per support set of its group, so even an oracle that knows every
+    target sample's class and answers with the label it last saw is right on 1/CCI of them."""
+    import dataclasses
+
+    table, sizes = padded_table(30, 20, 20)
+    spec = dataclasses.replace(TaskSpec.preset("D4"), target_mode="per_support_set",
+                               label_offset="per_support_set")
+    assert spec.num_outputs == 4 * 5 and spec.relabels_within_groups
+    task = jax.tree.map(np.asarray, sample_task(jax.random.key(3), table, sizes, spec))
+    check_task_rules(task, table, spec)
+    assert sorted(task.support_labels[0]) == [0, 1, 2, 3, 4]
+    assert sorted(task.support_labels[1]) == [5, 6, 7, 8, 9]  # same classes as set 0
+    rows, slots = np.nonzero(table >= 0)
+    class_of = dict(zip(table[rows, slots].tolist(), rows.tolist()))
+    last_label = {}
+    for n in range(spec.nss):
+        for idx, label in zip(task.support_idx[n], task.support_labels[n]):
+            last_label[class_of[int(idx)]] = int(label)
+    oracle = [last_label[class_of[int(i)]] for i in task.target_idx]
+    assert np.mean(np.asarray(oracle) == task.target_labels) == 0.5
+    # The default labels a class once per group: the same oracle is always right.
+    default = dataclasses.replace(spec, label_offset="per_class_group")
+    assert default.num_outputs == 10
+    task = jax.tree.map(np.asarray, sample_task(jax.random.key(3), table, sizes, default))
+    last_label = {class_of[int(i)]: int(l) for n in range(default.nss)
+                  for i, l in zip(task.support_idx[n], task.support_labels[n])}
+    assert all(last_label[class_of[int(i)]] == l for i, l in zip(task.target_idx,
+                                                                   task.target_labels))
+
+
+def test_labels_per_support_set_needs_per_support_set_targets_where_it_relabels():
+    import dataclasses
+
+    with pytest.raises(ValueError, match="label_offset='per_support_set'.*target_mode="):
+        dataclasses.replace(TaskSpec.preset("D4"), label_offset="per_support_set")
+    with pytest.raises(ValueError, match="label_offset must be one of"):
+        dataclasses.replace(TaskSpec.preset("B3"), label_offset="per_class")
+    # Where it changes nothing (CCI 1, or overwrite) it is accepted as is.
+    b3 = dataclasses.replace(TaskSpec.preset("B3"), label_offset="per_support_set")
+    assert not b3.relabels_within_groups and b3.num_outputs == 15
+    a5 = dataclasses.replace(TaskSpec.preset("A5"), label_offset="per_support_set")
+    assert not a5.relabels_within_groups and a5.num_outputs == 5

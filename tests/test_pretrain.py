@@ -1,0 +1,109 @@
+"""Pretraining on the images of sampled training tasks (pretrain_data="tasks", the authors' way):
+labels, schedule, validation-based selection, resume."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cfsl_jax import checkpoints, data, pretrain, sampler
+from cfsl_jax.learners import get_learner
+from cfsl_jax.spec import TaskSpec
+from cfsl_jax.train import Interrupted
+
+SPEC = TaskSpec(nss=2, nc=2, ks=1, kt=1, cci=1, overwrite=False, target_mode="per_class")
+IMAGE = (16, 16, 1)
+
+
+@pytest.fixture(scope="module")
+def splits():
+    """40 synthetic classes of 16x16: 30 train, 5 val, 5 test."""
+    return {name: data.load_split("synthetic", name, num_classes=40, samples_per_class=6,
+                                  image_size=16) for name in data.SPLITS}
+
+
+@pytest.fixture(scope="module")
+def learner_and_params():
+    learner = get_learner("pretrain_tune", SPEC, image_shape=IMAGE, filters=8, inner_steps=1)
+    return learner, learner.init_params(jax.random.key(0), jnp.zeros((1, *IMAGE)), SPEC)
+
+
+def test_task_images_are_the_tasks_images_labelled_with_their_class(splits):
+    split = splits["train"]
+    classes = pretrain.image_classes(split.class_table)
+    assert classes.shape == (split.images.shape[0],)
+    key = jax.random.key(5)
+    idx, labels = jax.jit(pretrain.task_images, static_argnums=(3, 4))(key, split, classes,
+                                                                         SPEC, 3)
+    tasks = jax.vmap(sampler.sample_task, in_axes=(0, None, None, None))(
+        jax.random.split(key, 3), split.class_table, split.class_sizes, SPEC)
+    per_task = SPEC.nss * SPEC.support_size + SPEC.target_size  # 4 support + 4 target images
+    assert idx.shape == labels.shape == (3 * per_task,)
+    expected = np.concatenate([np.asarray(tasks.support_idx).reshape(3, -1),
+                               np.asarray(tasks.target_idx)], axis=1).ravel()
+    np.testing.assert_array_equal(idx, expected)
+    table = np.asarray(split.class_table)
+    for i, label in zip(np.asarray(idx), np.asarray(labels)):
+        assert i in table[label]  # the label is the image's class-table row
+    # Each task's images come from its own classes only.
+    for t in range(3):
+        assert set(np.asarray(labels[t * per_task:(t + 1) * per_task])) == set(
+            np.asarray(tasks.classes[t]).ravel())
+
+
+def _config(**changes):
+    fields = dict(seed=0, learning_rate=1e-3, weight_decay=1e-5, meta_batch=2, epochs=3,
+                  iters_per_epoch=2, log_every=2, val_tasks=4, eval_batch=4, keep_best=2,
+                  checkpoint_every=0)
+    return types.SimpleNamespace(**{**fields, **changes})
+
+
+def test_pretrain_on_tasks_selects_epochs_and_resumes_exactly(splits, learner_and_params,
+                                                               tmp_path):
+    learner, params = learner_and_params
+    config = _config()
+    full = checkpoints.Checkpoints(str(tmp_path / "full"), config.keep_best)
+    ensemble = pretrain.pretrain_on_tasks(config, learner, params, splits, str(tmp_path / "full"),
+                                          full)
+    history = json.loads((tmp_path / "full" / "val_history.json").read_text())
+    assert [h["epoch"] for h in history] == [0, 1, 2]  # validated after every epoch
+    best = full.best_epochs()
+    assert len(best) == 2 and history[best[0]]["val_acc"] == max(h["val_acc"] for h in history)
+    full.close()
+    # The ensemble: keep_best members along a leading axis; the backbone trained, the
+    # learner's own head untouched (the temporary head over 30 classes is thrown away).
+    leaves = jax.tree.leaves(ensemble["head"])
+    assert all(leaf.shape[0] == 2 for leaf in jax.tree.leaves(ensemble))
+    for member, original in zip(leaves, jax.tree.leaves(params["head"])):
+        np.testing.assert_array_equal(member[0], original)
+    moved = [float(jnp.abs(m[0] - o).max()) for m, o in
+             zip(jax.tree.leaves(ensemble["embed"]), jax.tree.leaves(params["embed"]))]
+    assert max(moved) > 0
+
+    # Killed after 3 steps (mid-epoch 1, last checkpoint at step 2), then resumed: same result.
+    resumed_dir = str(tmp_path / "resumed")
+    ckpt = checkpoints.Checkpoints(resumed_dir, config.keep_best)
+    with pytest.raises(Interrupted):
+        pretrain.pretrain_on_tasks(config, learner, params, splits, resumed_dir, ckpt,
+                                   stop_after_steps=3)
+    again = pretrain.pretrain_on_tasks(config, learner, params, splits, resumed_dir, ckpt)
+    ckpt.close()
+    for a, b in zip(jax.tree.leaves(ensemble), jax.tree.leaves(again)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_pretrain_on_tasks_refuses_a_spec_the_train_split_cannot_supply(splits,
+                                                                         learner_and_params,
+                                                                         tmp_path):
+    wide = TaskSpec(nss=20, nc=2, ks=1, kt=1, cci=1, overwrite=False, target_mode="per_class")
+    learner = get_learner("pretrain_tune", wide, image_shape=IMAGE, filters=8)
+    ckpt = checkpoints.Checkpoints(str(tmp_path), 1)
+    with pytest.raises(ValueError, match="needs .* 40 distinct classes, but the split has 30"):
+        pretrain.pretrain_on_tasks(_config(), learner, learner_and_params[1], splits,
+                                   str(tmp_path), ckpt)
+    ckpt.close()
