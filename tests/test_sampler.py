@@ -55,7 +55,7 @@ def feasible(spec, sizes):
 
 
 def check_task_rules(task: TaskIndices, table: np.ndarray, spec: TaskSpec) -> None:
-    """Assert every rule of DESIGN.md on one sampled task."""
+    """Assert every rule of Algorithm 1 (cfsl_jax/sampler.py) on one sampled task."""
     task = jax.tree.map(np.asarray, task)
     nss, nc, ks, kt = spec.nss, spec.nc, spec.ks, spec.kt
     assert task.support_idx.shape == task.support_labels.shape == (nss, nc * ks)
