@@ -16,7 +16,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from cfsl_jax import parallel
+from cfsl_jax import backend, parallel
 from cfsl_jax.learners.base import Learner, Params, State
 
 TARGET_CHUNK = 1000  # the most target samples predicted in one piece
@@ -24,12 +24,14 @@ REMAT_MIN_NSS = 64  # target_loss rematerialises support-set steps from this NSS
 
 
 def adapt_all(learner: Learner, params: Params, support_x: jax.Array, support_y: jax.Array,
-              key: jax.Array, unroll: int | bool = 1, remat: bool = False) -> State:
+              key: jax.Array, unroll: int | bool | None = None, remat: bool = False) -> State:
     """The state after the learner has seen every support set, one at a time.
 
     ``unroll`` is ``lax.scan``'s (True: fully unrolled, so that XLA's cost
-    analysis, which counts a loop body once, counts every support set);
-    ``remat`` recomputes each step's activations in the backward pass.
+    analysis, which counts a loop body once, counts every support set; None:
+    ``backend.scan_unroll(NSS)``, a rolled loop on CPU and short scans unrolled
+    on accelerators); ``remat`` recomputes each step's activations in the
+    backward pass.
     """
     spec = learner.spec
     chex.assert_shape(support_y, (spec.nss, spec.support_size))
@@ -41,6 +43,8 @@ def adapt_all(learner: Learner, params: Params, support_x: jax.Array, support_y:
 
     if remat:
         step = jax.checkpoint(step)
+    if unroll is None:
+        unroll = backend.scan_unroll(spec.nss)
     state, _ = jax.lax.scan(step, state, (support_x, support_y), unroll=unroll)
     return state
 
@@ -83,7 +87,7 @@ def predict_target(learner: Learner, params: Params, state: State, target_x: jax
 
 
 def run_task(learner: Learner, params: Params, support_x: jax.Array, support_y: jax.Array,
-             target_x: jax.Array, key: jax.Array, unroll: int | bool = 1,
+             target_x: jax.Array, key: jax.Array, unroll: int | bool | None = None,
              remat: bool = False) -> jax.Array:
     """Target logits [T, num_outputs] after adapting to support_x [NSS, NC*KS, H, W, C]."""
     state = adapt_all(learner, params, support_x, support_y, key, unroll, remat)
@@ -94,7 +98,7 @@ def run_task(learner: Learner, params: Params, support_x: jax.Array, support_y: 
 
 def target_loss(learner: Learner, params: Params, support_x: jax.Array, support_y: jax.Array,
                 target_x: jax.Array, target_y: jax.Array, key: jax.Array,
-                unroll: int | bool = 1) -> tuple[jax.Array, jax.Array]:
+                unroll: int | bool | None = None) -> tuple[jax.Array, jax.Array]:
     """(mean target cross-entropy, target logits) of one task: the meta-training objective.
 
     Rematerialised from ``NSS >= REMAT_MIN_NSS`` on (see the module docstring).
@@ -107,7 +111,8 @@ def target_loss(learner: Learner, params: Params, support_x: jax.Array, support_
 
 def meta_loss(learner: Learner, params: Params, support_x: jax.Array, support_y: jax.Array,
               target_x: jax.Array, target_y: jax.Array, key: jax.Array,
-              progress: jax.Array, unroll: int | bool = 1) -> tuple[jax.Array, jax.Array]:
+              progress: jax.Array, unroll: int | bool | None = None
+              ) -> tuple[jax.Array, jax.Array]:
     """The learner's meta-training objective of one task: its own, or ``target_loss``.
 
     ``unroll`` applies to ``target_loss``'s scan; a learner's own ``meta_loss``
@@ -118,13 +123,15 @@ def meta_loss(learner: Learner, params: Params, support_x: jax.Array, support_y:
     return target_loss(learner, params, support_x, support_y, target_x, target_y, key, unroll)
 
 
-def sequential(learner: Learner) -> bool:
+def sequential(learner: Learner, mesh: Mesh | None = None) -> bool:
     """Whether a batch of tasks runs one task at a time per device (not one vmap).
 
-    True for per-task-weight learners on CPU: vmapping per-task weights turns
+    True for per-task-weight learners on CPU (``mesh``'s devices, default
+    ``backend.lowering_platform()``): vmapping per-task weights turns
     convolutions into grouped ones, which XLA:CPU runs slowly.
     """
-    return learner.per_task_weights and jax.default_backend() == "cpu"
+    platform = mesh.devices.flat[0].platform if mesh is not None else None
+    return learner.per_task_weights and not backend.is_accelerator(platform)
 
 
 def run_tasks(learner: Learner, params: Params, support_x: jax.Array, support_y: jax.Array,
@@ -136,4 +143,5 @@ def run_tasks(learner: Learner, params: Params, support_x: jax.Array, support_y:
     """
     mesh = mesh or parallel.make_mesh(1)
     return parallel.map_tasks(lambda sx, sy, tx, k: run_task(learner, params, sx, sy, tx, k),
-                              (support_x, support_y, target_x, keys), mesh, sequential(learner))
+                              (support_x, support_y, target_x, keys), mesh,
+                              sequential(learner, mesh))

@@ -1,6 +1,6 @@
 """Metrics: accuracy, cross-entropy, summaries over tasks, ATM from shapes, MACs from XLA.
 
-Definitions (DESIGN.md):
+Definitions (as in the README, "Metrics"):
 
 - accuracy / cross-entropy: per task, on the whole target set; then mean, std
   (population, ddof=0) and a 95% confidence interval half-width
@@ -14,8 +14,9 @@ Definitions (DESIGN.md):
   per-label buffers (ProtoNets) counts the full buffer for every label the task
   can show (``num_outputs``), i.e. its worst case, not the live size.
   Meta-parameters are not ATM.
-- MACs: XLA's own count, ``jit(fn).lower(*args).compile().cost_analysis()
-  ["flops"] / 2``. XLA counts what it executes: e.g. taps of a convolution
+- MACs: XLA:CPU's count, ``jit(fn).lower(*args).compile().cost_analysis()
+  ["flops"] / 2`` of the program compiled for a CPU device, on every backend
+  (``backend.cpu_cost_analysis``; docs/metrics.md says why). XLA counts what it executes: e.g. taps of a convolution
   that fall on SAME padding are skipped, so a conv layer counts fewer MACs
   than the textbook ``H*W*K*K*Cin*Cout``. Elementwise ops count too. XLA
   counts the body of a loop (``lax.scan``, ``fori_loop``) ONCE, whatever its
@@ -33,6 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+
+from cfsl_jax import backend
 
 
 def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -103,13 +106,12 @@ def atm(learner, params, image_shape: tuple[int, ...], dtype=jnp.float32) -> flo
 
 
 def xla_macs(fn: Callable, *args, **kwargs) -> float:
-    """Multiply-accumulates of ``fn(*args)`` as XLA counts them: flops / 2."""
-    analysis = jax.jit(fn).lower(*args, **kwargs).compile().cost_analysis()
-    if isinstance(analysis, (list, tuple)):  # older jax: one dict per computation
-        analysis = analysis[0]
-    if analysis is None:
-        raise RuntimeError(f"XLA gave no cost analysis for {getattr(fn, '__name__', fn)} "
-                           f"on backend {jax.default_backend()}")
+    """Multiply-accumulates of ``fn(*args)`` as XLA:CPU counts them: flops / 2.
+
+    Counted on CPU whatever the default backend (``backend.cpu_cost_analysis``),
+    so the number does not depend on where a run happens.
+    """
+    analysis = backend.cpu_cost_analysis(fn, *args, **kwargs)
     return float(analysis.get("flops", 0.0)) / 2  # a program of constants reports no flops
 
 

@@ -42,15 +42,19 @@ def initialize(multihost: bool) -> None:
         jax.distributed.initialize()
 
 
-def make_mesh(num_devices: int | None = None) -> Mesh:
-    """A 1-D ``"tasks"`` mesh over the first ``num_devices`` devices (None or 0: all)."""
-    devices = jax.devices()
+def make_mesh(num_devices: int | None = None, devices: list | None = None) -> Mesh:
+    """A 1-D ``"tasks"`` mesh over the first ``num_devices`` of ``devices`` (None or 0: all).
+
+    ``devices`` defaults to ``jax.devices()`` (the default backend's); tests pass
+    ``jax.devices("cpu")`` to get the same 8 devices on every backend.
+    """
+    devices = list(jax.devices() if devices is None else devices)
     if num_devices in (None, 0):
         num_devices = len(devices)
     if not isinstance(num_devices, int) or not 1 <= num_devices <= len(devices):
         raise ValueError(f"num_devices={num_devices!r}: this process sees {len(devices)} "
-                         f"{jax.default_backend()} device(s); choose 1..{len(devices)} "
-                         f"(0: all)")
+                         f"{devices[0].platform if devices else jax.default_backend()} "
+                         f"device(s); choose 1..{len(devices)} (0: all)")
     if jax.process_count() > 1 and num_devices != len(devices):
         raise ValueError(f"num_devices={num_devices}: a multi-host run uses all "
                          f"{len(devices)} devices of its hosts")
@@ -105,7 +109,7 @@ def map_tasks(fn, tasks: tuple, mesh: Mesh, sequential: bool):
     """``fn(*task)`` for every task of a batch laid along the mesh (leading axis B).
 
     ``sequential=False``: one ``vmap`` over the batch, sharded over the mesh.
-    ``sequential=True`` (per-task-weight learners on CPU): each device walks
+    ``sequential=True`` (per-task-weight learners on CPU, ``episode.sequential``): each device walks
     its own contiguous block of tasks one at a time (a ``lax.map`` inside
     ``shard_map``), so it holds one task's activations at a time and runs the
     same program as a single device would. Values ``fn`` closes over are

@@ -1,8 +1,17 @@
 """Shared fixtures: the real mini-Omniglot (prepared once per session) and small synthetic splits.
 
-The test process sees 8 CPU devices (``--xla_force_host_platform_device_count``,
-set here before any backend starts), so every training and evaluation test
-runs sharded over a mesh of 8, and tests/test_parallel.py compares it with 1.
+The suite passes on any backend (CPU in CI, a GPU or TPU too):
+
+- The process sees 8 CPU devices (``--xla_force_host_platform_device_count``, set
+  here before any backend starts) on every machine; multi-device tests build
+  their meshes from them with ``cpu_mesh(n)``, never from ``jax.devices()``.
+  Tests that use the default mesh run on the default backend's devices (8 on
+  CPU, so training and evaluation run sharded; the GPU's count elsewhere).
+- Float32 matmuls and convolutions run at ``highest`` precision (the
+  ``--precision`` policy, ``cfsl_jax.backend``), here and in subprocesses, so
+  tolerances mean the same on CPU and on a TF32 GPU; tests of the policy itself
+  set it explicitly.
+- MACs are XLA:CPU's count on every backend (``backend.cpu_cost_analysis``).
 """
 
 import os
@@ -11,11 +20,20 @@ FAKE_DEVICES = 8
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
                                f"device_count={FAKE_DEVICES}").strip()
+TEST_PRECISION = "highest"
+os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = TEST_PRECISION  # also for subprocesses
 
 import jax  # noqa: E402  (after XLA_FLAGS)
 import pytest
 
-from cfsl_jax import data
+from cfsl_jax import backend, data, parallel
+
+backend.set_precision(TEST_PRECISION)
+
+
+def cpu_mesh(num_devices: int | None = None):
+    """A ``"tasks"`` mesh over the first ``num_devices`` of the 8 CPU devices, on any backend."""
+    return parallel.make_mesh(num_devices, devices=jax.devices("cpu"))
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OMNIGLOT_DIR = os.path.normpath(os.path.join(REPO, "..", "shared", "data", "omniglot"))
@@ -25,9 +43,7 @@ OMNIGLOT_DIR = os.path.normpath(os.path.join(REPO, "..", "shared", "data", "omni
 def compilation_cache(tmp_path_factory):
     """A persistent XLA cache private to the session: runs that rebuild the same program (a
     resumed training run, a second learner instance) load it instead of compiling again."""
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    backend.enable_compilation_cache(str(tmp_path_factory.mktemp("xla_cache")))
 
 
 @pytest.fixture(scope="session")

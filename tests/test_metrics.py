@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cfsl_jax import metrics
-from cfsl_jax.learners import get_learner
+from cfsl_jax import backend, metrics
+from cfsl_jax.learners import LEARNERS, get_learner
+from cfsl_jax.models import conv
 from cfsl_jax.learners.base import Learner
 from cfsl_jax.spec import TaskSpec
 
@@ -97,3 +98,68 @@ def test_state_that_changes_shape_is_refused():
         adapt=lambda params, state, x, y: LinearState(jnp.zeros((784, 3))))
     with pytest.raises(ValueError, match="adapt changes the state"):
         metrics.atm(bad, {}, IMAGE)
+
+
+# ---- MACs are XLA:CPU's count on every backend ----------------------------------------------
+
+TINY = TaskSpec(nss=2, nc=2, ks=1, kt=1, cci=1, overwrite=False, target_mode="per_class")
+SMALL = (16, 16, 1)
+TINY_OPTIONS = {"maml_low": dict(filters=3, num_blocks=2, inner_steps=2, unroll=True),
+                "maml_high": dict(filters=4, embed_filters=4, growth=4, inner_steps=2,
+                                  unroll=True),
+                "sca": dict(filters=4, embed_filters=4, growth=4, inner_steps=2, unroll=True)}
+
+
+def tiny(name):
+    learner = get_learner(name, TINY, image_shape=SMALL,
+                          **TINY_OPTIONS.get(name, dict(filters=4)))
+    return learner, learner.init_params(jax.random.key(0), jnp.zeros((1, *SMALL)), TINY)
+
+
+@pytest.fixture
+def another_backend(monkeypatch):
+    """A CPU-simulated accelerator host: the default backend says "gpu", whose "auto"
+    convolution differs from the CPU's, and the default device is not the counting device."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setitem(conv.AUTO_IMPLS, "gpu", "xla")
+    assert backend.lowering_platform() == "gpu" and conv.resolve_conv_impl("auto") == "xla"
+    with jax.default_device(jax.devices("cpu")[-1]):
+        yield
+
+
+def test_macs_are_counted_for_the_cpu_whatever_the_default_backend(another_backend):
+    seen = []
+
+    def fn(x):
+        seen.append((backend.lowering_platform(), conv.resolve_conv_impl("auto")))
+        return jnp.tanh(x @ x.T).sum()
+
+    x = jax.device_put(jnp.ones((4, 3)), jax.devices("cpu")[2])  # committed elsewhere
+    assert metrics.xla_macs(fn, x) == metrics.xla_macs(fn, jnp.ones((4, 3)))
+    assert seen == [("cpu", "im2col")] * 2  # every trace-time choice took the CPU branch
+
+
+@pytest.mark.parametrize("name", LEARNERS)
+def test_learner_macs_equal_the_cpu_count_on_another_backend(name, request):
+    learner, params = tiny(name)
+    expected = metrics.learner_macs(learner, params, SMALL)
+    assert all(value > 0 for value in expected.values())
+    request.getfixturevalue("another_backend")
+    assert metrics.learner_macs(learner, params, SMALL) == expected
+
+
+@pytest.mark.parametrize("name", ["protonets", "maml_low"])
+def test_meta_step_macs_equal_the_cpu_count_on_another_backend(name, request):
+    learner, params = tiny(name)
+    expected = metrics.meta_step_macs(learner, params, SMALL)
+    request.getfixturevalue("another_backend")
+    assert metrics.meta_step_macs(learner, params, SMALL) == expected > 0
+
+
+def test_the_cpu_backend_is_required_to_count(monkeypatch):
+    def no_cpu(platform=None):
+        raise RuntimeError(f"Unknown backend {platform}")
+
+    monkeypatch.setattr(jax, "devices", no_cpu)
+    with pytest.raises(RuntimeError, match="MACs are counted by XLA:CPU.*JAX_PLATFORMS=cuda,cpu"):
+        metrics.xla_macs(lambda x: x * 2, jnp.ones(3))

@@ -11,7 +11,7 @@ from cfsl_jax.learners import get_learner
 from cfsl_jax.spec import TaskSpec
 from cfsl_jax.train import TrainConfig, make_optimizer, make_train_step
 
-from conftest import FAKE_DEVICES
+from conftest import FAKE_DEVICES, cpu_mesh
 
 IMAGE = (28, 28, 1)
 SUMMARY = ("acc_mean", "acc_std", "ce_mean", "ce_std", "group_acc", "task_fingerprint")
@@ -29,18 +29,19 @@ def build(name, spec=TaskSpec.preset("B3"), compute_dtype="float32", image=IMAGE
 
 
 def test_fake_devices_and_mesh_errors():
-    assert jax.device_count() == FAKE_DEVICES
-    assert parallel.make_mesh().size == FAKE_DEVICES
-    assert parallel.make_mesh(3).size == 3
+    assert len(jax.devices("cpu")) == FAKE_DEVICES
+    assert cpu_mesh().size == FAKE_DEVICES
+    assert cpu_mesh(3).size == 3
+    assert {d.platform for d in cpu_mesh().devices.flat} == {"cpu"}
     with pytest.raises(ValueError, match=r"num_devices=9: .* 8 cpu device\(s\); choose 1..8"):
-        parallel.make_mesh(9)
+        cpu_mesh(9)
     with pytest.raises(ValueError, match="num_devices=-1"):
-        parallel.make_mesh(-1)
-    assert parallel.padded(13, parallel.make_mesh()) == 16
+        cpu_mesh(-1)
+    assert parallel.padded(13, cpu_mesh()) == 16
 
 
 def test_global_array_is_task_sharded_and_comes_back_whole():
-    mesh = parallel.make_mesh()
+    mesh = cpu_mesh()
     host = np.arange(16 * 2, dtype=np.uint32).reshape(16, 2)
     array = parallel.global_array(host, mesh)
     assert array.sharding == parallel.task_sharded(mesh)
@@ -52,7 +53,7 @@ def test_global_array_is_task_sharded_and_comes_back_whole():
 def test_protonets_evaluation_on_8_devices_is_bit_identical(split, num_tasks):
     learner, params = build("protonets")
     reports = [evaluation.evaluate(learner, params, split, num_tasks=num_tasks, batch_size=2,
-                                   cost_metrics=False, mesh=parallel.make_mesh(n))
+                                   cost_metrics=False, mesh=cpu_mesh(n))
                for n in (1, FAKE_DEVICES)]
     # 1 device runs chunks of 2 tasks, 8 devices one chunk of 16: the padding (1 vs 3
     # extra tasks for 13) differs, so equal means prove the padding was dropped.
@@ -66,7 +67,7 @@ def test_gradient_learner_evaluation_on_8_devices_matches(split):
     # init_tune runs its tasks one at a time per device ([tasks / devices, devices] lanes)
     learner, params = build("init_tune")
     reports = [evaluation.evaluate(learner, params, split, num_tasks=9, batch_size=2,
-                                   cost_metrics=False, mesh=parallel.make_mesh(n))
+                                   cost_metrics=False, mesh=cpu_mesh(n))
                for n in (1, FAKE_DEVICES)]
     assert reports[0]["acc_mean"] == pytest.approx(reports[1]["acc_mean"], abs=1e-6)
     assert reports[0]["ce_mean"] == pytest.approx(reports[1]["ce_mean"], rel=1e-5)
@@ -80,7 +81,7 @@ def test_meta_training_on_8_devices_matches_one_and_compiles_once(split):
     optimizer = optax.sgd(0.03)
     finals = []
     for n in (1, FAKE_DEVICES):
-        mesh = parallel.make_mesh(n)
+        mesh = cpu_mesh(n)
         step = make_train_step(learner, optimizer, meta_batch=6, mesh=mesh)  # 6: 2 padded on 8
         p, state = parallel.replicate((params, optimizer.init(params)), mesh)
         placed = parallel.place_split(split, mesh)
@@ -110,14 +111,14 @@ def test_a_split_is_sharded_only_when_it_does_not_fit_one_device(split):
     assert parallel.fits_one_device(10**12, _Device(None))  # CPU: no limit reported
     assert parallel.fits_one_device(25, _Device(100))
     assert not parallel.fits_one_device(26, _Device(100))
-    assert parallel.fits_one_device(split.images.nbytes, jax.devices()[0])
-    placed = parallel.place_split(split, parallel.make_mesh())  # CPU: replicated
+    assert parallel.fits_one_device(split.images.nbytes, jax.devices("cpu")[0])
+    placed = parallel.place_split(split, cpu_mesh())  # CPU: replicated
     assert not parallel.is_sharded(placed.images)
 
 
 def test_sharded_split_gives_the_same_evaluation(split):
     learner, params = build("protonets")
-    mesh = parallel.make_mesh()
+    mesh = cpu_mesh()
     sharded = parallel.place_split(split, mesh, shard=True)
     assert parallel.is_sharded(sharded.images)
     reports = [evaluation.evaluate(learner, params, s, num_tasks=8, batch_size=1,
@@ -127,7 +128,7 @@ def test_sharded_split_gives_the_same_evaluation(split):
 
 
 def test_bfloat16_halves_a_float_state_and_keeps_protonets_accuracy(split):
-    mesh = parallel.make_mesh(1)
+    mesh = cpu_mesh(1)
     f32, params = build("protonets")
     bf16, _ = build("protonets", compute_dtype="bfloat16")
     reports = [evaluation.evaluate(learner, params, split, num_tasks=40, batch_size=20,
@@ -191,7 +192,7 @@ def many_classes():
 def test_nss_640_evaluation_completes_in_bounded_memory(many_classes, name, monkeypatch):
     spec = TaskSpec.parse("C640")  # 640 support sets of 5, a target set of 16,000 images
     image = tuple(many_classes.images.shape[1:])
-    mesh = parallel.make_mesh(1)
+    mesh = cpu_mesh(1)
     keys = jax.random.key_data(jax.random.split(jax.random.key(0), 1))
 
     def temp_bytes(learner, params):  # XLA's temporary buffers of the evaluation program
@@ -208,3 +209,17 @@ def test_nss_640_evaluation_completes_in_bounded_memory(many_classes, name, monk
     report = evaluation.evaluate(learner, params, many_classes, num_tasks=1, mesh=mesh)
     assert 0.0 <= report["acc_mean"] <= 1.0 and np.isfinite(report["ce_mean"])
     assert report["macs_per_task"] > spec.nss * report["macs_adapt"]
+
+
+def test_a_cpu_mesh_gives_the_same_numbers_while_the_default_device_is_elsewhere(split):
+    # What a GPU host does with cpu_mesh: arrays made on the default device (here CPU
+    # device 7, outside the mesh) move to the mesh's devices; the numbers do not change.
+    learner, params = build("protonets")
+    mesh = cpu_mesh(4)
+    expected = evaluation.evaluate(learner, params, split, num_tasks=8, batch_size=2,
+                                   cost_metrics=False, mesh=mesh)
+    with jax.default_device(jax.devices("cpu")[FAKE_DEVICES - 1]):
+        moved = evaluation.evaluate(learner, params, split, num_tasks=8, batch_size=2,
+                                    cost_metrics=False, mesh=mesh)
+    for name in SUMMARY:
+        assert moved[name] == expected[name], name

@@ -22,7 +22,14 @@ order is matmuls and pads. Second-order MAML++ on CPU runs fastest this way
 
 ``Conv(features, kernel_size, impl, use_bias)`` picks one with ``impl``:
 "gemm_grad" (``conv2d``), "im2col", "xla" (``lax.conv_general_dilated``,
-cuDNN on GPU), or "auto" = im2col on CPU and XLA elsewhere.
+cuDNN on GPU), or "auto": ``AUTO_IMPLS`` of the platform the program is
+lowered for (``backend.lowering_platform()``, read at trace time). im2col on
+CPU (second-order MAML++ 3.5x faster, above) and on GPU/TPU: vmapping
+per-task weights turns XLA convolutions into grouped convolutions, which
+cuDNN runs with generic kernels, while im2col's batched GEMMs batch well
+(measured on one H100, maml_low NSS=10 at 16 tasks/step: 4.9 ms/task with
+im2col against 27 ms/task with cuDNN; 26 against 67 ms at 1 task/step).
+All implementations compute the same convolution (tests/test_conv.py).
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from cfsl_jax import backend
 
 _DIMENSIONS = ("NHWC", "HWIO", "NHWC")
 
@@ -81,14 +90,22 @@ def im2col_conv(x: jax.Array, kernel: jax.Array) -> jax.Array:
 
 CONV_IMPLS: tuple[str, ...] = ("auto", "gemm_grad", "im2col", "xla")
 _CONV_FNS = {"gemm_grad": conv2d, "im2col": im2col_conv, "xla": _conv}
+# "auto" by the platform a program is lowered for (any other platform: AUTO_DEFAULT)
+AUTO_IMPLS: dict[str, str] = {"cpu": "im2col", "gpu": "im2col", "cuda": "im2col",
+                              "rocm": "im2col", "tpu": "im2col"}
+AUTO_DEFAULT = "im2col"
 
 
-def resolve_conv_impl(impl: str) -> str:
-    """The implementation ``impl`` names; "auto" means im2col on CPU and XLA elsewhere."""
+def resolve_conv_impl(impl: str, platform: str | None = None) -> str:
+    """The implementation ``impl`` names; "auto": ``AUTO_IMPLS[platform]``.
+
+    ``platform`` defaults to ``backend.lowering_platform()`` (the default backend's,
+    or "cpu" while MACs are counted), never a device the program does not run on.
+    """
     if impl not in CONV_IMPLS:
         raise ValueError(f"conv impl must be one of {CONV_IMPLS}, got {impl!r}")
     if impl == "auto":
-        return "im2col" if jax.default_backend() == "cpu" else "xla"
+        return AUTO_IMPLS.get(platform or backend.lowering_platform(), AUTO_DEFAULT)
     return impl
 
 

@@ -1,0 +1,208 @@
+"""Backend policy: the same numbers on every backend, one precision rule, compile once per machine.
+
+Four rules, one place (docs/backend.md says why):
+
+- **MACs are XLA:CPU's count, on every backend.** ``counting_device()`` is the
+  first CPU device; ``metrics.xla_macs`` compiles the program for it from
+  abstract arguments placed there (nothing is copied) while
+  ``lowering_platform()`` reads ``"cpu"``, so every trace-time choice that
+  depends on the platform (``models.conv``'s "auto", ``scan_unroll``) takes
+  its CPU branch. XLA:GPU's cost analysis does not count cuDNN convolutions
+  (a ProtoNets B3 task: 2.857e7 "MACs" on an H100 against 8.112e8 on CPU), so
+  the accelerator's own count is never used.
+- **Precision.** ``--precision`` sets ``jax_default_matmul_precision`` for
+  float32 matmuls and convolutions: ``default`` (the backend's fastest: TF32
+  tensor cores on NVIDIA Ampere and later, one bf16 pass on TPU), ``high``
+  (TF32 on GPU, three bf16 passes on TPU) or ``highest`` (full float32
+  everywhere). The default is ``default``: the speed a user expects from an
+  accelerator. XLA:CPU computes float32 exactly under all three, so CPU numbers
+  do not depend on it; accelerator numbers differ from CPU's by float rounding
+  under every choice, and by TF32's ~1e-3 relative error per product under
+  ``default``/``high`` (well inside the run-to-run spread of the metrics, but
+  not bit-identical to CPU). The tests run at ``highest`` (tests/conftest.py).
+- **Compile once per machine.** ``enable_compilation_cache(path)`` turns on
+  JAX's persistent compilation cache (command lines: ``--compilation_cache_dir``,
+  default ``default_cache_dir()``; ``''`` disables it), so a re-run, a resume or
+  the next sweep cell of the same shape loads its programs instead of compiling.
+- **Compile seconds.** ``compile_seconds()`` is the time this process has spent
+  turning jitted functions into executables: tracing, lowering to MLIR and the
+  backend compile (or, on a cache hit, the cache read), from JAX's own
+  monitoring events; ``results.json`` records it.
+
+Trace-time platform choices read ``lowering_platform()``, never
+``jax.default_backend()`` directly, so that a program counted (or run) on CPU
+takes the CPU branch on a machine whose default backend is an accelerator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from typing import Any, Iterator
+
+import jax
+from jax import monitoring
+from jax.sharding import SingleDeviceSharding
+
+from cfsl_jax.errors import UserError
+
+COUNTING_PLATFORM = "cpu"  # MACs are XLA:CPU's count wherever a run happens
+PRECISIONS: tuple[str, ...] = ("default", "high", "highest")
+DEFAULT_PRECISION = "default"
+SCAN_UNROLL_MAX = 4  # on accelerators, scans of at most this many steps are fully unrolled
+
+_platform: contextvars.ContextVar[str | None] = contextvars.ContextVar("platform", default=None)
+
+
+# -- the platform a program is lowered for ---------------------------------------------------
+
+def lowering_platform() -> str:
+    """The platform trace-time choices are made for: ``lowering_for``'s, else the default backend's."""
+    return _platform.get() or jax.default_backend()
+
+
+@contextlib.contextmanager
+def lowering_for(platform: str) -> Iterator[None]:
+    """Within the block, trace-time choices are made for ``platform`` ("cpu", "gpu", "tpu")."""
+    token = _platform.set(platform)
+    try:
+        yield
+    finally:
+        _platform.reset(token)
+
+
+def is_accelerator(platform: str | None = None) -> bool:
+    """Whether ``platform`` (default: ``lowering_platform()``) is not the CPU."""
+    return (platform or lowering_platform()) != "cpu"
+
+
+def scan_unroll(length: int) -> int:
+    """``lax.scan``'s unroll for a scan of ``length`` steps: 1 on CPU (a rolled loop, as
+    always); the whole scan on an accelerator when ``length <= SCAN_UNROLL_MAX`` (no
+    while-loop predicate copied to the host per step, fewer kernel launches)."""
+    if is_accelerator() and 1 < length <= SCAN_UNROLL_MAX:
+        return length
+    return 1
+
+
+# -- MACs: counted by XLA:CPU ------------------------------------------------------------------
+
+def counting_device() -> jax.Device:
+    """The CPU device MACs are counted on (present with every jaxlib unless JAX_PLATFORMS drops it)."""
+    try:
+        return jax.devices(COUNTING_PLATFORM)[0]
+    except RuntimeError as error:
+        raise RuntimeError(
+            f"MACs are counted by XLA:CPU, but the cpu backend is not initialised "
+            f"(JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')!r}); add cpu, e.g. "
+            f"JAX_PLATFORMS=cuda,cpu") from error
+
+
+def abstract_on(tree: Any, device: jax.Device) -> Any:
+    """``tree`` with every array replaced by a ShapeDtypeStruct placed on ``device``."""
+    sharding = SingleDeviceSharding(device)
+
+    def abstract(leaf):
+        if isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)) or hasattr(leaf, "__array__"):
+            return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding,
+                                        weak_type=getattr(leaf, "weak_type", False))
+        return leaf
+
+    return jax.tree.map(abstract, tree)
+
+
+def cpu_cost_analysis(fn, *args, **kwargs) -> dict[str, float]:
+    """XLA:CPU's cost analysis of ``jit(fn)(*args, **kwargs)``, whatever the default backend."""
+    device = counting_device()
+    args, kwargs = abstract_on((args, kwargs), device)
+    with lowering_for(COUNTING_PLATFORM), jax.default_device(device):
+        compiled = jax.jit(fn).lower(*args, **kwargs).compile()
+    analysis = compiled.cost_analysis()
+    if isinstance(analysis, (list, tuple)):  # older jax: one dict per computation
+        analysis = analysis[0]
+    if analysis is None:
+        raise RuntimeError(f"XLA:CPU gave no cost analysis for {getattr(fn, '__name__', fn)}")
+    return analysis
+
+
+# -- precision -------------------------------------------------------------------------------
+
+def set_precision(name: str) -> None:
+    """Float32 matmul/convolution precision of every program traced after this call."""
+    if name not in PRECISIONS:
+        raise UserError(f"precision={name!r}: choose one of {', '.join(PRECISIONS)}")
+    jax.config.update("jax_default_matmul_precision", None if name == "default" else name)
+
+
+def precision() -> str:
+    """The precision in force: one of ``PRECISIONS`` (JAX's own names map to the nearest)."""
+    value = jax.config.jax_default_matmul_precision
+    if value is None or value in ("default", "bfloat16", "fastest"):
+        return "default"
+    return "highest" if value in ("highest", "float32") else "high"
+
+
+# -- the persistent compilation cache and compile seconds -----------------------------------------
+
+def default_cache_dir() -> str:
+    """``$XDG_CACHE_HOME/cfsl_jax/xla`` (``~/.cache/cfsl_jax/xla`` when unset)."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "cfsl_jax", "xla")
+
+
+def enable_compilation_cache(path: str | None) -> str | None:
+    """Cache every compiled program under ``path`` (None or ``''``: no cache); returns it.
+
+    Every program is cached, however fast it compiled: the many small ones of a
+    run add up, and a cache read is milliseconds.
+    """
+    if not path:
+        jax.config.update("jax_compilation_cache_dir", None)
+        return None
+    path = os.path.abspath(os.path.expanduser(path))
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
+
+
+def configure(precision_name: str = DEFAULT_PRECISION,
+              compilation_cache_dir: str | None = None) -> None:
+    """What the command lines do first: the precision and the compilation cache."""
+    set_precision(precision_name)
+    enable_compilation_cache(compilation_cache_dir)
+
+
+_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                   "/jax/core/compile/backend_compile_duration")
+_totals = {"seconds": 0.0, "cache_hits": 0}
+
+
+def _on_duration(event: str, seconds: float, **_) -> None:
+    if event in _COMPILE_EVENTS:
+        _totals["seconds"] += seconds
+
+
+def _on_event(event: str, **_) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+        _totals["cache_hits"] += 1
+
+
+monitoring.register_event_duration_secs_listener(_on_duration)
+monitoring.register_event_listener(_on_event)
+
+
+def compile_seconds() -> float:
+    """Seconds this process has spent tracing, lowering and compiling (or loading) programs."""
+    return _totals["seconds"]
+
+
+def compile_stats() -> dict[str, Any]:
+    """For results.json: compile seconds, persistent-cache hits, the cache folder, the precision."""
+    return {"compile_seconds": round(_totals["seconds"], 3),
+            "compilation_cache_hits": _totals["cache_hits"],
+            "compilation_cache_dir": jax.config.jax_compilation_cache_dir,
+            "matmul_precision": precision()}
