@@ -15,7 +15,14 @@ Datasets (``DATASETS``):
   ``cfsl_omniglot`` prepared from the official zips in ``manual_dir``. Plain
   ``omniglot`` picks ``full`` if both full zips are in ``manual_dir``, else
   ``small`` if both small zips are, else a config already prepared in
-  ``data_dir`` (full first), else asks for the full zips.
+  ``data_dir`` (full first), else asks for the full zips. Nothing is
+  downloaded unless ``download=True``: without it, a dataset that is neither
+  prepared nor in ``manual_dir`` (or TFDS's ``<data_dir>/downloads/manual``) is
+  refused at once, naming the files and where to put them, and a failed
+  preparation leaves no new folder behind. Option ``class_split``:
+  ``"ordered"`` (default: the builder's alphabet-ordered 1200/211/212) or
+  ``"authors"`` (full only: the authors' RandomState(100) shuffle,
+  ``datasets/omniglot.py``; same 1200/211/212 sizes, different classes).
 - ``slimagenet64``: the TFDS builder ``cfsl_slimagenet64`` prepared from
   ``SlimageNet64.tar.bz2`` in ``manual_dir``; its own train/val/test split.
 
@@ -30,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import shutil
 from typing import Any
 
 import chex
@@ -38,10 +46,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cfsl_jax.errors import UserError
+
 DATASETS: tuple[str, ...] = ("synthetic", "omniglot", "omniglot/full", "omniglot/small",
                              "slimagenet64")
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 _SYNTHETIC_OPTIONS = ("num_classes", "samples_per_class", "image_size", "seed")
+OMNIGLOT_CLASS_SPLITS = ("ordered", "authors")
 _READ_CHUNK = 4096  # records decoded per data-source call
 
 
@@ -79,7 +90,7 @@ def default_data_dir() -> str:
 
 
 def load_split(name: str, split: str, data_dir: str | None = None,
-               manual_dir: str | None = None, **options: Any) -> Split:
+               manual_dir: str | None = None, download: bool = False, **options: Any) -> Split:
     """Load (preparing on first use) one split of dataset ``name`` onto the device.
 
     Args:
@@ -88,10 +99,11 @@ def load_split(name: str, split: str, data_dir: str | None = None,
       data_dir: where TFDS datasets are prepared and read (default ``$CFSL_DATA_DIR`` or
         ``~/tensorflow_datasets``); unused by ``synthetic``.
       manual_dir: the folder holding the raw archives (TFDS ``manual_dir``); needed only
-        to prepare. Without it TFDS's ``<data_dir>/downloads/manual`` is used, and for
-        Omniglot the zips are downloaded if they are not there.
-      **options: ``synthetic`` only: ``num_classes``, ``samples_per_class``,
-        ``image_size``, ``seed``.
+        to prepare. Without it TFDS's ``<data_dir>/downloads/manual`` is used.
+      download: Omniglot only: fetch the zips from GitHub when they are not in the
+        manual folder (otherwise that is refused at once).
+      **options: ``synthetic``: ``num_classes``, ``samples_per_class``,
+        ``image_size``, ``seed``; ``omniglot``: ``class_split`` ("ordered", "authors").
 
     Raises:
       ValueError: an unknown name, split or option (the message lists the valid ones).
@@ -109,11 +121,19 @@ def load_split(name: str, split: str, data_dir: str | None = None,
                              f"valid: {_SYNTHETIC_OPTIONS}")
         images, labels, names, source = _synthetic(split, **options)
     else:
-        if options:
-            raise ValueError(f"dataset {name!r} takes no options, got {sorted(options)}")
+        valid = ("class_split",) if name.startswith("omniglot") else ()
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise UserError(f"unknown option(s) {unknown} for dataset {name!r}; valid: {valid}")
         data_dir = os.path.abspath(data_dir or default_data_dir())
         manual_dir = os.path.abspath(manual_dir) if manual_dir else None
-        images, labels, names, source = _tfds_split(name, split, data_dir, manual_dir)
+        class_split = options.get("class_split", "ordered")
+        if class_split == "ordered":
+            images, labels, names, source = _tfds_split(name, split, data_dir, manual_dir,
+                                                        download)
+        else:
+            images, labels, names, source = _authors_split(name, split, data_dir, manual_dir,
+                                                           download, class_split)
     return _to_split(name, split, images, labels, names, source)
 
 
@@ -194,12 +214,51 @@ def _builder(name: str, data_dir: str, manual_dir: str | None):
     return CfslSlimagenet64(data_dir=data_dir, file_format="array_record"), name
 
 
-def _tfds_split(name: str, split: str, data_dir: str, manual_dir: str | None):
+def _prepare(builder, resolved: str, data_dir: str, manual_dir: str | None,
+             download: bool) -> None:
+    """Prepare ``builder`` from the archives; a failure removes every folder the attempt
+    created. Without ``manual_dir``, an Omniglot whose zips are not in TFDS's default manual
+    folder is refused at once unless ``download`` (an explicit ``manual_dir`` is never
+    downloaded behind: the builder names the missing zips)."""
     import tensorflow_datasets as tfds
+    folder = manual_dir or os.path.join(data_dir, "downloads", "manual")
+    if resolved.startswith("omniglot") and not download and not manual_dir:
+        from cfsl_jax.datasets.errors import DatasetNotFoundError
+        from cfsl_jax.datasets.omniglot import CONFIGS
+        zips = CONFIGS[resolved.split("/")[1]].zip_names
+        missing = [z for z in zips if not os.path.isfile(os.path.join(folder, z))]
+        if missing:
+            raise DatasetNotFoundError(
+                f"{resolved} is not prepared in {data_dir} and {', '.join(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} not in {folder}: put "
+                f"{' and '.join(zips)} (from https://github.com/brendenlake/omniglot/tree/"
+                f"master/python) in a folder and pass it as --manual_dir, or pass --download "
+                f"to fetch them")
+    created = _missing_ancestors(builder.data_path) + _missing_ancestors(
+        os.path.join(data_dir, "downloads", "manual"))
+    config = tfds.download.DownloadConfig(manual_dir=manual_dir) if manual_dir else None
+    try:
+        builder.download_and_prepare(download_config=config)
+    except BaseException:
+        for path in sorted(set(created), key=len, reverse=True):  # deepest first
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def _missing_ancestors(path) -> list[str]:
+    """``path`` and its ancestors that do not exist yet (what preparing it would create)."""
+    path, missing = os.path.abspath(os.fspath(path)), []
+    while not os.path.exists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
+
+
+def _tfds_split(name: str, split: str, data_dir: str, manual_dir: str | None,
+                download: bool = False):
     builder, resolved = _builder(name, data_dir, manual_dir)
     if not _is_prepared(builder):
-        config = tfds.download.DownloadConfig(manual_dir=manual_dir) if manual_dir else None
-        builder.download_and_prepare(download_config=config)
+        _prepare(builder, resolved, data_dir, manual_dir, download)
     source = builder.as_data_source(split=split)
     count = len(source)
     images = np.empty((count, *builder.info.features["image"].shape), np.uint8)
@@ -220,3 +279,44 @@ def _tfds_split(name: str, split: str, data_dir: str, manual_dir: str | None):
         raise ValueError(f"{resolved}/{split} in {data_dir}: labels are not 0..C-1")
     names = tuple(names_by_label[c] for c in range(len(names_by_label)))
     return images[order], labels[order], names, f"{resolved} prepared in {data_dir}"
+
+
+@functools.lru_cache(maxsize=1)  # the three splits of one run share one read
+def _all_omniglot_classes(name: str, data_dir: str, manual_dir: str | None, download: bool):
+    """Every class of a prepared Omniglot config: (images, global labels, names, source)."""
+    parts = [_tfds_split(name, split, data_dir, manual_dir, download) for split in SPLITS]
+    images = np.concatenate([p[0] for p in parts])
+    offsets = np.cumsum([0] + [len(p[2]) for p in parts[:-1]])
+    labels = np.concatenate([p[1] + offset for p, offset in zip(parts, offsets)])
+    names = tuple(n for p in parts for n in p[2])
+    return images, labels, names, parts[0][3]
+
+
+def _authors_split(name: str, split: str, data_dir: str, manual_dir: str | None,
+                   download: bool, class_split: str):
+    """One split of Omniglot under the authors' class split (``datasets/omniglot.py``)."""
+    if class_split not in OMNIGLOT_CLASS_SPLITS:
+        raise UserError(f"class_split={class_split!r} for dataset {name!r}; valid: "
+                        f"{OMNIGLOT_CLASS_SPLITS}")
+    if name.endswith("/small"):
+        raise UserError("class_split='authors' is the authors' split of the 1623 characters "
+                        "of omniglot/full; omniglot/small has 242")
+    from cfsl_jax.datasets.omniglot import authors_split
+    images, labels, names, source = _all_omniglot_classes(
+        "omniglot/full", data_dir, manual_dir, download)
+    chosen = authors_split(names)[split]
+    images, labels = select_classes(images, labels, names, chosen)
+    return images, labels, tuple(chosen), source + ", the authors' class split (RandomState(100))"
+
+
+def select_classes(images: np.ndarray, labels: np.ndarray, names: tuple[str, ...],
+                   chosen: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The images of the classes ``chosen`` (names), relabelled 0.. in ``chosen``'s order,
+    class-major with each class's images in their original order."""
+    index = {class_name: c for c, class_name in enumerate(names)}
+    new_label = np.full(len(names), -1, np.int64)
+    new_label[[index[n] for n in chosen]] = np.arange(len(chosen))
+    keep = new_label[labels] >= 0
+    kept_labels = new_label[labels[keep]]
+    order = np.argsort(kept_labels, kind="stable")
+    return images[keep][order], kept_labels[order]

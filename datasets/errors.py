@@ -8,15 +8,19 @@
   items). The message names the file and the reason.
 
 Both are raised before TFDS renames its `incomplete.*` folder, so a failed
-preparation never leaves anything that looks prepared.
+preparation never leaves anything that looks prepared. Both are also
+`cfsl_jax.errors.UserError`s: the command-line tools print their one-line
+message and exit with status 2.
 """
 
 from __future__ import annotations
 
+from cfsl_jax.errors import UserError
 
-class DatasetNotFoundError(FileNotFoundError):
+
+class DatasetNotFoundError(FileNotFoundError, UserError):
     """The raw files of a dataset are missing."""
 
 
-class CorruptDatasetError(ValueError):
-    """The raw files of a dataset are present but corrupt or incomplete."""
+class CorruptDatasetError(UserError):
+    """The raw files of a dataset are present but corrupt or incomplete (a ValueError)."""

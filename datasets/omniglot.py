@@ -24,6 +24,22 @@ small2), alphabet name, character name). With `C` characters, the first
 down) is `val` and the remainder `test`. full: 1200/211/212; small: 179/31/32.
 `label` is the class index within its split, in that order.
 
+The authors' split (`class_split="authors"` of `cfsl_jax.data.load_split`, full
+config only; `authors_split` here): their code (commit 5b814ac,
+`utils/dataset_tools.py` `get_data_paths` and `load_dataset`) names a class by
+the folders `[-3, -2]` of an image's path ("Alphabet/characterNN"), sorts the
+1623 names (Python's string order), numbers them 0..1622 in that order,
+shuffles the numbers with `numpy.random.RandomState(100).shuffle` (seed: the
+`--seed` default 100 of `utils/parser_utils.py`; the configs set no `seed`),
+and takes the first `int(0.73982737361 * 1623)` = 1200 shuffled classes for
+train, the next up to `int((0.73982737361 + 0.13008631319) * 1623)` = 1411
+for val (211) and the rest for test (212)
+(`experiment_template_config/omniglot_variant.json`). `RandomState` is
+numpy's frozen legacy generator, so the shuffle is the same in every numpy
+version. One assumption: their `omniglot_dataset` archive (a Google Drive
+tarball, not public here) uses the official zips' alphabet and character folder
+names; its file count check (1623 x 20 images) supports it.
+
 Features per example: `image` uint8 [28, 28, 1], `label` int32, `drawing`
 int32 (0..19), `class_name` text ("Alphabet/characterNN").
 
@@ -35,8 +51,10 @@ naming the file and the reason. Everything is read and checked before TFDS
 writes a record, and TFDS writes into an `incomplete.*` folder that is only
 renamed on success, so a failed preparation never looks prepared.
 
-If no `manual_dir` is given (TFDS's default `<data_dir>/downloads/manual` is
-used) and the zips are not there, they are downloaded from GitHub.
+If no `manual_dir` is given, TFDS's default `<data_dir>/downloads/manual` is
+used; if the zips are not there, `cfsl_jax.data.load_split` refuses at once
+(naming the files and where to put them) unless asked to download
+(`download=True`, `--download`): then this builder fetches them from GitHub.
 """
 
 from __future__ import annotations
@@ -89,6 +107,27 @@ CONFIGS: dict[str, OmniglotConfig] = {
         distinct_characters=242,
     ),
 }
+
+
+AUTHORS_SEED = 100  # utils/parser_utils.py --seed default (5b814ac)
+AUTHORS_FRACTIONS = (0.73982737361, 0.13008631319, 0.13008631319)  # omniglot_variant.json
+CLASS_SPLITS = ("ordered", "authors")
+
+
+def authors_split(class_names: Sequence[str]) -> dict[str, list[str]]:
+    """The authors' class split of the 1623 full-Omniglot names (module doc), in their order."""
+    labels = sorted(set(class_names))
+    if len(labels) != len(class_names) or len(labels) != CONFIGS["full"].distinct_characters:
+        raise ValueError(f"the authors' split is defined on the "
+                         f"{CONFIGS['full'].distinct_characters} distinct characters of "
+                         f"omniglot/full, got {len(class_names)} names ({len(labels)} distinct)")
+    order = np.arange(len(labels), dtype=np.int32)
+    np.random.RandomState(seed=AUTHORS_SEED).shuffle(order)
+    shuffled = [labels[i] for i in order]
+    end_train = int(AUTHORS_FRACTIONS[0] * len(labels))
+    end_val = int(np.sum(AUTHORS_FRACTIONS[:2]) * len(labels))
+    return {"train": shuffled[:end_train], "val": shuffled[end_train:end_val],
+            "test": shuffled[end_val:]}
 
 
 def split_class_counts(num_classes: int) -> dict[str, int]:

@@ -300,3 +300,110 @@ def test_synthetic_tfds_builder_matches_the_in_memory_set(tmp_path):
                                       images[3 * first:3 * (first + count)])
         assert records[0]["class_name"] == synthetic.class_name(first).encode()
         first += count
+
+
+def test_offline_omniglot_without_manual_dir_fails_at_once_and_creates_nothing(tmp_path):
+    """Nothing prepared, no --manual_dir, no --download: one message naming the zips and where
+    to put them, raised before anything is created (no network, no empty folders)."""
+    from cfsl_jax.errors import UserError
+
+    tfds_dir = tmp_path / "fresh" / "tfds"
+    started = time.perf_counter()
+    for name, zips in (("omniglot", "images_background.zip and images_evaluation.zip"),
+                       ("omniglot/full", "images_background.zip and images_evaluation.zip"),
+                       ("omniglot/small", "images_background_small1.zip and "
+                                          "images_background_small2.zip")):
+        with pytest.raises(DatasetNotFoundError, match=f"not prepared in .*put {zips} .* pass "
+                                                       f"it as --manual_dir, or pass --download"):
+            data.load_split(name, "train", data_dir=str(tfds_dir))
+    assert time.perf_counter() - started < 30  # no download attempt (that retries for minutes)
+    assert not (tmp_path / "fresh").exists()
+    # The CLI boundary catches it as a user error (and it is still a FileNotFoundError).
+    assert issubclass(DatasetNotFoundError, UserError) and issubclass(CorruptDatasetError, UserError)
+    assert issubclass(DatasetNotFoundError, FileNotFoundError)
+
+
+def test_a_failed_preparation_removes_the_folders_it_created(tmp_path, monkeypatch):
+    """Whatever fails inside TFDS's preparation (here: a download that creates its folders,
+    then breaks), the folders that did not exist before are removed; existing ones stay."""
+    from cfsl_jax.datasets.omniglot import CfslOmniglot
+
+    existing = tmp_path / "tfds"
+    existing.mkdir()
+    (existing / "keep.txt").write_text("a file of the user's")
+
+    def broken_prepare(self, download_config=None):
+        os.makedirs(os.path.join(self.data_dir, "incomplete.x"))
+        os.makedirs(existing / "downloads" / "manual" / "partial")
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(CfslOmniglot, "download_and_prepare", broken_prepare)
+    with pytest.raises(OSError, match="unreachable"):
+        data.load_split("omniglot/full", "train", data_dir=str(existing), download=True)
+    assert sorted(os.listdir(existing)) == ["keep.txt"]
+
+
+@pytest.fixture(scope="module")
+def omniglot_full_names():
+    """The 1623 "alphabet/character" names of the full zips (read from their listings only)."""
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..",
+                          "shared", "data", "omniglot_full")
+    names = []
+    for zip_name in ("images_background.zip", "images_evaluation.zip"):
+        path = os.path.join(folder, zip_name)
+        if not os.path.isfile(path):
+            pytest.skip(f"full Omniglot is not in {folder}")
+        with zipfile.ZipFile(path) as archive:
+            names += sorted({"/".join(m.split("/")[-3:-1]) for m in archive.namelist()
+                             if m.endswith(".png")})
+    return names
+
+
+def test_authors_class_split_of_full_omniglot(omniglot_full_names):
+    """The authors' split (RandomState(100) over the sorted "alphabet/character" names; commit
+    5b814ac utils/dataset_tools.py): 1200/211/212, disjoint, pinned first classes."""
+    from cfsl_jax.datasets.omniglot import authors_split
+
+    split = authors_split(omniglot_full_names)
+    assert {k: len(v) for k, v in split.items()} == {"train": 1200, "val": 211, "test": 212}
+    assert sorted(split["train"] + split["val"] + split["test"]) == sorted(omniglot_full_names)
+    assert split["train"][:3] == ["Avesta/character22", "Grantha/character09",
+                                  "Atlantean/character03"]
+    assert split["val"][:2] == ["Malayalam/character26", "Armenian/character26"]
+    assert split["test"][:2] == ["Armenian/character19", "Tengwar/character11"]
+    # The order the names come in does not matter (the authors sort them first).
+    assert authors_split(list(reversed(omniglot_full_names))) == split
+    # Unlike the default alphabet-ordered split, every split mixes alphabets.
+    assert len({n.split("/")[0] for n in split["test"]}) == 50
+    with pytest.raises(ValueError, match="1623 distinct characters of omniglot/full, got 242"):
+        authors_split(omniglot_full_names[:242])
+
+
+def test_select_classes_relabels_in_the_chosen_order(omniglot_splits):
+    """The resplitting behind class_split="authors", on real mini-Omniglot: the chosen classes'
+    images, in the chosen order, relabelled 0.., drawings in order."""
+    parts = [omniglot_splits[name] for name in data.SPLITS]
+    images = np.concatenate([np.asarray(p.images) for p in parts])
+    names = tuple(n for p in parts for n in p.info.class_names)
+    offsets = np.cumsum([0] + [p.info.num_classes for p in parts[:-1]])
+    labels = np.concatenate([np.repeat(np.arange(p.info.num_classes), 20) + o
+                             for p, o in zip(parts, offsets)])
+    chosen = [names[200], names[3], names[190]]  # a test, a train and a val class
+    picked, new_labels = data.select_classes(images, labels, names, chosen)
+    assert picked.shape == (60, 28, 28, 1)
+    np.testing.assert_array_equal(new_labels, np.repeat([0, 1, 2], 20))
+    for position, name in enumerate(chosen):
+        c = names.index(name)
+        np.testing.assert_array_equal(picked[20 * position:20 * position + 20],
+                                      images[labels == c])
+
+
+def test_authors_class_split_option_is_checked(tmp_path):
+    from cfsl_jax.errors import UserError
+
+    with pytest.raises(UserError, match=r"class_split='shuffled'.*valid: \('ordered', 'authors'\)"):
+        data.load_split("omniglot/full", "train", data_dir=str(tmp_path), class_split="shuffled")
+    with pytest.raises(UserError, match="omniglot/small has 242"):
+        data.load_split("omniglot/small", "train", data_dir=str(tmp_path), class_split="authors")
+    with pytest.raises(UserError, match=r"unknown option\(s\) \['seed'\].*valid: \('class_split',\)"):
+        data.load_split("omniglot/small", "train", data_dir=str(tmp_path), seed=1)
