@@ -40,12 +40,14 @@ import numpy as np
 
 from jax.sharding import Mesh
 
-from cfsl_jax import data, episode, metrics, parallel, seeding
+from cfsl_jax import data, episode, metrics, parallel, progress, seeding
 from cfsl_jax.learners.base import Learner
 from cfsl_jax.sampler import sample_task, sample_tasks
 from cfsl_jax.spec import TaskSpec
 
 PIXELS_IN_FLIGHT = 10_000_000  # target pixels per device per evaluation program
+LABELS = {"eval": "test", "val": "val"}  # purpose -> the name progress lines use
+_compiled: set = set()  # (learner, ensemble, mesh, shapes) of programs compiled in this process
 
 
 def task_keys(seed: int, purpose: str, num_tasks: int) -> jax.Array:
@@ -55,14 +57,24 @@ def task_keys(seed: int, purpose: str, num_tasks: int) -> jax.Array:
 
 def task_fingerprint(split: data.Split, spec: TaskSpec, num_tasks: int, seed: int,
                      purpose: str = "eval") -> str:
-    """SHA-256 of all evaluation tasks' support/target indices and labels (hex)."""
+    """SHA-256 of the split's identity (dataset and variant, split, class and image counts,
+    image shape) and all evaluation tasks' support/target indices and labels (hex)."""
     tasks = sample_tasks(task_keys(seed, purpose, num_tasks), split.class_table,
                          split.class_sizes, spec)
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(dataset_identity(split).encode())
     for field in (tasks.support_idx, tasks.support_labels, tasks.target_idx,
                   tasks.target_labels):
         digest.update(np.ascontiguousarray(np.asarray(field, np.int32)).tobytes())
     return digest.hexdigest()
+
+
+def dataset_identity(split: data.Split) -> str:
+    """What identifies a split's data: e.g. ``'omniglot/small val 31 classes 620 images
+    (28, 28, 1)'`` (the variant, not the machine-dependent folder it was prepared in)."""
+    info = split.info
+    variant = info.source.split(" prepared in ")[0]
+    return (f"{info.dataset} [{variant}] {info.split} {int(split.class_table.shape[0])} classes "
+            f"{int(split.images.shape[0])} images {tuple(split.images.shape[1:])}")
 
 
 def tasks_in_flight(spec: TaskSpec, image_shape: tuple[int, ...]) -> int:
@@ -124,10 +136,27 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
     params = parallel.replicate(params, mesh)
     split = parallel.place_split(split, mesh, shard=parallel.is_sharded(split.images) or None)
     start = time.perf_counter()
+    label = LABELS.get(purpose, purpose)
+    program = (learner, ensemble, mesh, split.images.shape, split.class_table.shape, batch_size,
+               jax.tree.structure(params), tuple(np.shape(x) for x in jax.tree.leaves(params)))
+    bar = progress.tracker(label, num_tasks, "tasks", first_line=False)
     chunks = []
     for i in range(num_chunks):
         chunk_keys = parallel.global_array(keys[i * batch_size:(i + 1) * batch_size], mesh)
-        chunks.append(_evaluate_chunk(learner, params, split, chunk_keys, ensemble, mesh))
+        if program in _compiled:
+            chunks.append(_evaluate_chunk(learner, params, split, chunk_keys, ensemble, mesh))
+        else:
+            with progress.stage(f"[{label}] compiling the evaluation program "
+                                f"({batch_size} tasks at once)"):
+                chunks.append(_evaluate_chunk(learner, params, split, chunk_keys, ensemble, mesh))
+            _compiled.add(program)
+            start = time.perf_counter()
+            bar = progress.tracker(label, num_tasks, "tasks", first_line=False)
+        if i:  # one chunk in flight while the previous one is counted
+            jax.block_until_ready(chunks[-2])
+            bar.update(i * batch_size)
+    jax.block_until_ready(chunks[-1])
+    bar.update(num_tasks)
     per_task = {name: np.concatenate([parallel.to_host(c[name]) for c in chunks])[:num_tasks]
                 for name in chunks[0]}
     seconds = time.perf_counter() - start
@@ -143,6 +172,7 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
     report["tasks_per_s"] = num_tasks / seconds
     if cost_metrics:
         member = jax.device_get(jax.tree.map(lambda x: x[0], params) if ensemble else params)
-        report["atm"] = metrics.atm(learner, member, image_shape)
-        report.update(metrics.learner_macs(learner, member, image_shape))
+        with progress.stage(f"[{label}] measuring ATM and MACs (XLA cost analysis)"):
+            report["atm"] = metrics.atm(learner, member, image_shape)
+            report.update(metrics.learner_macs(learner, member, image_shape))
     return report

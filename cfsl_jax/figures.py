@@ -32,6 +32,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from cfsl_jax import progress  # noqa: E402
+
 FIGURE4_NSS: tuple[int, ...] = (1, 2, 5, 10, 20, 40, 80, 160, 320, 640)
 COST_FIELDS: tuple[str, ...] = ("nss", "atm", "state_bytes", "support_bytes", "macs_adapt",
                                 "macs_predict", "macs_per_task")
@@ -92,12 +94,17 @@ def cost_curves(learners: Sequence[str], nss_values: Sequence[int] = FIGURE4_NSS
     if not nss_values or min(nss_values) < 1:
         raise ValueError(f"nss_values must be positive integers, got {list(nss_values)}")
     curves, skipped = {}, {}
-    for name in learners:
+    bar = progress.tracker("figure 4", len(learners) * len(nss_values), "points")
+    bar.update(0)
+    for index, name in enumerate(learners):
         try:
-            curves[name] = [learner_costs(name, type_spec(task_type, nss, **shape), image_shape,
-                                          (learner_options or {}).get(name))
-                            for nss in sorted(nss_values)]
+            curves[name] = []
+            for nss in sorted(nss_values):
+                curves[name].append(learner_costs(name, type_spec(task_type, nss, **shape),
+                                                  image_shape, (learner_options or {}).get(name)))
+                bar.update(index * len(nss_values) + len(curves[name]), learner=name, nss=nss)
         except Exception as error:  # noqa: BLE001  (an unfinished learner is skipped)
+            curves.pop(name, None)
             skipped[name] = f"{type(error).__name__}: {error}"
             log(f"skipping {name}: {skipped[name]}")
         else:
@@ -132,9 +139,11 @@ def plot_cost_curves(curves: Mapping[str, Sequence[Mapping[str, float]]], path: 
         axis.set_xlabel("NSS (support sets per task)")
         axis.set_ylabel(label)
         axis.grid(alpha=0.3, which="both")
-    macs_axis.legend(fontsize=8)
+    handles, labels = atm_axis.get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=min(len(labels), 8), fontsize=8,
+                  frameon=False)  # one legend shared by both panels
     figure.suptitle(title)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0.08, 1, 1))
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return path

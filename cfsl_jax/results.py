@@ -17,6 +17,7 @@ from typing import Any
 import jax
 
 import cfsl_jax
+from cfsl_jax import backend
 
 CSV_FIELDS = ("learner", "dataset", "spec", "seed", "acc_mean", "acc_std", "acc_ci95",
               "ce_mean", "ce_std", "atm", "macs_per_task", "macs_per_meta_step",
@@ -40,7 +41,17 @@ def write_json(path: str, payload: Any) -> None:
     with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as f:
         json.dump(payload, f, indent=2, sort_keys=True)
         f.write("\n")
+    os.chmod(f.name, FILE_MODE & ~_umask())  # as open() would create it (tempfile gives 0600)
     os.replace(f.name, path)
+
+
+FILE_MODE = 0o666
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def read_json(path: str, default: Any = None) -> Any:
@@ -72,6 +83,7 @@ def record(config, learner, splits, report: dict[str, Any], workdir: str,
         "package_version": cfsl_jax.__version__,
         "jax_version": jax.__version__,
         "backend": jax.default_backend(),
+        **backend.compile_stats(),  # compile seconds of this process, cache, precision
         "devices": report.get("devices", 1),
         "best_epochs": best_epochs,
         "wall_seconds": wall_seconds,

@@ -33,9 +33,17 @@ Rules:
   ``workers=0`` runs everything in this process (tests, notebooks,
   debugging), with this process's jax configuration.
 - A run that raises is recorded as failed (its traceback goes to the log and
-  to ``<workdir>/error.log``); the sweep goes on with the others. A learner
-  that cannot be built (not implemented yet, a bad option) is skipped by
-  ``grid`` with its reason, before anything runs.
+  to ``<workdir>/error.log``; a user error, such as a spec a split cannot
+  supply, is one line); the sweep goes on with the others. A learner that
+  cannot be built (not implemented yet, a bad option) is skipped by ``grid``
+  with its reason, before anything runs. ``plan(..., check=True)`` (what
+  ``--dry_run`` lists) marks **impossible** the runs whose spec a split they
+  sample tasks from cannot supply, with the reason.
+- Ctrl-C stops a sweep at once: no queued run starts, every worker
+  checkpoints its run and exits, and ``KeyboardInterrupt`` says how to
+  continue (run the same command again).
+- Progress: a line per finished run with runs done/total and the ETA; the
+  runs' own training lines come from the workers.
 - Datasets that live on disk (TFDS) are loaded once by a worker before the
   runs start, so that parallel runs never prepare the same dataset at once.
 """
@@ -48,6 +56,7 @@ import json
 import multiprocessing
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -56,11 +65,12 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import jax
 
-from cfsl_jax import data, train
+from cfsl_jax import data, progress, train
+from cfsl_jax.errors import UserError
 from cfsl_jax.learners import LEARNERS, get_learner
 from cfsl_jax.spec import PAPER_GRID
 
-STATUSES: tuple[str, ...] = ("done", "partial", "new", "conflict")
+STATUSES: tuple[str, ...] = ("done", "partial", "new", "conflict", "impossible")
 # jax options a worker copies from the process that starts the sweep.
 INHERITED_JAX_OPTIONS: tuple[str, ...] = (
     "jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
@@ -84,7 +94,7 @@ class Outcome(NamedTuple):
     """What running (or not running) one run did."""
 
     run: Run
-    status: str  # "skipped" (done before), "finished", "failed", "conflict"
+    status: str  # "skipped" (done before), "finished", "failed", "conflict", "interrupted"
     seconds: float
     detail: str  # test accuracy, the error, or the reason
 
@@ -173,13 +183,38 @@ def status(run: Run) -> tuple[str, str]:
     return "partial", ""
 
 
-def plan(configs: Iterable[train.TrainConfig], sweep_dir: str) -> list[tuple[Run, str, str]]:
-    """Every run with its status and detail (what ``--dry_run`` lists)."""
+def plan(configs: Iterable[train.TrainConfig], sweep_dir: str, check: bool = False
+         ) -> list[tuple[Run, str, str]]:
+    """Every run with its status and detail (what ``--dry_run`` lists); with ``check``, a run
+    that is not done and whose spec a split it samples from cannot supply is "impossible"
+    (this loads every dataset of the sweep)."""
     runs = [Run(config, run_dir(sweep_dir, config)) for config in configs]
     workdirs = [run.workdir for run in runs]
     if len(set(workdirs)) != len(workdirs):
         raise ValueError("two runs of the sweep share a workdir (a cell or seed listed twice?)")
-    return [(run, *status(run)) for run in runs]
+    planned = [(run, *status(run)) for run in runs]
+    if check:
+        splits: dict[str, dict[str, data.Split]] = {}
+        for i, (run, state, _) in enumerate(planned):
+            reason = "" if state in ("done", "conflict") else impossible(run.config, splits)
+            if reason:
+                planned[i] = (run, "impossible", reason)
+    return planned
+
+
+def impossible(config: train.TrainConfig, cache: dict) -> str:
+    """Why ``config``'s spec cannot be sampled from a split it touches ("" if it can);
+    ``cache`` keeps the loaded splits of each dataset between calls."""
+    key = json.dumps([config.dataset, config.data_dir, config.manual_dir,
+                      config.dataset_options], sort_keys=True)
+    if key not in cache:
+        cache[key] = train.load_splits(config)
+    training = get_learner(config.learner, config.spec, **config.learner_options).training
+    try:
+        train.check_feasible(config, cache[key], train.splits_touched(training))
+    except UserError as error:
+        return str(error)
+    return ""
 
 
 # ---- execution ---------------------------------------------------------------------------
@@ -215,8 +250,21 @@ def worker_env(platform: str, slot: int, workers: int) -> dict[str, str]:
     return {}
 
 
+_stopping = False  # a worker that saw Ctrl-C starts no further run
+
+
+def _on_interrupt(signum, frame) -> None:
+    """A worker's SIGINT: the first interrupts its run (which checkpoints); later ones and
+    every queued run are ignored."""
+    global _stopping
+    if not _stopping:
+        _stopping = True
+        raise KeyboardInterrupt
+
+
 def _init_worker(slots, platform: str, workers: int, jax_options: dict) -> None:
     """Runs first in every worker process, before its jax backend starts."""
+    signal.signal(signal.SIGINT, _on_interrupt)
     os.environ.update(worker_env(platform, slots.get(), workers))  # read at backend start
     for name, value in jax_options.items():
         jax.config.update(name, value)
@@ -241,8 +289,14 @@ def execute(config_json: dict, workdir: str) -> tuple[str, float, str]:
 
     Never raises: a failure is returned (and written to ``<workdir>/error.log``)."""
     started = time.perf_counter()
+    if _stopping:
+        return "interrupted", 0.0, "not started"
     try:
         out = train.train_and_evaluate(train.TrainConfig(**config_json), workdir)
+    except KeyboardInterrupt as error:
+        return "interrupted", time.perf_counter() - started, str(error) or "interrupted"
+    except UserError as error:  # one line: the run cannot be done as configured
+        return "failed", time.perf_counter() - started, f"error: {error}"
     except Exception:  # noqa: BLE001  (one failed run must not stop the sweep)
         detail = traceback.format_exc()
         os.makedirs(workdir, exist_ok=True)
@@ -291,15 +345,28 @@ def run_sweep(configs: Sequence[train.TrainConfig], sweep_dir: str, workers: int
     log(f"sweep {sweep_dir}: {len(planned)} runs, {len(planned) - len(todo)} done or "
         f"conflicting, {len(todo)} to run")
 
+    bar = progress.tracker("sweep", len(todo), "runs")
+
     def record(run: Run, result: tuple[str, float, str]) -> None:
         outcomes[run.workdir] = Outcome(run, *result)
         finished = sum(o.status in ("finished", "failed") for o in outcomes.values())
         last_line = result[2].strip().splitlines()[-1] if result[2].strip() else ""
         log(f"[{finished}/{len(todo)}] {result[0]} {run.name} in {result[1]:.1f}s: {last_line}")
+        if result[0] != "interrupted":
+            bar.update(finished, force=True)
+
+    def stopped() -> KeyboardInterrupt:
+        finished = sum(o.status in ("finished", "failed") for o in outcomes.values())
+        return KeyboardInterrupt(
+            f"sweep interrupted: {finished} of {len(todo)} runs finished, the runs in progress "
+            f"checkpointed; re-run the same command to continue")
 
     if todo and workers == 0:
         for run in todo:
-            record(run, execute(run.config.to_json(), run.workdir))
+            result = execute(run.config.to_json(), run.workdir)
+            record(run, result)
+            if result[0] == "interrupted":
+                raise stopped()
     elif todo:
         platform, devices = probe_backend()
         workers = default_workers(platform, devices) if workers is None else workers
@@ -310,14 +377,16 @@ def run_sweep(configs: Sequence[train.TrainConfig], sweep_dir: str, workers: int
             slots.put(slot)
         os.makedirs(sweep_dir, exist_ok=True)
         log(f"{workers} worker process(es) on {platform}")
-        with concurrent.futures.ProcessPoolExecutor(
-                workers, mp_context=context, initializer=_init_worker,
-                initargs=(slots, platform, workers,
-                          {**_jax_options(sweep_dir), **(jax_options or {})})) as pool:
+        pool = concurrent.futures.ProcessPoolExecutor(
+            workers, mp_context=context, initializer=_init_worker,
+            initargs=(slots, platform, workers,
+                      {**_jax_options(sweep_dir), **(jax_options or {})}))
+        try:
             sources = {(c.dataset, c.data_dir, c.manual_dir, json.dumps(c.dataset_options,
                                                                         sort_keys=True)): c
                        for c in (run.config for run in todo) if c.dataset != "synthetic"}
             for config in sources.values():  # synthetic data is generated in memory by each run
+                log(f"loading (preparing on first use) {config.dataset} in a worker ...")
                 error = pool.submit(prepare_data, config.to_json()).result()
                 if error:
                     log(f"preparing {config.dataset} failed: {error}")
@@ -330,7 +399,32 @@ def run_sweep(configs: Sequence[train.TrainConfig], sweep_dir: str, workers: int
                     result = ("failed", 0.0, f"a worker process died ({error}); run the "
                                              f"sweep again to continue")
                 record(futures[future], result)
+        except KeyboardInterrupt:
+            _stop_workers(pool)
+            raise stopped() from None
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
     return [outcomes[run.workdir] for run, _, _ in planned]
+
+
+def _stop_workers(pool: concurrent.futures.ProcessPoolExecutor, grace: float = 60.0) -> None:
+    """Cancel every queued run, let each worker checkpoint its run (SIGINT) and exit; a worker
+    still alive after ``grace`` seconds is terminated (a resumable state all the same)."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        try:
+            os.kill(process.pid, signal.SIGINT)
+        except (OSError, TypeError):
+            pass
+    deadline = time.monotonic() + grace
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.terminate()
+            process.join(5)
 
 
 def summary(outcomes: Sequence[Outcome]) -> str:

@@ -13,15 +13,20 @@ resumed from ``checkpoints/latest`` continues bit for bit. After each epoch the
 learner is validated on a fixed set of validation tasks; the best
 ``keep_best`` epochs are kept and the test uses their ensemble (mean logits).
 Learners with ``training="pretrain"`` are pretrained instead
-(``cfsl_jax.pretrain``); ``training="none"`` learners are only evaluated.
+(``cfsl_jax.pretrain``: by default on the images of sampled training tasks, with the
+same epochs, validation and ensemble; ``pretrain_data="uniform"`` for
+``pretrain_steps`` batches of uniformly drawn images); ``training="none"``
+learners are only evaluated.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 import os
+import shutil
 import time
 from typing import Any
 
@@ -32,11 +37,13 @@ import optax
 
 from jax.sharding import Mesh
 
-from cfsl_jax import checkpoints, data, episode, metrics, parallel, results, seeding
+from cfsl_jax import checkpoints, data, episode, memory, metrics, parallel, progress, results
+from cfsl_jax import seeding
+from cfsl_jax.errors import UserError
 from cfsl_jax.evaluate import evaluate
 from cfsl_jax.learners import COMPUTE_DTYPES, get_learner
 from cfsl_jax.learners.base import Learner
-from cfsl_jax.sampler import sample_task
+from cfsl_jax.sampler import check_split, sample_task
 from cfsl_jax.spec import TaskSpec
 
 
@@ -65,8 +72,10 @@ class TrainConfig:
     log_every: int = 50
     pretrain_steps: int = 2000
     pretrain_batch: int = 64
+    pretrain_data: str = "tasks"  # pretrain.PRETRAIN_DATA: "tasks" (the authors') or "uniform"
     data_dir: str | None = None
     manual_dir: str | None = None
+    download: bool = False  # fetch a dataset's archives when they are not in manual_dir
 
     @property
     def spec(self) -> TaskSpec:
@@ -78,15 +87,19 @@ class TrainConfig:
                      "eval_batch", "keep_best", "log_every", "pretrain_steps", "pretrain_batch"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"TrainConfig.{name} must be a positive integer, got {value!r}")
+                raise UserError(f"TrainConfig.{name} must be a positive integer, got {value!r}")
         if self.checkpoint_every < 0:
-            raise ValueError(f"TrainConfig.checkpoint_every must be >= 0, "
-                             f"got {self.checkpoint_every}")
+            raise UserError(f"TrainConfig.checkpoint_every must be >= 0, "
+                            f"got {self.checkpoint_every}")
         if self.compute_dtype not in COMPUTE_DTYPES:
-            raise ValueError(f"TrainConfig.compute_dtype={self.compute_dtype!r}; valid: "
-                             f"{tuple(COMPUTE_DTYPES)}")
+            raise UserError(f"TrainConfig.compute_dtype={self.compute_dtype!r}; valid: "
+                            f"{tuple(COMPUTE_DTYPES)}")
         if not self.learning_rate > 0:
-            raise ValueError(f"TrainConfig.learning_rate must be > 0, got {self.learning_rate}")
+            raise UserError(f"TrainConfig.learning_rate must be > 0, got {self.learning_rate}")
+        from cfsl_jax.pretrain import PRETRAIN_DATA
+        if self.pretrain_data not in PRETRAIN_DATA:
+            raise UserError(f"TrainConfig.pretrain_data={self.pretrain_data!r}; valid: "
+                            f"{PRETRAIN_DATA}")
         self.spec  # noqa: B018  (validates the task)
 
     def to_json(self) -> dict[str, Any]:
@@ -95,6 +108,11 @@ class TrainConfig:
 
 class Interrupted(RuntimeError):
     """Raised by ``stop_after_steps`` (tests simulate a killed run with it)."""
+
+
+class Stopped(KeyboardInterrupt):
+    """Ctrl-C during meta-training, after the reached step was checkpointed (the message says
+    how to resume)."""
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
@@ -137,7 +155,7 @@ def make_train_step(learner: Learner, optimizer: optax.GradientTransformation, m
         weights = (jnp.arange(padded) < meta_batch).astype(jnp.float32) / meta_batch
         loss, acc, grads = parallel.map_tasks(
             lambda k: task_grads(params, split, k, progress), (keys,), mesh,
-            episode.sequential(learner))
+            episode.sequential(learner, mesh))
         loss, acc, grads = jax.tree.map(lambda x: jnp.tensordot(weights, x, axes=1),
                                         (loss, acc, grads))
         updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -146,15 +164,53 @@ def make_train_step(learner: Learner, optimizer: optax.GradientTransformation, m
     return step
 
 
+def load_splits(config: TrainConfig) -> dict[str, data.Split]:
+    """The train/val/test splits of a config's dataset (``download`` where data.py has it)."""
+    extra = {}
+    if config.download:
+        if "download" not in inspect.signature(data.load_split).parameters:
+            raise UserError("--download is not supported by this version of cfsl_jax.data")
+        extra["download"] = True
+    return {name: data.load_split(config.dataset, name, data_dir=config.data_dir,
+                                  manual_dir=config.manual_dir, **extra,
+                                  **config.dataset_options)
+            for name in data.SPLITS}
+
+
+def selects_epochs(config: TrainConfig, learner: Learner) -> bool:
+    """Whether the run trains on tasks for epochs, validates each and tests the best epochs'
+    ensemble: meta-training, and pretraining on tasks (``pretrain_data="tasks"``)."""
+    return learner.training == "meta" or (learner.training == "pretrain"
+                                          and config.pretrain_data == "tasks")
+
+
+def splits_touched(training: str) -> tuple[str, ...]:
+    """The splits tasks are sampled from: test always, train and val when meta-training (or
+    pretraining on tasks: pass "meta")."""
+    return ("train", "val", "test") if training == "meta" else ("test",)
+
+
+def check_feasible(config: TrainConfig, splits: dict[str, data.Split],
+                   touched: tuple[str, ...] = data.SPLITS) -> None:
+    """UserError naming the split when one of ``touched`` cannot supply the config's tasks."""
+    for name in touched:
+        try:
+            check_split(splits[name].class_table, splits[name].class_sizes, config.spec)
+        except ValueError as error:
+            raise UserError(f"--task={config.task} cannot be sampled from the {name} split of "
+                            f"{splits[name].info.dataset}: {error}") from None
+
+
 def build(config: TrainConfig) -> tuple[Learner, dict[str, data.Split]]:
-    """The learner and the train/val/test splits of a config."""
+    """The learner and the train/val/test splits of a config; refuses (UserError) a spec that a
+    split it samples tasks from cannot supply, before anything is compiled."""
     config.check()
-    splits = {name: data.load_split(config.dataset, name, data_dir=config.data_dir,
-                                    manual_dir=config.manual_dir, **config.dataset_options)
-              for name in ("train", "val", "test")}
+    splits = load_splits(config)
     image_shape = tuple(splits["train"].images.shape[1:])
     learner = get_learner(config.learner, config.spec, image_shape=image_shape,
                           compute_dtype=config.compute_dtype, **config.learner_options)
+    check_feasible(config, splits, splits_touched(
+        "meta" if selects_epochs(config, learner) else learner.training))
     return learner, splits
 
 
@@ -170,17 +226,23 @@ def config_differences(saved: dict, config: TrainConfig) -> list[str]:
     """
     saved = {**json.loads(json.dumps(TrainConfig().to_json())), **saved}
     current = json.loads(json.dumps(config.to_json()))
-    return sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+    return sorted(k for k in set(saved) | set(current)
+                  if saved.get(k) != current.get(k) and k not in _NOT_IDENTITY)
 
 
-def _check_workdir_config(workdir: str, config: TrainConfig) -> None:
+_NOT_IDENTITY = ("download",)  # config fields that do not change what a run computes
+
+
+def _check_workdir_config(workdir: str, config: TrainConfig, create: bool = True) -> None:
     path = os.path.join(workdir, "config.json")
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise UserError(f"--workdir={workdir} is a file, not a folder; give another path")
     if os.path.exists(path):
         differs = config_differences(results.read_json(path), config)
         if differs:
-            raise ValueError(f"workdir {workdir!r} holds a run with a different config "
-                             f"(fields {differs}); use a new workdir")
-    else:
+            raise UserError(f"workdir {workdir!r} holds a run with a different config "
+                            f"(fields {differs}); use a new workdir")
+    elif create:
         os.makedirs(workdir, exist_ok=True)
         results.write_json(path, config.to_json())
 
@@ -213,41 +275,71 @@ def meta_train(config: TrainConfig, learner: Learner, params: Any, splits, workd
     train_key = seeding.purpose_key(config.seed, "train")
     total = config.epochs * config.iters_per_epoch
     steps: dict[int, Any] = {}  # one compiled step per distinct learner (for_epoch)
-    clock = time.perf_counter()
-    for step in range(start, total):
-        epoch = step // config.iters_per_epoch
-        current = learner.for_epoch(epoch) if learner.for_epoch else learner
-        if id(current) not in steps:
-            steps[id(current)] = make_train_step(current, optimizer, config.meta_batch, mesh)
-        progress = jnp.float32(step / total)
-        params, opt_state, out = steps[id(current)](
-            params, opt_state, split, jax.random.fold_in(train_key, step), progress)
-        loss = float(out["loss"])
-        if not math.isfinite(loss):
-            raise FloatingPointError(
-                f"meta-training loss is {loss} at epoch {epoch}, step {step} "
-                f"(global; step {step % config.iters_per_epoch} of the epoch); the last good "
-                f"checkpoint is step {ckpt.latest.latest_step()} in {workdir}")
-        if (step + 1) % config.log_every == 0:
-            rate = config.log_every / (time.perf_counter() - clock)
-            clock = time.perf_counter()
-            logging.info("epoch %d step %d/%d: loss %.4f acc %.4f (%.1f steps/s)", epoch,
-                         step + 1, total, loss, float(out["acc"]), rate)
-        if (step + 1) % config.iters_per_epoch == 0:
-            val = evaluate(current, params, splits["val"], num_tasks=config.val_tasks,
-                           seed=config.seed, purpose="val", batch_size=config.eval_batch,
-                           cost_metrics=False, mesh=mesh)
-            ckpt.save_best(epoch, params, val["acc_mean"])
-            history.append({"epoch": epoch, "val_acc": val["acc_mean"], "val_ce": val["ce_mean"],
-                            "train_loss": loss})
-            results.write_json(history_path, history)
-            ckpt.save_latest(step + 1, params, opt_state)
-            logging.info("epoch %d: val acc %.4f ce %.4f", epoch, val["acc_mean"], val["ce_mean"])
-        elif config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
-            ckpt.save_latest(step + 1, params, opt_state)
-        if stop_after_steps is not None and step + 1 == stop_after_steps and step + 1 < total:
-            raise Interrupted(f"stopped after step {step + 1} as asked")
+    bar = progress.tracker("train", total, "steps", start=start)
+    # steps completed and fully recorded (an epoch's end: after its validation); the newest
+    # resume checkpoint's step
+    done = saved = start
+    try:
+        for step in range(start, total):
+            epoch = step // config.iters_per_epoch
+            current = learner.for_epoch(epoch) if learner.for_epoch else learner
+            if id(current) not in steps:
+                steps[id(current)] = compile_train_step(
+                    current, optimizer, config, mesh, params, opt_state, split, train_key)
+                bar = progress.tracker("train", total, "steps", start=step)
+            params, opt_state, out = steps[id(current)](
+                params, opt_state, split, jax.random.fold_in(train_key, step),
+                jnp.float32(step / total))
+            loss = float(out["loss"])
+            if not math.isfinite(loss):
+                raise FloatingPointError(
+                    f"meta-training loss is {loss} at epoch {epoch}, step {step} "
+                    f"(global; step {step % config.iters_per_epoch} of the epoch); the last "
+                    f"good checkpoint is step {ckpt.latest.latest_step()} in {workdir}")
+            bar.update(step + 1, force=(step + 1) % config.log_every == 0, epoch=epoch,
+                       loss=loss, acc=float(out["acc"]))
+            if (step + 1) % config.iters_per_epoch == 0:
+                val = evaluate(current, params, splits["val"], num_tasks=config.val_tasks,
+                               seed=config.seed, purpose="val", batch_size=config.eval_batch,
+                               cost_metrics=False, mesh=mesh)
+                ckpt.save_best(epoch, params, val["acc_mean"])
+                history.append({"epoch": epoch, "val_acc": val["acc_mean"],
+                                "val_ce": val["ce_mean"], "train_loss": loss})
+                results.write_json(history_path, history)
+                done = step + 1
+                ckpt.save_latest(done, params, opt_state)
+                saved = done
+                progress.say(f"[train] epoch {epoch}: val acc {val['acc_mean']:.4f} "
+                             f"ce {val['ce_mean']:.4f}")
+                bar = progress.tracker("train", total, "steps", start=done, first_line=False)
+            else:
+                done = step + 1
+                if config.checkpoint_every and done % config.checkpoint_every == 0:
+                    ckpt.save_latest(done, params, opt_state)
+                    saved = done
+            if stop_after_steps is not None and done == stop_after_steps and done < total:
+                raise Interrupted(f"stopped after step {done} as asked")
+    except KeyboardInterrupt:
+        if done > saved:
+            ckpt.save_latest(done, params, opt_state)
+        raise Stopped(f"interrupted at step {done} of {total}; checkpointed in {workdir}: "
+                      f"re-run the same command to resume") from None
     return params
+
+
+def compile_train_step(learner: Learner, optimizer: optax.GradientTransformation,
+                       config: TrainConfig, mesh: Mesh, params: Any, opt_state: Any,
+                       split: data.Split, key: jax.Array):
+    """The training step compiled ahead of time (with a progress line), refused with a
+    UserError when XLA's estimate of its memory exceeds the device's."""
+    step = make_train_step(learner, optimizer, config.meta_batch, mesh)
+    with progress.stage(f"[train] compiling the {learner.name} meta-training step"):
+        compiled = step.lower(params, opt_state, split, key, jnp.float32(0)).compile()
+    memory.check_fits(compiled, f"one meta-training step of {learner.name} on "
+                      f"{config.spec.name}",
+                      f"lower --meta_batch (now {config.meta_batch}), --nc, --nss or --kt, "
+                      f"or use --compute_dtype=bfloat16", mesh.devices.flat[0])
+    return compiled
 
 
 def per_task_meta_step_macs(config: TrainConfig, learner: Learner, params: Any,
@@ -266,12 +358,56 @@ def per_task_meta_step_macs(config: TrainConfig, learner: Learner, params: Any,
     return metrics.meta_step_macs(learner, params, image_shape)
 
 
+def finished_results(workdir: str, config: TrainConfig) -> dict[str, Any] | None:
+    """The stored results of ``workdir`` when it holds a finished run of ``config``."""
+    path = os.path.join(workdir, "results.json")
+    if not os.path.isfile(path):
+        return None
+    _check_workdir_config(workdir, config, create=False)
+    return results.read_json(path)
+
+
 def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int | None = None,
-                       mesh: Mesh | None = None) -> dict[str, Any]:
+                       mesh: Mesh | None = None, retest: bool = False) -> dict[str, Any]:
     """Train (or pretrain) as the learner asks, test on the test split, write results.
 
-    Meta-training and evaluation run over ``mesh`` (default: every device).
+    Meta-training and evaluation run over ``mesh`` (default: every device). A workdir that
+    holds this config's finished run is not redone: its stored results are printed and
+    returned, or with ``retest`` tested again (``evaluate_run``; the recorded wall time stays
+    the training run's). A user error (UserError, out of memory) before the run's first
+    checkpoint removes the workdir this call created, so a refused run leaves nothing.
     """
+    done = finished_results(workdir, config)
+    if done is not None:
+        if retest:
+            return evaluate_run(workdir, mesh=mesh)
+        progress.say(f"{workdir} holds this finished run (re-test it with --retest):")
+        print(results.table(done), flush=True)
+        return done
+    new = not os.path.exists(workdir)
+    try:
+        return _train_and_evaluate(config, workdir, stop_after_steps, mesh)
+    except Exception as error:
+        if new and os.path.isdir(workdir) and _is_user_error(error) and not _has_checkpoints(
+                workdir):
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
+
+
+def _has_checkpoints(workdir: str) -> bool:
+    root = os.path.join(workdir, "checkpoints")
+    return any(name.isdigit() for series in ("latest", "best", "pretrained")
+               for name in (os.listdir(os.path.join(root, series))
+                            if os.path.isdir(os.path.join(root, series)) else ()))
+
+
+def _is_user_error(error: BaseException) -> bool:
+    return isinstance(error, UserError) or (type(error).__name__ in (
+        "XlaRuntimeError", "JaxRuntimeError") and "RESOURCE_EXHAUSTED" in str(error))
+
+
+def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int | None,
+                        mesh: Mesh | None) -> dict[str, Any]:
     started = time.perf_counter()
     mesh = mesh or parallel.make_mesh()
     learner, splits = build(config)
@@ -284,6 +420,11 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
             params = meta_train(config, learner, params, splits, workdir, ckpt, stop_after_steps,
                                 mesh)
             params = checkpoints.stack(ckpt.restore_best(params))
+            ensemble = True
+        elif selects_epochs(config, learner):  # pretraining on tasks, the authors' way
+            from cfsl_jax.pretrain import pretrain_on_tasks
+            params = pretrain_on_tasks(config, learner, params, splits, workdir, ckpt,
+                                       stop_after_steps, mesh)
             ensemble = True
         elif learner.training == "pretrain":
             from cfsl_jax.pretrain import pretrain
@@ -301,8 +442,9 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
                           ensemble=ensemble, mesh=mesh)
         if learner.training == "meta":
             member = jax.device_get(jax.tree.map(lambda x: x[0], params))
-            report["macs_per_meta_step"] = per_task_meta_step_macs(
-                config, learner, member, tuple(splits["train"].images.shape[1:]))
+            with progress.stage("[test] counting the MACs of a meta-training step (XLA)"):
+                report["macs_per_meta_step"] = per_task_meta_step_macs(
+                    config, learner, member, tuple(splits["train"].images.shape[1:]))
         out = results.record(config, learner, splits, report, workdir,
                              wall_seconds=time.perf_counter() - started,
                              best_epochs=ckpt.best_epochs() if ensemble else [])
@@ -315,36 +457,51 @@ def restore(workdir: str, ensemble: bool = False) -> tuple[Learner, Any, TaskSpe
     """(learner, params, spec) of a finished run: the best epoch, or the stacked ensemble."""
     config = load_config(workdir)
     learner, splits = build(config)
+    return learner, restore_params(config, learner, splits, workdir, ensemble), config.spec
+
+
+def restore_params(config: TrainConfig, learner: Learner, splits, workdir: str,
+                   ensemble: bool = False) -> Any:
+    """The params of ``restore``, for a learner and splits already built."""
     params = init_params(learner, splits["train"], config.seed)
     ckpt = checkpoints.Checkpoints(workdir, config.keep_best, read_only=True)
     try:
-        if learner.training == "meta":
+        if selects_epochs(config, learner):
             members = ckpt.restore_best(params)
             if not members:
-                raise FileNotFoundError(f"no best checkpoints in {workdir!r}")
+                raise UserError(f"the run in {workdir} has no best checkpoints yet: finish its "
+                                f"training first (re-run launch.train with its flags)")
             params = checkpoints.stack(members) if ensemble else members[0]
         elif learner.training == "pretrain":
             params = ckpt.restore_pretrained(params)
     finally:
         ckpt.close()
-    return learner, params, config.spec
+    return params
 
 
 def load_config(workdir: str) -> TrainConfig:
     path = os.path.join(workdir, "config.json")
+    if not os.path.exists(workdir):
+        raise UserError(f"--workdir={workdir} does not exist")
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{workdir!r} is not a cfsl_jax workdir (no config.json)")
-    return TrainConfig(**results.read_json(path))
+        raise UserError(f"--workdir={workdir} holds no run (no config.json): give the folder a "
+                        f"run was trained into")
+    saved = results.read_json(path)
+    return TrainConfig(**{k: v for k, v in saved.items()
+                          if k in {f.name for f in dataclasses.fields(TrainConfig)}})
 
 
 def evaluate_run(workdir: str, num_tasks: int | None = None,
                  mesh: Mesh | None = None) -> dict[str, Any]:
-    """Re-test a finished run from its checkpoints (the same numbers as its training wrote)."""
+    """Re-test a finished run from its checkpoints (the same numbers as its training wrote).
+
+    The recorded ``wall_seconds`` stay the training run's (when it recorded them); the
+    re-test's own seconds are ``test.seconds``."""
     started = time.perf_counter()
     config = load_config(workdir)
-    learner, params, _ = restore(workdir, ensemble=True)
-    splits = build(config)[1]
-    ensemble = learner.training == "meta"
+    learner, splits = build(config)
+    params = restore_params(config, learner, splits, workdir, ensemble=True)
+    ensemble = selects_epochs(config, learner)
     report = evaluate(learner, params, splits["test"], num_tasks=num_tasks or config.test_tasks,
                       seed=config.seed, purpose="eval", batch_size=config.eval_batch,
                       ensemble=ensemble, mesh=mesh)
@@ -353,5 +510,9 @@ def evaluate_run(workdir: str, num_tasks: int | None = None,
         ckpt = checkpoints.Checkpoints(workdir, config.keep_best, read_only=True)
         best = ckpt.best_epochs()
         ckpt.close()
-    return results.record(config, learner, splits, report, workdir,
-                          wall_seconds=time.perf_counter() - started, best_epochs=best)
+    stored = results.read_json(os.path.join(workdir, "results.json"), default={})
+    if "macs_per_meta_step" in stored.get("test", {}):
+        report["macs_per_meta_step"] = stored["test"]["macs_per_meta_step"]
+    wall = stored.get("wall_seconds", time.perf_counter() - started)
+    return results.record(config, learner, splits, report, workdir, wall_seconds=wall,
+                          best_epochs=best)

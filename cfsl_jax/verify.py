@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from cfsl_jax import results, train
+from cfsl_jax import progress, results, train
+from cfsl_jax.errors import UserError
 from cfsl_jax.evaluate import task_fingerprint
 
 CHECKED_METRICS = ("acc_mean", "acc_std", "ce_mean", "ce_std")
@@ -17,19 +18,25 @@ def verify(workdir: str, metrics: bool = True) -> list[str]:
     ``metrics`` and the run has finished, the test metrics from its
     checkpoints (equal bit for bit on the same backend).
     """
-    recorded = results.read_json(os.path.join(workdir, "results.json"))
     config = train.load_config(workdir)
+    path = os.path.join(workdir, "results.json")
+    if not os.path.isfile(path):
+        raise UserError(f"--workdir={workdir} holds no finished run (no results.json): finish "
+                        f"it first (re-run its launch.train command)")
+    recorded = results.read_json(path)
     learner, splits = train.build(config)
     differences = []
     sizes = results.split_sizes(splits)
     if sizes != recorded["splits"]:
         differences.append(f"split sizes: recorded {recorded['splits']}, now {sizes}")
-    fingerprint = task_fingerprint(splits["test"], learner.spec, config.test_tasks, config.seed)
+    with progress.stage(f"[verify] sampling the {config.test_tasks} test tasks"):
+        fingerprint = task_fingerprint(splits["test"], learner.spec, config.test_tasks,
+                                       config.seed)
     if fingerprint != recorded["task_fingerprint"]:
         differences.append(f"task_fingerprint: recorded {recorded['task_fingerprint']}, "
                            f"now {fingerprint}")
     if metrics and not differences:
-        learner, params, _ = train.restore(workdir, ensemble=True)
+        params = train.restore_params(config, learner, splits, workdir, ensemble=True)
         from cfsl_jax.evaluate import evaluate
         report = evaluate(learner, params, splits["test"], num_tasks=config.test_tasks,
                           seed=config.seed, batch_size=config.eval_batch,

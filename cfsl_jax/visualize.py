@@ -10,6 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from cfsl_jax.errors import UserError  # noqa: E402
 from cfsl_jax.sampler import TaskIndices  # noqa: E402
 from cfsl_jax.spec import TaskSpec  # noqa: E402
 
@@ -30,49 +31,77 @@ def task_summary(task: TaskIndices, spec: TaskSpec, class_names=None) -> str:
     return "\n".join(lines)
 
 
-def plot_task(support_x: np.ndarray, support_y: np.ndarray, target_x: np.ndarray,
-              target_y: np.ndarray, spec: TaskSpec, target_per_row: int = 25,
-              title: str | None = None):
-    """Figure: one row per support set with labels, then the target set in rows.
+def group_colour(group: int):
+    """The colour of class group ``group`` (matplotlib's tab10 cycle)."""
+    return plt.get_cmap("tab10")(group % 10)
 
-    support_x: [NSS, NC*KS, H, W, C] in [0, 1]; target_x: [T, H, W, C].
+
+def plot_task(support_x: np.ndarray, support_y: np.ndarray, target_x: np.ndarray,
+              target_y: np.ndarray, spec: TaskSpec, target_group: np.ndarray | None = None,
+              columns: int = 20, title: str | None = None):
+    """Figure: the support sets packed several to a row, then the target set in rows.
+
+    Every image is framed in its class group's colour (``group_colour``) and titled with its
+    label; the first image of support set n also says ``S<n> g<group>``. support_x:
+    [NSS, NC*KS, H, W, C] in [0, 1]; target_x: [T, H, W, C]; target_group: [T].
     """
     nss, per_set = support_y.shape
-    target_rows = -(-len(target_y) // target_per_row)
-    cols = max(per_set, min(len(target_y), target_per_row))
-    rows = nss + target_rows
-    fig, axes = plt.subplots(rows, cols, figsize=(0.7 * cols + 1.2, 0.8 * rows + 0.6),
+    cols = max(per_set, min(columns, max(len(target_y), per_set)))
+    sets_per_row = max(1, cols // per_set)
+    support_rows = -(-nss // sets_per_row)
+    target_rows = -(-len(target_y) // cols)
+    rows = support_rows + target_rows
+    fig, axes = plt.subplots(rows, cols, figsize=(0.62 * cols + 0.4, 0.72 * rows + 0.5),
                              squeeze=False)
     for ax in axes.ravel():
-        ax.axis("off")
+        ax.set_visible(False)
 
-    def show(ax, image, label):
+    def show(ax, image, text, group):
         image = np.asarray(image)
+        ax.set_visible(True)
         ax.imshow(image[..., 0] if image.shape[-1] == 1 else image, cmap="gray", vmin=0, vmax=1)
-        ax.set_title(str(int(label)), fontsize=7, pad=1)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        for spine in ax.spines.values():
+            spine.set_edgecolor(group_colour(group))
+            spine.set_linewidth(2.0)
+        ax.set_title(text, fontsize=6, pad=1, color=group_colour(group))
 
     for n in range(nss):
-        axes[n, 0].text(-0.4, 0.5, f"S{n} g{n // spec.cci}", transform=axes[n, 0].transAxes,
-                        ha="right", va="center", fontsize=7)
+        row, first = n // sets_per_row, (n % sets_per_row) * per_set
+        group = n // spec.cci
         for i in range(per_set):
-            show(axes[n, i], support_x[n, i], support_y[n, i])
+            text = f"S{n} g{group}: {int(support_y[n, i])}" if i == 0 else str(int(support_y[n, i]))
+            show(axes[row, first + i], support_x[n, i], text, group)
+    groups = np.zeros(len(target_y), int) if target_group is None else np.asarray(target_group)
     for t in range(len(target_y)):
-        show(axes[nss + t // target_per_row, t % target_per_row], target_x[t], target_y[t])
-    axes[nss, 0].text(-0.4, 0.5, "target", transform=axes[nss, 0].transAxes, ha="right",
-                      va="center", fontsize=7)
-    fig.suptitle(title or spec.name, fontsize=9)
+        text = f"target: {int(target_y[t])}" if t == 0 else str(int(target_y[t]))
+        show(axes[support_rows + t // cols, t % cols], target_x[t], text, int(groups[t]))
+    fig.suptitle((title or spec.name) + "  (frame colour = class group)", fontsize=9)
+    fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=1 - 0.5 / (0.72 * rows + 0.5),
+                        wspace=0.08, hspace=0.45)
     return fig
 
 
 def show_task(dataset: str = "synthetic", split: str = "train", task: str = "D8", seed: int = 0,
               out: str | None = "task.png", data_dir: str | None = None,
-              manual_dir: str | None = None) -> str:
-    """Sample one task of ``dataset``/``split``, draw it to ``out``, return its summary."""
+              manual_dir: str | None = None, download: bool = False, **options) -> str:
+    """Sample one task of ``dataset``/``split``, draw it to ``out``, return its summary.
+
+    ``options`` are dataset options (``data.load_split``); ``download`` is passed on only
+    when set."""
     from cfsl_jax import data, seeding
-    from cfsl_jax.sampler import sample_task
+    from cfsl_jax.sampler import check_split, sample_task
 
     spec = TaskSpec.parse(task)
-    loaded = data.load_split(dataset, split, data_dir=data_dir, manual_dir=manual_dir)
+    extra = {"download": True} if download else {}
+    loaded = data.load_split(dataset, split, data_dir=data_dir, manual_dir=manual_dir,
+                             **extra, **options)
+    try:
+        check_split(loaded.class_table, loaded.class_sizes, spec)
+    except ValueError as error:
+        raise UserError(f"--task={task} cannot be sampled from the {split} split of "
+                        f"{dataset}: {error}") from None
     indices = sample_task(seeding.purpose_key(seed, "show"), loaded.class_table,
                           loaded.class_sizes, spec)
     summary = task_summary(indices, spec, loaded.info.class_names)
@@ -81,7 +110,8 @@ def show_task(dataset: str = "synthetic", split: str = "train", task: str = "D8"
                         np.asarray(indices.support_labels),
                         data.gather_normalised(loaded, indices.target_idx),
                         np.asarray(indices.target_labels), spec,
+                        target_group=np.asarray(indices.target_group),
                         title=f"{dataset}/{split} {spec.name} seed={seed}")
-        fig.savefig(out, dpi=110, bbox_inches="tight")
+        fig.savefig(out, dpi=110)
         plt.close(fig)
     return summary

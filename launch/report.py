@@ -23,6 +23,8 @@ from absl import app, flags
 from cfsl_jax import figures, report
 from cfsl_jax.learners import LEARNERS
 
+from . import cli
+
 flags.DEFINE_string("sweep_dir", None, "Sweep directory (launch.sweep --workdir).")
 flags.DEFINE_string("out_dir", None, "Where to write (default: SWEEP_DIR/report or ./cfsl_report).")
 flags.DEFINE_multi_enum("figure", ["accuracy_nss"], ["accuracy_nss", "atm_macs"],
@@ -87,7 +89,7 @@ def main(argv) -> None:
 
 
 def run() -> None:
-    app.run(main)
+    cli.run(main)
 
 
 if __name__ == "__main__":

@@ -2,38 +2,46 @@
 
     python -m launch.show_task --dataset=synthetic --task=D8 --seed=0 --out=task.png
     python -m launch.show_task --dataset=omniglot --manual_dir=../shared/data/omniglot --task=B3
+
+One row per support set (labelled with its class group), then the target set
+with each image framed in its class group's colour.
 """
 
 from __future__ import annotations
 
-from absl import app, flags
+from absl import flags
 
 from cfsl_jax import visualize
+from cfsl_jax.data import DATASETS, SPLITS
 
-from .options import quiet_third_party_logs
+from . import cli
+from .options import define_data_flags, parse_options
 
-_DATASET = flags.DEFINE_string("dataset", "synthetic", "Dataset name (see cfsl_jax.data.DATASETS).")
-_SPLIT = flags.DEFINE_enum("split", "train", ["train", "val", "test"], "Class split.")
-_TASK = flags.DEFINE_string("task", "D8", "Paper cell (B3, D8, ...), a type (A-D) or type+NSS (B7).")
+_DATASET = flags.DEFINE_enum("dataset", "synthetic", DATASETS, "Dataset.")
+_SPLIT = flags.DEFINE_enum("split", "train", SPLITS, "Class split.")
+_TASK = flags.DEFINE_string("task", "D8", "Paper cell (B3, D8, ...), a type (A-D) or type+NSS "
+                            "(B7); any case.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed; the task is a pure function of it.")
 _OUT = flags.DEFINE_string("out", "task.png", "Where to write the PNG.")
-_DATA_DIR = flags.DEFINE_string("data_dir", None, "Where prepared TFDS datasets live.")
-_MANUAL_DIR = flags.DEFINE_string("manual_dir", None, "Folder with the official archives.")
+define_data_flags()
+
+FLAGS = flags.FLAGS
 
 
 def main(argv) -> None:
-    quiet_third_party_logs()
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    summary = visualize.show_task(dataset=_DATASET.value, split=_SPLIT.value, task=_TASK.value,
-                                seed=_SEED.value, out=_OUT.value, data_dir=_DATA_DIR.value,
-                                manual_dir=_MANUAL_DIR.value)
+    del argv
+    with cli.user_input():
+        summary = visualize.show_task(
+            dataset=_DATASET.value, split=_SPLIT.value, task=_TASK.value.strip().upper(),
+            seed=_SEED.value, out=_OUT.value, data_dir=FLAGS.data_dir,
+            manual_dir=FLAGS.manual_dir, download=FLAGS.download,
+            **parse_options(FLAGS.dataset_option, "dataset_option"))
     print(summary)
     print(f"wrote {_OUT.value}")
 
 
 def run() -> None:
-    app.run(main)
+    cli.run(main)
 
 
 if __name__ == "__main__":

@@ -1,30 +1,36 @@
 """Train (or pretrain) a learner on CFSL tasks, then test it: results.json, results.csv, a table.
 
     python -m launch.train --learner=protonets --dataset=synthetic --task=B3 --workdir=/tmp/pn
-    python -m launch.train --learner=maml_low --dataset=omniglot \
+    python -m launch.train --learner=maml_low --dataset=omniglot \\
         --manual_dir=../shared/data/omniglot --task=C3 --epochs=20 --workdir=/tmp/maml
 
-Re-running with the same --workdir resumes an interrupted run where it stopped.
-Spec flags (--nss, --cci, ...) override the fields of --task.
+Re-running with the same --workdir resumes an interrupted run where it stopped
+(Ctrl-C checkpoints the step reached first), and prints the stored results of a
+finished one (--retest tests it again). Spec flags (--nss, --cci, ...) override
+the fields of --task. Every split the run samples tasks from is checked against
+the spec, and the first step's memory against the device's, before training.
 """
 
 from __future__ import annotations
 
-from absl import app, flags
+from absl import flags
 
-from cfsl_jax import train
+from cfsl_jax import budgets, parallel, train
 from cfsl_jax.data import DATASETS
-from cfsl_jax import parallel
 from cfsl_jax.learners import COMPUTE_DTYPES, LEARNERS
-from cfsl_jax.spec import TARGET_MODES
+from cfsl_jax.pretrain import PRETRAIN_DATA
+from cfsl_jax.spec import LABEL_OFFSETS, TARGET_MODES
 
-from .options import define_data_flags, parse_options, quiet_third_party_logs
+from . import cli
+from .options import (check_learner_options, define_backend_flags, define_data_flags,
+                      flag_names, parse_options)
 
 _DEFAULTS = train.TrainConfig()
 
 flags.DEFINE_enum("learner", _DEFAULTS.learner, LEARNERS, "Learner to train.")
 flags.DEFINE_enum("dataset", _DEFAULTS.dataset, DATASETS, "Dataset.")
-flags.DEFINE_string("task", _DEFAULTS.task, "Paper cell (B3, D8, ...), type (A-D) or type+NSS.")
+flags.DEFINE_string("task", _DEFAULTS.task, "Paper cell (B3, D8, ...), type (A-D) or type+NSS "
+                    "(B7); any case.")
 flags.DEFINE_string("workdir", None, "Run directory (checkpoints, results).", required=True)
 flags.DEFINE_integer("nss", None, "Override: support sets per task.")
 flags.DEFINE_integer("nc", None, "Override: classes per support set.")
@@ -33,6 +39,17 @@ flags.DEFINE_integer("kt", None, "Override: target samples per class.")
 flags.DEFINE_integer("cci", None, "Override: class change interval.")
 flags.DEFINE_bool("overwrite", None, "Override: labels restart at 0 in every class group.")
 flags.DEFINE_enum("target_mode", None, TARGET_MODES, "Override: target sampling mode.")
+flags.DEFINE_enum("label_offset", None, LABEL_OFFSETS, "Override: labels without overwrite "
+                  "offset per class group (the spec) or per support set (the authors' paper-era "
+                  "code; needs --target_mode=per_support_set where CCI > 1). docs/fidelity.md.")
+flags.DEFINE_enum("budget", "default", tuple(budgets.BUDGETS), "Schedule preset: default "
+                  "(10 x 100 x 8), quick (3 x 20 x 4, 100 val tasks), paper (250 epochs x 500 "
+                  "steps x 1 task, 600 val/test tasks, top-5 ensemble, task pretraining). "
+                  "Explicit --epochs, --iters_per_epoch, ... win over it.")
+flags.DEFINE_enum("pretrain_data", _DEFAULTS.pretrain_data, PRETRAIN_DATA, "Pretrain+Tune / "
+                  "EWC-Pretrain pretraining: tasks (images of sampled training tasks, the run's "
+                  "epochs, validation and ensemble; the authors') or uniform (--pretrain_steps "
+                  "batches of uniformly drawn images).")
 flags.DEFINE_integer("seed", _DEFAULTS.seed, "Seed of every random choice.")
 flags.DEFINE_enum("compute_dtype", _DEFAULTS.compute_dtype, tuple(COMPUTE_DTYPES),
                   "Compute and carried-state dtype (params and optimiser state stay float32).")
@@ -51,18 +68,42 @@ flags.DEFINE_integer("keep_best", _DEFAULTS.keep_best, "Best epochs kept and ens
 flags.DEFINE_integer("checkpoint_every", _DEFAULTS.checkpoint_every,
                      "Steps between resume checkpoints within an epoch (0: epoch ends only).")
 flags.DEFINE_integer("pretrain_steps", _DEFAULTS.pretrain_steps, "Pretraining steps.")
-flags.DEFINE_integer("log_every", _DEFAULTS.log_every, "Meta-steps between progress lines.")
+flags.DEFINE_integer("log_every", _DEFAULTS.log_every, "Meta-steps between progress lines "
+                     "(a line is printed at least every 10 s anyway).")
+flags.DEFINE_bool("retest", False, "Test a finished run again (otherwise its stored results "
+                  "are printed); the recorded wall time stays the training run's.")
 flags.DEFINE_multi_string("learner_option", [], "Learner option NAME=VALUE (repeatable), "
                           "e.g. --learner_option=inner_steps=3.")
 define_data_flags()
+define_backend_flags()
 
 FLAGS = flags.FLAGS
-_SPEC_FLAGS = ("nss", "nc", "ks", "kt", "cci", "overwrite", "target_mode")
+_SPEC_FLAGS = ("nss", "nc", "ks", "kt", "cci", "overwrite", "target_mode", "label_offset")
+# Flags a --budget sets -> their TrainConfig fields (an explicit flag wins over the budget).
+_BUDGET_FLAGS = {"epochs": "epochs", "iters_per_epoch": "iters_per_epoch",
+                 "meta_batch": "meta_batch", "val_tasks": "val_tasks", "eval_tasks": "test_tasks",
+                 "keep_best": "keep_best", "pretrain_data": "pretrain_data"}
 
 
 def config_from_flags() -> train.TrainConfig:
+    """The TrainConfig of the flags, checked; a mistake is a UserError in flag words."""
+    try:
+        config = _config_from_flags()
+        config.check()
+        check_learner_options(config.learner, config.spec, config.learner_options)
+    except ValueError as error:
+        raise cli.UserError(flag_names(str(error))) from None
+    return config
+
+
+def _config_from_flags() -> train.TrainConfig:
+    explicit = [field for flag, field in _BUDGET_FLAGS.items() if FLAGS[flag].present]
+    return budgets.apply(_plain_config_from_flags(), FLAGS.budget, keep=explicit)
+
+
+def _plain_config_from_flags() -> train.TrainConfig:
     return train.TrainConfig(
-        learner=FLAGS.learner, dataset=FLAGS.dataset, task=FLAGS.task,
+        learner=FLAGS.learner, dataset=FLAGS.dataset, task=FLAGS.task.strip().upper(),
         learner_options=parse_options(FLAGS.learner_option, "learner_option"),
         dataset_options=parse_options(FLAGS.dataset_option, "dataset_option"),
         spec_overrides={k: FLAGS[k].value for k in _SPEC_FLAGS if FLAGS[k].value is not None},
@@ -70,31 +111,27 @@ def config_from_flags() -> train.TrainConfig:
         meta_batch=FLAGS.meta_batch, learning_rate=FLAGS.learning_rate,
         val_tasks=FLAGS.val_tasks, test_tasks=FLAGS.eval_tasks, eval_batch=FLAGS.eval_batch,
         keep_best=FLAGS.keep_best, checkpoint_every=FLAGS.checkpoint_every,
-        pretrain_steps=FLAGS.pretrain_steps, log_every=FLAGS.log_every, data_dir=FLAGS.data_dir,
-        manual_dir=FLAGS.manual_dir)
+        pretrain_steps=FLAGS.pretrain_steps, pretrain_data=FLAGS.pretrain_data,
+        log_every=FLAGS.log_every, data_dir=FLAGS.data_dir,
+        manual_dir=FLAGS.manual_dir, download=FLAGS.download)
 
 
 def mesh_from_flags():
     """The device mesh of --num_devices (after --multihost's distributed initialisation)."""
     parallel.initialize(FLAGS.multihost)
-    return parallel.make_mesh(FLAGS.num_devices)
+    with cli.user_input():
+        return parallel.make_mesh(FLAGS.num_devices)
 
 
 def main(argv) -> None:
-    quiet_third_party_logs()
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    try:
-        config = config_from_flags()
-        config.check()
-        mesh = mesh_from_flags()
-    except ValueError as error:
-        raise app.UsageError(str(error)) from error
-    train.train_and_evaluate(config, FLAGS.workdir, mesh=mesh)
+    del argv  # cli.run refuses extra arguments
+    config = config_from_flags()
+    mesh = mesh_from_flags()
+    train.train_and_evaluate(config, FLAGS.workdir, mesh=mesh, retest=FLAGS.retest)
 
 
 def run() -> None:
-    app.run(main)
+    cli.run(main)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,168 @@
+"""The error boundary and the ``--help`` of every command (``run(main)`` replaces ``app.run``).
+
+- A user's mistake -- ``UserError``, ``app.UsageError``, an absl flag error, a missing or
+  corrupt dataset, a workdir that is a file -- prints ``error: <message>`` (one line) to
+  stderr and exits with status 2: no traceback, no help dump.
+- Out of device memory (XLA ``RESOURCE_EXHAUSTED``) is one line too, with what to lower.
+- Ctrl-C prints one line (the interrupt's message: how to resume) and exits with 130.
+- Anything else is a bug: its traceback is kept (exit status 1).
+- ``--verbose`` or ``CFSL_VERBOSE=1`` adds the traceback to every error.
+- ``--help`` (``-h``, ``--helpshort``) prints the command's docstring and every flag of the
+  ``launch`` modules it uses, with their help and defaults, and exits 0; ``--helpfull`` adds
+  absl's and jax's flags.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import traceback
+from typing import Callable, Iterator
+
+from absl import app, flags
+
+from cfsl_jax.datasets.errors import CorruptDatasetError, DatasetNotFoundError
+from cfsl_jax.errors import UserError
+
+flags.DEFINE_bool("verbose", False, "Show the traceback of every error (also: CFSL_VERBOSE=1).")
+
+FLAGS = flags.FLAGS
+USER_ERRORS = (UserError, app.UsageError, flags.Error, DatasetNotFoundError, CorruptDatasetError,
+               FileExistsError, NotADirectoryError)
+EXIT_USER_ERROR, EXIT_INTERRUPTED = 2, 130
+_HELP = ("--help", "-h", "-?", "--helpshort", "--help=true", "--helpshort=true")
+_HELPFULL = ("--helpfull", "--helpfull=true")
+_OUT_OF_MEMORY = ("RESOURCE_EXHAUSTED", "Out of memory")
+
+
+def verbose() -> bool:
+    from_flag = FLAGS.is_parsed() and FLAGS["verbose"].value
+    return bool(from_flag) or os.environ.get("CFSL_VERBOSE", "") not in ("", "0", "false")
+
+
+def fail(message: str) -> None:
+    """Print ``error: <message>`` (its first line) and exit with status 2."""
+    line = " ".join(str(message).split("\n")[0].split()) or "invalid input"
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_USER_ERROR)
+
+
+def user_message(error: BaseException) -> str:
+    """The one line a user error is shown as."""
+    if isinstance(error, (FileExistsError, NotADirectoryError)) and error.filename:
+        return f"{error.filename} exists and is a file, not a folder: give another path"
+    if isinstance(error, flags.Error):
+        text = str(error)
+        text = re.sub(r"^flag (--\w+)=(.*?): (Flag --\w+ must have a value other than None\.)",
+                      r"\1 is required", text)
+        return text
+    return str(error)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    return type(error).__name__ in ("XlaRuntimeError", "JaxRuntimeError") and any(
+        text in str(error) for text in _OUT_OF_MEMORY)
+
+
+def out_of_memory_message(error: BaseException) -> str:
+    first = next((line for line in str(error).splitlines() if any(
+        text in line for text in _OUT_OF_MEMORY)), str(error).splitlines()[0])
+    return (f"out of device memory ({first.strip()[:200]}); lower --meta_batch, --eval_batch, "
+            f"--nc, --nss or --kt, or use --compute_dtype=bfloat16")
+
+
+def _listed_modules() -> list[str]:
+    """Modules whose flags a command's --help lists: the launch package's and the script's."""
+    names = FLAGS.flags_by_module_dict()
+    script = sys.argv[0] if sys.argv else ""
+    ours = [m for m in names if m == script or re.search(r"(^|[./\\])launch([./\\]|$)", m)]
+    return sorted(ours, key=lambda m: (m.endswith("cli") or m.endswith("cli.py"), m))
+
+
+def help_text(doc: str | None, full: bool = False) -> str:
+    lines = [(doc or "").strip(), "", "flags:"]
+    if full:
+        lines.append(FLAGS.get_help())
+    else:
+        for module in _listed_modules():
+            text = FLAGS.module_help(module)
+            lines.append(text.split("\n", 1)[1] if "\n" in text else text)
+    lines.append("")
+    lines.append("Errors print one line and exit with status 2; --verbose shows tracebacks.")
+    return "\n".join(lines)
+
+
+def _parser(doc: str | None) -> Callable[[list[str]], list[str]]:
+    def parse(argv: list[str]) -> list[str]:
+        args = argv[1:argv.index("--")] if "--" in argv else argv[1:]
+        if any(a in _HELP or a in _HELPFULL for a in args):
+            try:
+                print(help_text(doc, full=any(a in _HELPFULL for a in args)), flush=True)
+            except BrokenPipeError:  # e.g. `--help | head`
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(0)
+        try:
+            rest = FLAGS(argv)
+        except flags.Error as error:
+            fail(user_message(error))
+        if len(rest) > 1:
+            fail(f"unexpected arguments {rest[1:]}: every option is a --flag=value "
+                 f"(see --help)")
+        return rest
+    return parse
+
+
+@contextlib.contextmanager
+def boundary(interrupted: str = "interrupted") -> Iterator[None]:
+    """Turn user errors, out-of-memory and Ctrl-C into one line and an exit status."""
+    try:
+        yield
+    except KeyboardInterrupt as error:
+        if verbose():
+            traceback.print_exc()
+        message = str(error) or interrupted
+        print(f"\n{message}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except USER_ERRORS as error:
+        if verbose():
+            traceback.print_exc()
+        fail(user_message(error))
+    except Exception as error:  # noqa: BLE001  (out of memory is the user's setting; else a bug)
+        if not is_out_of_memory(error):
+            raise
+        if verbose():
+            traceback.print_exc()
+        fail(out_of_memory_message(error))
+
+
+@contextlib.contextmanager
+def user_input() -> Iterator[None]:
+    """Inside: a ``ValueError`` (validation of flags and configs) is the user's mistake."""
+    try:
+        yield
+    except UserError:
+        raise
+    except ValueError as error:
+        raise UserError(str(error)) from error
+
+
+def run(main: Callable[[list[str]], None], interrupted: str = "interrupted: re-run the same "
+        "command to continue where it stopped") -> None:
+    """``app.run(main)`` inside the error boundary, with the teaching ``--help``."""
+    doc = sys.modules[main.__module__].__doc__
+
+    def guarded(argv):
+        with boundary(interrupted):
+            quiet_logs()
+            from .options import apply_backend_flags
+            apply_backend_flags()
+            main(argv)
+
+    app.run(guarded, flags_parser=_parser(doc))
+
+
+def quiet_logs() -> None:
+    from .options import quiet_third_party_logs
+    quiet_third_party_logs()
