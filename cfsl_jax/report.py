@@ -107,6 +107,14 @@ def _learner_order(learners: Iterable[str]) -> list[str]:
     return [name for name in LEARNERS if name in learners] + sorted(learners - set(LEARNERS))
 
 
+def _pretraining(budget: dict) -> str:
+    """How the run's config pretrains (configs written before pretrain_data pretrained
+    uniformly)."""
+    if budget.get("pretrain_data", "uniform") == "tasks":
+        return "pretraining: the same schedule on the images of training tasks"
+    return f"pretraining: {_count(budget['pretrain_steps'], 'step')} of uniformly drawn images"
+
+
 def _count(number: int, noun: str) -> str:
     """'1 epoch', '3 epochs'."""
     return f"{number} {noun}{'' if number == 1 else 's'}"
@@ -228,8 +236,7 @@ def dataset_markdown(results: Sequence[dict], dataset: str, paper: dict) -> str:
              f"{_count(budget['test_tasks'], 'test task')} ({spread}). Budget per run: "
              f"{_count(budget['epochs'], 'epoch')} x "
              f"{_count(budget['iters_per_epoch'], 'iteration')}, meta-batch "
-             f"{budget['meta_batch']} ({_count(budget['pretrain_steps'], 'step')} for "
-             f"pretraining)."]
+             f"{budget['meta_batch']} ({_pretraining(budget)})."]
     for metric, (_, title, _, _) in METRICS.items():
         parts += [f"## {title}", markdown(table(aggregate(runs, metric), dataset, metric))]
     parts.append(f"## Test accuracy vs the paper ({paper.get('table', 'table')}, "
