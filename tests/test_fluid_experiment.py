@@ -16,30 +16,63 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_cli_writes_results_table_and_plot(tmp_path):
     workdir = tmp_path / "fluid"
-    command = [sys.executable, "-m", "launch.fluid", f"--workdir={workdir}",
+    command = [sys.executable, "-m", "launch.fluid", "--preset=small", f"--workdir={workdir}",
                "--method=ncm,exemplar_tuning", "--stream_classes=6", "--stream_length=90",
-               "--head_threshold=15", "--min_pretrain_samples=5", "--update_every=30",
+               "--head_threshold=15", "--min_pretrain_samples=5", "--num_streams=2",
                "--pretrain_steps=3", "--filters=8",
                "--dataset_option=num_classes=20", "--dataset_option=samples_per_class=30",
                "--dataset_option=image_size=16",
                "--method_option=exemplar_tuning:learning_rate=0.002"]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "exemplar_tuning" in done.stdout and "auroc" in done.stdout
+    assert "exemplar_tuning" in done.stdout and "AUROC" in done.stdout
+    assert "Table 3 (l)" in done.stdout and "58.16" in done.stdout  # the paper's row beside ours
     results = json.loads((workdir / "results.json").read_text())
-    assert results["stream"]["length"] == 90 and results["stream"]["classes"] == 6
+    assert len(results["streams"]) == 2
+    stats = results["streams"][0]["stream"]
+    assert stats["length"] == 90 and stats["classes"] == 6 and stats["pretrain_classes"] == 2
     assert results["config"]["method_options"] == {"exemplar_tuning": {"learning_rate": 0.002}}
-    for name in ("ncm", "exemplar_tuning"):
-        result = results["methods"][name]
-        assert 0.0 <= result["metrics"]["accuracy"] <= 1.0
-        assert result["macs"]["total"] == (result["macs"]["inference"] + result["macs"]["updates"]
-                                           + result["macs"]["training"])
-    assert results["methods"]["ncm"]["train_steps"] == 0
-    assert results["methods"]["exemplar_tuning"]["train_steps"] == 1 + 2  # after 30 and 60
+    for stream in results["streams"]:
+        for name in ("ncm", "exemplar_tuning"):
+            result = stream["methods"][name]
+            assert 0.0 <= result["metrics"]["accuracy"] <= 1.0
+            macs = result["macs"]
+            assert macs["total"] == macs["inference"] + macs["updates"] + macs["training"]
+            assert macs["total_uncached"] >= macs["total"]
+        assert stream["methods"]["ncm"]["train_steps"] == 0
+        # the paper's 4 epochs every 5,000 of 90,000 samples, scaled: every 5 of 90 samples
+        tuning = stream["methods"]["exemplar_tuning"]
+        assert tuning["schedule"] == "4 epochs every 5 samples, batch 256"
+        assert tuning["train_steps"] == 17 * 4
+    accuracies = [s["methods"]["ncm"]["metrics"]["accuracy"] for s in results["streams"]]
+    summary = results["summary"]["ncm"]["metrics.accuracy"]
+    assert summary["mean"] == np.mean(accuracies)
+    assert summary["std"] == np.std(accuracies, ddof=1)
     assert (workdir / "rolling_accuracy.png").stat().st_size > 1000
     assert "ncm" in (workdir / "results.txt").read_text()
+
+
+def test_update_strategy_study_writes_its_grid_and_plot(tmp_path):
+    workdir = tmp_path / "study"
+    command = [sys.executable, "-m", "launch.fluid", "--preset=small", f"--workdir={workdir}",
+               "--study=update_strategy", "--study_frequencies=30000,45000",
+               "--study_epochs=1,2", "--stream_classes=6", "--stream_length=90",
+               "--head_threshold=15", "--min_pretrain_samples=5", "--pretrain_steps=3",
+               "--filters=8", "--dataset_option=num_classes=20",
+               "--dataset_option=samples_per_class=30", "--dataset_option=image_size=16"]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cells = json.loads((workdir / "update_strategy.json").read_text())["cells"]
+    steps = {(c["update_every"], c["epochs_per_update"]): c["train_steps"] for c in cells}
+    # 90 samples: U=30,000 -> every 30 (phases after 30, 60), U=45,000 -> every 45 (after 45)
+    assert steps == {(30000, 1): 2, (30000, 2): 4, (45000, 1): 1, (45000, 2): 2}
+    gmacs = {(c["update_every"], c["epochs_per_update"]): c["gmacs"] for c in cells}
+    assert gmacs[(30000, 2)] > gmacs[(30000, 1)] > gmacs[(45000, 1)]
+    assert (workdir / "update_strategy.png").stat().st_size > 1000
 
 
 def test_pretrain_split_holds_only_the_pretraining_data():

@@ -71,8 +71,10 @@ def test_stream_metrics_known_values():
     assert result["novel_head"] == pytest.approx(1 / 2)  # class 1
     assert result["novel_tail"] == pytest.approx(1 / 2)  # class 2
     assert result["pretrain_tail"] is None
-    # 9 and 8 beat all 5 negatives; 1 beats three 0s, ties a 1, loses to the 2
-    assert result["auroc"] == pytest.approx((5 + 5 + 3.5) / 15)
+    # Positives: the novel classes' first samples only (t=1: 8, t=3: 1). The pretrain
+    # class's first sample (t=0, score 9) is a negative: 8 beats 5 of the 6 negatives
+    # and loses to it; 1 beats three 0s, ties a 1, loses to the 2 and the 9.
+    assert result["auroc"] == pytest.approx((5 + 3.5) / 12)
     assert result["rolling_accuracy"]["t"][-1] == 8
     assert result["rolling_accuracy"]["accuracy"][-1] == pytest.approx(3 / 4)  # samples 4..7
 
@@ -81,10 +83,17 @@ def test_detector_scores_known_values():
     reps = jnp.array([[1.0, 0.0], [0.0, 2.0], [-1.0, 0.0]])
     seen = jnp.array([True, True, False])
     feature = classifiers.normalise(jnp.array([3.0, 0.0]))
-    assert float(classifiers.mdt_score(feature, reps, seen)) == pytest.approx(0.0, abs=1e-6)
+    assert float(classifiers.mdt_score(feature, reps, seen, True)) == pytest.approx(0.0, abs=1e-6)
     other = classifiers.normalise(jnp.array([-1.0, 0.0]))  # nearest seen is at distance sqrt 2
-    assert float(classifiers.mdt_score(other, reps, seen)) == pytest.approx(np.sqrt(2), abs=1e-6)
-    assert float(classifiers.mdt_score(other, reps, jnp.zeros(3, bool))) == np.inf
+    assert float(classifiers.mdt_score(other, reps, seen, True)) == pytest.approx(np.sqrt(2),
+                                                                                 abs=1e-6)
+    assert float(classifiers.mdt_score(other, reps, jnp.zeros(3, bool), True)) == np.inf
+    # Raw (NCM's Euclidean): [0, 1] is 1 from [0, 2] and sqrt 2 from [1, 0].
+    assert float(classifiers.mdt_score(jnp.array([0.0, 1.0]), reps, seen, False)) == \
+        pytest.approx(1.0)
+    # NCM logits: minus squared distances.
+    np.testing.assert_allclose(classifiers.euclidean_logits(jnp.array([[0.0, 1.0]]), reps),
+                               [[-2.0, -1.0, -2.0]], atol=1e-6)
     logits = jnp.array([np.log(3.0), 0.0, 50.0])  # the unseen class's 50 is ignored
     assert float(classifiers.max_softmax_score(logits, seen)) == pytest.approx(1 - 3 / 4)
     assert float(classifiers.max_softmax_score(logits, jnp.zeros(3, bool))) == 1.0

@@ -134,10 +134,9 @@ def test_ncm_running_means_equal_batch_means(synthetic, ncm):
     split, stream = synthetic
     method, params = ncm
     state = method.init(params, jax.random.key(1))
-    scan = protocol.make_scan(method, keep_features=False)
-    state, _ = scan(params, state, split, stream.sample_idx, stream.label)
     features = jax.jit(method.embed)(params, state,
                                      data.gather_normalised(split, stream.sample_idx))
+    state, _ = protocol.make_scan(method)(params, state, features, stream.label)
     label = np.asarray(stream.label)
     batch_means = np.stack([np.asarray(features)[label == k].mean(0) for k in range(NUM_CLASSES)])
     np.testing.assert_allclose(classifiers.class_means(state.memory), batch_means, atol=1e-5)
@@ -163,7 +162,27 @@ def test_total_macs_is_the_sum_of_per_call_cost_analyses(synthetic):
     assert record.train_steps == steps
     assert embed > 5e4 and predict > 0 and step > 0
     assert record.macs["total"] == LENGTH * (embed + predict + update) + steps * step
+    # Without feature caching every training sample is embedded again.
+    assert record.macs["total_uncached"] == record.macs["total"] + steps * 16 * embed
     # Per-call counts add up: XLA counts two embeds in one program as twice one.
     two = metrics.xla_macs(lambda p, s, x: (method.embed(p, s, x), method.embed(p, s, 2 * x)),
                            params, state, x)
     assert two == pytest.approx(2 * embed, rel=1e-3)
+
+
+def test_schedule_phases_and_scaling_follow_the_paper():
+    paper = fluid.Schedule()  # 4 epochs every 5,000 samples, batch 256
+    assert (paper.update_every, paper.epochs_per_update, paper.batch_size) == (5000, 4, 256)
+    assert paper.phase_ends(90_000) == list(range(5000, 90_000, 5000))  # 17 phases
+    imprinting = fluid.Schedule(start=10_000)
+    assert imprinting.phase_ends(20_001) == [10_000, 15_000, 20_000]
+    oltr = fluid.Schedule(warmup_every=200, warmup_until=10_000)
+    ends = oltr.phase_ends(90_000)
+    assert ends[:3] == [200, 400, 600] and 10_000 in ends and 10_200 not in ends
+    assert len(ends) == 50 + 17 - 2  # 200..10,000 and 5,000..85,000 share 5,000 and 10,000
+    small = oltr.scaled(9000)  # a tenth of the paper's length: every count / 10
+    assert (small.update_every, small.warmup_every, small.warmup_until) == (500, 20, 1000)
+    assert fluid.Schedule(start=10_000).scaled(900).start == 100
+    assert paper.steps(5000) == 4 * math.ceil(5000 / 256)
+    with pytest.raises(ValueError, match="update_every=0"):
+        fluid.Schedule(update_every=0)

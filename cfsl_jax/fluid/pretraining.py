@@ -77,6 +77,7 @@ def pretraining_features(method: Method, params: Params, split: Split,
     pool = supervised.entry_pool(split.class_table)
     run = jax.jit(lambda embed, idx: method.embed_apply(embed, data.gather_normalised(split, idx)))
     n = int(pool.image_idx.shape[0])
+    batch = min(batch, n)
     idx = jnp.pad(pool.image_idx, (0, -n % batch))
     features = jnp.concatenate([run(params["embed"], idx[i:i + batch])
                                 for i in range(0, idx.shape[0], batch)])[:n]
