@@ -219,6 +219,11 @@ def init_params(learner: Learner, split: data.Split, seed: int) -> Any:
     return learner.init_params(seeding.purpose_key(seed, "init"), example_x, learner.spec)
 
 
+# What ``load_config`` reads for a field a config.json was saved without, where the default has
+# changed since (runs saved before pretrain_data existed pretrained on uniform images).
+LEGACY_DEFAULTS: dict[str, Any] = {"pretrain_data": "uniform"}
+
+
 def config_differences(saved: dict, config: TrainConfig) -> list[str]:
     """Fields in which a saved ``config.json`` differs from ``config``.
 
@@ -486,7 +491,7 @@ def load_config(workdir: str) -> TrainConfig:
     if not os.path.exists(path):
         raise UserError(f"--workdir={workdir} holds no run (no config.json): give the folder a "
                         f"run was trained into")
-    saved = results.read_json(path)
+    saved = {**LEGACY_DEFAULTS, **results.read_json(path)}
     return TrainConfig(**{k: v for k, v in saved.items()
                           if k in {f.name for f in dataclasses.fields(TrainConfig)}})
 
