@@ -211,7 +211,8 @@ def impossible(config: train.TrainConfig, cache: dict) -> str:
         cache[key] = train.load_splits(config)
     training = get_learner(config.learner, config.spec, **config.learner_options).training
     try:
-        train.check_feasible(config, cache[key], train.splits_touched(training))
+        train.check_feasible(config, cache[key],
+                             train.splits_touched(training, config.pretrain_data))
     except UserError as error:
         return str(error)
     return ""

@@ -184,10 +184,11 @@ def selects_epochs(config: TrainConfig, learner: Learner) -> bool:
                                           and config.pretrain_data == "tasks")
 
 
-def splits_touched(training: str) -> tuple[str, ...]:
-    """The splits tasks are sampled from: test always, train and val when meta-training (or
-    pretraining on tasks: pass "meta")."""
-    return ("train", "val", "test") if training == "meta" else ("test",)
+def splits_touched(training: str, pretrain_data: str = "uniform") -> tuple[str, ...]:
+    """The splits tasks are sampled from: test always, train and val when meta-training or
+    pretraining on tasks (``pretrain_data="tasks"``)."""
+    on_tasks = training == "meta" or (training == "pretrain" and pretrain_data == "tasks")
+    return ("train", "val", "test") if on_tasks else ("test",)
 
 
 def check_feasible(config: TrainConfig, splits: dict[str, data.Split],
@@ -209,8 +210,7 @@ def build(config: TrainConfig) -> tuple[Learner, dict[str, data.Split]]:
     image_shape = tuple(splits["train"].images.shape[1:])
     learner = get_learner(config.learner, config.spec, image_shape=image_shape,
                           compute_dtype=config.compute_dtype, **config.learner_options)
-    check_feasible(config, splits, splits_touched(
-        "meta" if selects_epochs(config, learner) else learner.training))
+    check_feasible(config, splits, splits_touched(learner.training, config.pretrain_data))
     return learner, splits
 
 

@@ -40,7 +40,7 @@ def verify(workdir: str, metrics: bool = True) -> list[str]:
         from cfsl_jax.evaluate import evaluate
         report = evaluate(learner, params, splits["test"], num_tasks=config.test_tasks,
                           seed=config.seed, batch_size=config.eval_batch,
-                          ensemble=learner.training == "meta", cost_metrics=False)
+                          ensemble=train.selects_epochs(config, learner), cost_metrics=False)
         for name in CHECKED_METRICS:
             if report[name] != recorded["test"][name]:
                 differences.append(f"{name}: recorded {recorded['test'][name]!r}, "
