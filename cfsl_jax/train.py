@@ -22,7 +22,6 @@ learners are only evaluated.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import math
 import os
@@ -165,16 +164,17 @@ def make_train_step(learner: Learner, optimizer: optax.GradientTransformation, m
 
 
 def load_splits(config: TrainConfig) -> dict[str, data.Split]:
-    """The train/val/test splits of a config's dataset (``download`` where data.py has it)."""
-    extra = {}
-    if config.download:
-        if "download" not in inspect.signature(data.load_split).parameters:
-            raise UserError("--download is not supported by this version of cfsl_jax.data")
-        extra["download"] = True
-    return {name: data.load_split(config.dataset, name, data_dir=config.data_dir,
-                                  manual_dir=config.manual_dir, **extra,
-                                  **config.dataset_options)
-            for name in data.SPLITS}
+    """The train/val/test splits of a config's dataset (a bad dataset option: UserError)."""
+    try:
+        return {name: data.load_split(config.dataset, name, data_dir=config.data_dir,
+                                      manual_dir=config.manual_dir, download=config.download,
+                                      **config.dataset_options)
+                for name in data.SPLITS}
+    except UserError:
+        raise
+    except ValueError as error:  # data.py validates its name, split and options so
+        prefix = "--dataset_option: " if config.dataset_options else ""
+        raise UserError(f"{prefix}{error}") from error
 
 
 def selects_epochs(config: TrainConfig, learner: Learner) -> bool:

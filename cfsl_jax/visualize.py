@@ -88,15 +88,13 @@ def show_task(dataset: str = "synthetic", split: str = "train", task: str = "D8"
               manual_dir: str | None = None, download: bool = False, **options) -> str:
     """Sample one task of ``dataset``/``split``, draw it to ``out``, return its summary.
 
-    ``options`` are dataset options (``data.load_split``); ``download`` is passed on only
-    when set."""
+    ``options`` are dataset options and ``download`` as in ``data.load_split``."""
     from cfsl_jax import data, seeding
     from cfsl_jax.sampler import check_split, sample_task
 
     spec = TaskSpec.parse(task)
-    extra = {"download": True} if download else {}
     loaded = data.load_split(dataset, split, data_dir=data_dir, manual_dir=manual_dir,
-                             **extra, **options)
+                             download=download, **options)
     try:
         check_split(loaded.class_table, loaded.class_sizes, spec)
     except ValueError as error:

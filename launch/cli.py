@@ -139,13 +139,15 @@ def boundary(interrupted: str = "interrupted") -> Iterator[None]:
 
 @contextlib.contextmanager
 def user_input() -> Iterator[None]:
-    """Inside: a ``ValueError`` (validation of flags and configs) is the user's mistake."""
+    """Inside: a ``ValueError`` (validation of flags and configs) is the user's mistake,
+    reworded in flag names (``options.flag_names``)."""
     try:
         yield
     except UserError:
         raise
     except ValueError as error:
-        raise UserError(str(error)) from error
+        from .options import flag_names
+        raise UserError(flag_names(str(error))) from error
 
 
 def run(main: Callable[[list[str]], None], interrupted: str = "interrupted: re-run the same "

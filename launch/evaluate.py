@@ -35,6 +35,9 @@ def main(argv) -> None:
         return
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise cli.UserError(f"--workdir={workdir} is a file, not a folder")
+    if not FLAGS["learner"].present and not os.path.exists(workdir):
+        raise cli.UserError(f"--workdir={workdir} does not exist (give a finished run's folder, "
+                            f"or --learner to evaluate a learner that needs no training)")
     if not FLAGS["learner"].present:
         raise cli.UserError(f"--workdir={workdir} holds no run (no config.json); to evaluate a "
                             f"learner that needs no training there, give --learner (and "

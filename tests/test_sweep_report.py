@@ -55,14 +55,18 @@ def results_paths(sweep_dir):
                   if "results.json" in files)
 
 
+def started_runs(sweep_dir):
+    return {root for root, _, files in os.walk(sweep_dir) if "config.json" in files}
+
+
 @pytest.fixture(scope="module")
 def killed_and_resumed(tmp_path_factory):
-    """Start the sweep's CLI, kill it (and its workers) as soon as the first run has finished,
-    then run the same sweep again through the API."""
+    """Start the sweep's CLI, press Ctrl-C (SIGINT to its process group, as a terminal does) as
+    soon as the first run has finished, then run the same sweep again through the API."""
     sweep_dir = str(tmp_path_factory.mktemp("sweep"))
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": jax.config.values[
         "jax_compilation_cache_dir"], "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
-           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "CFSL_PROGRESS": "1"}
     command = [sys.executable, "-m", "launch.sweep", f"--workdir={sweep_dir}", "--workers=2",
                "--report=false", *TINY_FLAGS]
     log = open(tmp_path_factory.mktemp("sweep_log") / "log.txt", "w+")
@@ -75,19 +79,42 @@ def killed_and_resumed(tmp_path_factory):
             time.sleep(0.2)
         if process.poll() is not None:
             log.seek(0)
-            pytest.fail(f"the sweep ended before it was killed:\n{log.read()[-3000:]}")
+            pytest.fail(f"the sweep ended before it was interrupted:\n{log.read()[-3000:]}")
+        os.killpg(process.pid, signal.SIGINT)  # Ctrl-C: the CLI and its worker processes
+        started = started_runs(sweep_dir)
+        returncode = process.wait(timeout=300)  # a hang fails here, not a timing assertion
+        try:
+            os.killpg(process.pid, 0)
+            workers_left = True
+        except ProcessLookupError:
+            workers_left = False
     finally:
-        os.killpg(process.pid, signal.SIGKILL)  # the CLI and its worker processes
-        process.wait()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.seek(0)
+        interrupted = {"returncode": returncode, "log": log.read(), "workers_left": workers_left,
+                       "started": started, "started_after": started_runs(sweep_dir)}
         log.close()
     done_before = {path: os.stat(path).st_mtime_ns for path in results_paths(sweep_dir)}
     outcomes = sweep.run_sweep(tiny_configs(), sweep_dir, workers=2,
                                jax_options=WORKER_JAX_OPTIONS, log=lambda line: None)
-    return sweep_dir, done_before, outcomes
+    return sweep_dir, done_before, outcomes, interrupted
+
+
+def test_ctrl_c_stops_the_sweep_at_once_and_says_how_to_continue(killed_and_resumed):
+    interrupted = killed_and_resumed[3]
+    assert interrupted["returncode"] == 130, interrupted["log"][-3000:]
+    last = interrupted["log"].strip().splitlines()[-1]
+    assert last.startswith("sweep interrupted: ") and last.endswith(
+        "re-run the same command to continue"), last
+    assert "Traceback" not in interrupted["log"]
+    assert not interrupted["workers_left"]
+    assert interrupted["started_after"] <= interrupted["started"]  # no queued run started
 
 
 def test_a_killed_sweep_reruns_only_the_missing_runs(killed_and_resumed):
-    sweep_dir, done_before, outcomes = killed_and_resumed
+    sweep_dir, done_before, outcomes, _ = killed_and_resumed
     assert 1 <= len(done_before) < 8
     by_path = {os.path.join(o.run.workdir, "results.json"): o for o in outcomes}
     assert {p for p, o in by_path.items() if o.status == "skipped"} == set(done_before)
