@@ -54,7 +54,7 @@ import numpy as np
 import optax
 from absl import logging
 
-from cfsl_jax import data, results, sampler, seeding
+from cfsl_jax import data, progress, results, sampler, seeding
 from cfsl_jax.learners.base import Learner, Params
 from cfsl_jax.models.conv4 import LinearHead
 
@@ -161,9 +161,12 @@ def pretrain(learner: Learner, params: Params, split: data.Split, key: jax.Array
 
     window: list[tuple[jax.Array, jax.Array]] = []
     start = time.perf_counter()
+    bar = progress.tracker("pretrain", steps, "steps")
     for step in range(steps):
         state, loss, accuracy = train_step(state, split, pool,
                                            jax.random.fold_in(data_key, step), **hyper)
+        if bar.due() or step + 1 == steps:  # syncs the device only when a line is due
+            bar.update(step + 1, loss=float(loss), acc=float(accuracy))
         window.append((loss, accuracy))
         if (step + 1) % log_every == 0 or step + 1 == steps:
             losses, accuracies = np.asarray(window).T  # one host sync per log line
@@ -245,9 +248,12 @@ def pretrain_on_tasks(config, learner: Learner, params: Params, splits: dict[str
     total = config.epochs * config.iters_per_epoch
     window: list[tuple[jax.Array, jax.Array]] = []
     clock = time.perf_counter()
+    bar = progress.tracker("pretrain", total, "steps", start=start)
     for step in range(start, total):
         state, loss, accuracy = task_step(state, train_split, classes,
                                           jax.random.fold_in(data_key, step), **hyper)
+        if bar.due() or step + 1 == total:  # syncs the device only when a line is due
+            bar.update(step + 1, loss=float(loss), acc=float(accuracy))
         window.append((loss, accuracy))
         if (step + 1) % config.log_every == 0 or (step + 1) % config.iters_per_epoch == 0:
             losses, accuracies = np.asarray(window).T  # one host sync per log line

@@ -13,7 +13,8 @@ they show in a terminal, in a log file and in a Jupyter/Colab cell alike (absl's
 do not reach a notebook). A tracker prints when ``INTERVAL_S`` seconds passed since its last
 line, on its first update and on its last; a stage that runs long (an XLA compilation)
 prints ``still ...`` every ``HEARTBEAT_S`` seconds from a background thread, so a user
-never waits a minute in silence. ``CFSL_PROGRESS=0`` silences every line.
+never waits a minute in silence. ``CFSL_PROGRESS=0`` silences every line; ``PREFIX`` (e.g. a sweep run's name) starts every
+line.
 
 ``clock`` (seconds, monotonic) is a module attribute so that tests can replace it.
 """
@@ -28,7 +29,8 @@ import time
 from typing import Any, Callable, Iterator
 
 INTERVAL_S = 10.0  # the most seconds between two lines of one tracker
-HEARTBEAT_S = 30.0  # seconds between "still ..." lines of a long stage
+HEARTBEAT_S = 10.0  # seconds between "still ..." lines of a long stage
+PREFIX = ""  # put before every line (a sweep worker: the run's name)
 
 clock: Callable[[], float] = time.monotonic
 
@@ -40,7 +42,7 @@ def enabled() -> bool:
 def say(line: str) -> None:
     """Print one progress line now (to the current ``sys.stdout``, flushed)."""
     if enabled():
-        print(line, file=sys.stdout, flush=True)
+        print(PREFIX + line, file=sys.stdout, flush=True)
 
 
 def duration(seconds: float) -> str:
@@ -85,6 +87,10 @@ class Tracker:
         elif done > self.start_done:
             parts.append(f"ETA {duration((self.total - done) / max(rate, 1e-9))}")
         return ", ".join(parts)
+
+    def due(self) -> bool:
+        """Whether the next ``update`` prints (to sync a device value only when it does)."""
+        return not self.printed or clock() - self.last >= self.interval
 
     def update(self, done: int, force: bool = False, **values: Any) -> bool:
         """Print a line if it is time (or ``force``, or the first or last update)."""

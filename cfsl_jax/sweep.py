@@ -292,6 +292,8 @@ def execute(config_json: dict, workdir: str) -> tuple[str, float, str]:
     started = time.perf_counter()
     if _stopping:
         return "interrupted", 0.0, "not started"
+    progress.PREFIX = (f"{config_json['learner']}/{config_json['task']}/seed"
+                       f"{config_json['seed']}: ")
     try:
         out = train.train_and_evaluate(train.TrainConfig(**config_json), workdir)
     except KeyboardInterrupt as error:
@@ -304,6 +306,8 @@ def execute(config_json: dict, workdir: str) -> tuple[str, float, str]:
         with open(os.path.join(workdir, "error.log"), "w") as f:
             f.write(detail)
         return "failed", time.perf_counter() - started, detail
+    finally:
+        progress.PREFIX = ""
     error_log = os.path.join(workdir, "error.log")
     if os.path.exists(error_log):
         os.remove(error_log)
