@@ -107,3 +107,23 @@ def test_pretrain_on_tasks_refuses_a_spec_the_train_split_cannot_supply(splits,
         pretrain.pretrain_on_tasks(_config(), learner, learner_and_params[1], splits,
                                    str(tmp_path), ckpt)
     ckpt.close()
+
+
+def test_train_and_evaluate_pretrains_on_tasks_and_tests_the_best_epochs(tmp_path):
+    """TrainConfig(pretrain_data="tasks"), the default: a Pretrain+Tune run validates each
+    epoch and tests the ensemble of its best epochs."""
+    from cfsl_jax import train
+
+    config = train.TrainConfig(
+        learner="pretrain_tune", learner_options={"filters": 8, "inner_steps": 1},
+        dataset="synthetic", dataset_options={"num_classes": 40, "samples_per_class": 6,
+                                              "image_size": 16},
+        task="B2", spec_overrides={"nc": 2, "kt": 1}, epochs=2, iters_per_epoch=2,
+        meta_batch=2, val_tasks=4, test_tasks=4, eval_batch=4, keep_best=1, log_every=2)
+    assert config.pretrain_data == "tasks"
+    out = train.train_and_evaluate(config, str(tmp_path))
+    history = json.loads((tmp_path / "val_history.json").read_text())
+    assert [h["epoch"] for h in history] == [0, 1]
+    assert len(out["best_epochs"]) == 1  # keep_best=1: the ensemble of the best epoch
+    assert history[out["best_epochs"][0]]["val_acc"] == max(h["val_acc"] for h in history)
+    assert 0.0 <= out["test"]["acc_mean"] <= 1.0 and out["test"]["num_tasks"] == 4
