@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cfsl_jax import backend, metrics
-from cfsl_jax.learners import LEARNERS, get_learner
+from cfsl_jax.learners import get_learner
 from cfsl_jax.models import conv
 from cfsl_jax.learners.base import Learner
 from cfsl_jax.spec import TaskSpec
@@ -136,10 +136,12 @@ def test_macs_are_counted_for_the_cpu_whatever_the_default_backend(another_backe
 
     x = jax.device_put(jnp.ones((4, 3)), jax.devices("cpu")[2])  # committed elsewhere
     assert metrics.xla_macs(fn, x) == metrics.xla_macs(fn, jnp.ones((4, 3)))
-    assert seen == [("cpu", "im2col")] * 2  # every trace-time choice took the CPU branch
+    assert seen and set(seen) == {("cpu", "im2col")}  # every trace-time choice: the CPU's
 
 
-@pytest.mark.parametrize("name", LEARNERS)
+# One learner per family (Conv-4 embedding, Conv-4 fine-tuning with EWC, MAML++ low-end,
+# SCA = MAML++ high-end + critic); every other learner is built from the same modules.
+@pytest.mark.parametrize("name", ["protonets", "ewc_init", "maml_low", "sca"])
 def test_learner_macs_equal_the_cpu_count_on_another_backend(name, request):
     learner, params = tiny(name)
     expected = metrics.learner_macs(learner, params, SMALL)
@@ -148,9 +150,8 @@ def test_learner_macs_equal_the_cpu_count_on_another_backend(name, request):
     assert metrics.learner_macs(learner, params, SMALL) == expected
 
 
-@pytest.mark.parametrize("name", ["protonets", "maml_low"])
-def test_meta_step_macs_equal_the_cpu_count_on_another_backend(name, request):
-    learner, params = tiny(name)
+def test_meta_step_macs_equal_the_cpu_count_on_another_backend(request):
+    learner, params = tiny("maml_low")  # second order through "auto" convolutions
     expected = metrics.meta_step_macs(learner, params, SMALL)
     request.getfixturevalue("another_backend")
     assert metrics.meta_step_macs(learner, params, SMALL) == expected > 0
