@@ -31,7 +31,8 @@ from cfsl_jax.fluid.methods import METHODS
 from cfsl_jax.fluid.protocol import Schedule
 from cfsl_jax.fluid.sequences import ORDERS
 
-from .options import define_data_flags, parse_options, quiet_third_party_logs
+from .options import (apply_backend_flags, define_backend_flags, define_data_flags,
+                      parse_options, quiet_third_party_logs)
 
 flags.DEFINE_enum("preset", "paper", sorted(PRESETS), "Stream scale preset.")
 flags.DEFINE_enum("study", None, ["update_strategy"], "Run a study instead of the table.")
@@ -62,6 +63,7 @@ flags.DEFINE_integer("window", None, "Rolling-accuracy window (default max(10, L
 flags.DEFINE_multi_string("method_option", [], "METHOD:NAME=VALUE (repeatable), e.g. "
                           "--method_option=ncm:metric=cosine.")
 define_data_flags()
+define_backend_flags()
 flags.DEFINE_string("workdir", None, "Where results are written.", required=True)
 
 FLAGS = flags.FLAGS
@@ -105,6 +107,7 @@ def config_from_flags():
 
 def main(argv) -> None:
     quiet_third_party_logs()
+    apply_backend_flags()
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     try:

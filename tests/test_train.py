@@ -121,7 +121,7 @@ def test_protonets_learns_b3_on_mini_omniglot(omniglot_dir, data_dir, tmp_path):
         learner="protonets", dataset="omniglot", manual_dir=omniglot_dir, data_dir=data_dir,
         task="B3", epochs=2, iters_per_epoch=15, meta_batch=4, val_tasks=20, test_tasks=60,
         eval_batch=20, keep_best=2, learning_rate=2e-3)
-    mesh = parallel.make_mesh(4)  # the meta-batch of 4 over 4 of the 8 devices: no padding
+    mesh = parallel.make_mesh(4, devices=jax.devices("cpu"))  # 4 of the 8 CPU devices: no padding
     protonets = train.train_and_evaluate(config, str(tmp_path / "pn"), mesh=mesh)["test"]
     tune = train.TrainConfig(**{**config.to_json(), "learner": "init_tune"})
     init_tune = train.train_and_evaluate(tune, str(tmp_path / "it"), mesh=mesh)["test"]
