@@ -83,11 +83,14 @@ def killed_and_resumed(tmp_path_factory):
         os.killpg(process.pid, signal.SIGINT)  # Ctrl-C: the CLI and its worker processes
         started = started_runs(sweep_dir)
         returncode = process.wait(timeout=300)  # a hang fails here, not a timing assertion
-        try:
-            os.killpg(process.pid, 0)
-            workers_left = True
-        except ProcessLookupError:
-            workers_left = False
+        workers_left = True
+        for _ in range(300):  # the workers (and multiprocessing's helper) exit after the CLI
+            try:
+                os.killpg(process.pid, 0)
+            except ProcessLookupError:
+                workers_left = False
+                break
+            time.sleep(0.1)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
