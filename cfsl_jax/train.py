@@ -327,8 +327,10 @@ def meta_train(config: TrainConfig, learner: Learner, params: Any, splits, workd
     except KeyboardInterrupt:
         if done > saved:
             ckpt.save_latest(done, params, opt_state)
-        raise Stopped(f"interrupted at step {done} of {total}; checkpointed in {workdir}: "
-                      f"re-run the same command to resume") from None
+            saved = done
+        where = f"checkpointed at step {saved}" if saved else "nothing to checkpoint yet"
+        raise Stopped(f"interrupted at step {done} of {total}; {where} in {workdir}: re-run "
+                      f"the same command to resume") from None
     return params
 
 

@@ -235,9 +235,9 @@ def test_ctrl_c_checkpoints_training_and_says_how_to_resume(tmp_path):
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
     last = stderr.strip().splitlines()[-1]
-    assert last.startswith("interrupted at step ") and last.endswith(
-        f"checkpointed in {workdir}: re-run the same command to resume"), last
     step = int(last.split()[3])
+    assert last.startswith("interrupted at step ") and last.endswith(
+        f"checkpointed at step {step} in {workdir}: re-run the same command to resume"), last
     assert os.listdir(os.path.join(workdir, "checkpoints", "latest")) == [str(step)]
 
 

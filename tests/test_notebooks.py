@@ -125,10 +125,14 @@ def test_notebook_runs_top_to_bottom(name, tmp_path):
                      for output in cell.get("outputs", []))
     if name == "quickstart":
         assert "chance level 0.167; ProtoNets" in text
+        assert any(line.startswith("[train] ") and " steps (" in line
+                   for line in text.splitlines())  # progress lines render in the notebook
         assert os.path.exists(os.path.join(out_dir, "results.json"))
     elif name == "reproduce_table1":
         assert "4 finished" in text
+        assert "[sweep] 4/4 runs (100%)" in text  # the sweep's progress renders in the notebook
         assert os.path.exists(os.path.join(out_dir, "report", "table1_synthetic.md"))
     else:
         assert "slopes: ATM -1.000" in text
+        assert "[figure 4] " in text
         assert os.path.getsize(os.path.join(out_dir, "figure4.png")) > 0
