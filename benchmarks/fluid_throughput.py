@@ -65,7 +65,8 @@ def main(argv) -> None:
                    schedule=schedule.describe() if schedule else None,
                    train_steps=record.train_steps, samples_per_s=round(length / seconds, 1),
                    seconds=round(seconds, 2), first_run_seconds=round(first.seconds, 2),
-                   target_seconds=target, meets_target=None if target is None else seconds <= target,
+                   target_seconds=target,
+                   meets_target=None if target is None else seconds <= target,
                    dataset_seconds=round(load_seconds, 1),
                    backend=jax.default_backend(), devices=jax.device_count())
         rows.append(row)

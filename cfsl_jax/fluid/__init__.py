@@ -35,6 +35,7 @@ from cfsl_jax.fluid.sequences import Stream, StreamClasses, StreamConfig, descri
 
 __all__ = [
     "METHODS", "FluidState", "get_method", "auroc", "rolling_accuracy", "stream_metrics",
-    "pretrain_model", "pretrain_split", "prepare_params", "PAPER_LENGTH", "Method", "Schedule", "StreamRecord", "run_stream",
+    "pretrain_model", "pretrain_split", "prepare_params", "PAPER_LENGTH", "Method", "Schedule",
+    "StreamRecord", "run_stream",
     "Stream", "StreamClasses", "StreamConfig", "describe", "make_stream",
 ]

@@ -165,20 +165,23 @@ def run_one_stream(config: FluidConfig, split: data.Split, built: dict, index: i
     image_shape = tuple(split.images.shape[1:])
     init = next(iter(built.values())).init_params(seeding.purpose_key(config.seed, "init"),
                                                   jnp.zeros((1, *image_shape), jnp.float32))
+    pretrain_key = jax.random.fold_in(seeding.purpose_key(config.seed, "pretrain"), index)
+    fisher_key = jax.random.fold_in(seeding.purpose_key(config.seed, "pretrain"), FISHER + index)
+    train_key = jax.random.fold_in(seeding.purpose_key(config.seed, "train"), index)
     pretrained, per_method, curves = {}, {}, {}
     for name, method in built.items():
         started = time.perf_counter()
         if method.pretraining not in pretrained:  # one pretraining per strategy and stream
             pretrained[method.pretraining] = pretrain_model(
-                method, init, split, classes, jax.random.fold_in(seeding.purpose_key(config.seed, "pretrain"), index),
+                method, init, split, classes, pretrain_key,
                 steps=config.pretrain_steps, batch_size=config.pretrain_batch,
                 learning_rate=config.pretrain_learning_rate)
         params = prepare_params(method, pretrained[method.pretraining], split, classes,
-                                jax.random.fold_in(seeding.purpose_key(config.seed, "pretrain"), FISHER + index))
+                                fisher_key)
         pretrain_seconds = time.perf_counter() - started
         schedule = schedule_for(method, config)
         record = run_stream(method, params, stream, split,
-                            jax.random.fold_in(seeding.purpose_key(config.seed, "train"), index), schedule)
+                            train_key, schedule)
         result = stream_metrics(record.prediction, record.unseen_score, stream, config.window)
         curves[name] = rolling_accuracy(record.prediction == np.asarray(stream.label),
                                         result["rolling_window"])

@@ -102,8 +102,9 @@ def linear(num_classes: int, trains_backbone: bool, known: bool = True,
            penalty: Callable | None = None) -> Head:
     """A linear head W f + b over the K classes; the pretrain rows start from the pretrained head.
 
-    The novel rows start from flax's default init (as the authors' fresh
-    ``nn.Linear`` for the novel classes). ``known=False``: all rows fresh.
+    The novel rows start at zero (the authors' fresh ``nn.Linear`` is random:
+    a random row of a class just seen can outvote the pretrained head before
+    any training). ``known=False``: every row from flax's default init.
     """
     dense = nn.Dense(num_classes)
 
@@ -114,8 +115,9 @@ def linear(num_classes: int, trains_backbone: bool, known: bool = True,
         head = dense.init(key, jnp.zeros((1, dim), jnp.float32))["params"]
         if known and "head" in params:
             p = params["head"]["bias"].shape[0]
-            head = {"kernel": head["kernel"].at[:, :p].set(params["head"]["kernel"]),
-                    "bias": head["bias"].at[:p].set(params["head"]["bias"])}
+            head = {"kernel": jnp.zeros_like(head["kernel"]).at[:, :p].set(
+                        params["head"]["kernel"]),
+                    "bias": jnp.zeros_like(head["bias"]).at[:p].set(params["head"]["bias"])}
         weights = {"head": head}
         if trains_backbone:  # a copy: the stream trains it, params stay the pretrained net
             weights["embed"] = jax.tree.map(jnp.copy, params["embed"])

@@ -79,8 +79,8 @@ class Spec(NamedTuple):
     train_on: str = "features"
 
 
-def build_method(name: str, spec: Spec, num_classes: int, image_shape: tuple[int, ...] = (28, 28, 1),
-                 *, filters: int = 64, activation: str = "relu", detector: str | None = None,
+def build_method(name: str, spec: Spec, num_classes: int,
+                 image_shape: tuple[int, ...] = (28, 28, 1), *, filters: int = 64, activation: str = "relu", detector: str | None = None,
                  learning_rate: float | None = None, momentum: float = 0.9,
                  weight_decay: float = 1e-4, known_classes: bool = True, **head_options) -> Method:
     """The method ``name`` for ``num_classes`` stream classes (module doc)."""

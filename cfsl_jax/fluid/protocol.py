@@ -180,7 +180,10 @@ def embed_samples(method: Method, params: Params, state: State, split: Any,
 
 @functools.lru_cache(maxsize=64)
 def make_scan(method: Method) -> Callable:
-    """Jitted (cached) ``(params, state, features [n, D], labels [n]) -> (state, (label, score))``."""
+    """Jitted (cached) ``(params, state, features [n, D], labels [n])``.
+
+    Returns ``(state, (label [n], score [n]))``.
+    """
 
     def run(params, state, features, labels):
         def step(state, inputs):
@@ -193,7 +196,7 @@ def make_scan(method: Method) -> Callable:
     return jax.jit(run)
 
 
-def minibatch_step(method: Method, schedule: Schedule, params: Params, state: State,
+def minibatch_step(method: Method, batch_size: int, params: Params, state: State,
                    split: Any, bank: jax.Array, labels: jax.Array, order: jax.Array,
                    seen: jax.Array, step: jax.Array, epoch_key: jax.Array) -> State:
     """One training step on minibatch ``step`` of an epoch (pure; jitted by the callers).
@@ -203,7 +206,7 @@ def minibatch_step(method: Method, schedule: Schedule, params: Params, state: St
     masked. ``bank`` holds features [L, D] or sample indices [L] of the
     revealed samples (rows >= ``seen`` are zeros, their labels -1).
     """
-    position = step * schedule.batch_size + jnp.arange(schedule.batch_size)
+    position = step * batch_size + jnp.arange(batch_size)
     take = order[jnp.minimum(position, order.shape[0] - 1)]
     inputs = bank[take]
     if method.train_on == "images":
@@ -219,7 +222,7 @@ def shuffle_revealed(key: jax.Array, seen: jax.Array, length: int) -> jax.Array:
 
 
 @functools.lru_cache(maxsize=64)
-def make_epoch(method: Method, schedule: Schedule) -> Callable:
+def make_epoch(method: Method, batch_size: int) -> Callable:
     """Jitted (cached) ``(params, state, split, bank, labels, seen, epoch_key) -> state``.
 
     A whole epoch in one program (a ``fori_loop`` over its minibatches); for
@@ -230,18 +233,18 @@ def make_epoch(method: Method, schedule: Schedule) -> Callable:
 
     def run(params, state, split, bank, labels, seen, epoch_key):
         order = shuffle_revealed(epoch_key, seen, labels.shape[0])
-        steps = (seen + schedule.batch_size - 1) // schedule.batch_size
+        steps = (seen + batch_size - 1) // batch_size
         return jax.lax.fori_loop(0, steps, lambda step, state: minibatch_step(
-            method, schedule, params, state, split, bank, labels, order, seen, step, epoch_key),
+            method, batch_size, params, state, split, bank, labels, order, seen, step, epoch_key),
             state)
 
     return jax.jit(run)
 
 
 @functools.lru_cache(maxsize=64)
-def make_step(method: Method, schedule: Schedule) -> Callable:
-    """Jitted (cached) ``minibatch_step`` (its arguments after ``schedule``)."""
-    return jax.jit(functools.partial(minibatch_step, method, schedule))
+def make_step(method: Method, batch_size: int) -> Callable:
+    """Jitted (cached) ``minibatch_step`` (its arguments after ``batch_size``)."""
+    return jax.jit(functools.partial(minibatch_step, method, batch_size))
 
 
 _shuffle = jax.jit(shuffle_revealed, static_argnums=2)
@@ -254,13 +257,14 @@ def train_phase(method: Method, schedule: Schedule, params: Params, state: State
     for epoch in range(schedule.epochs_per_update):
         epoch_key = jax.random.fold_in(key, epoch)
         if method.train_on == "features":
-            state = make_epoch(method, schedule)(params, state, split, bank, labels, seen_,
-                                                 epoch_key)
+            epoch = make_epoch(method, schedule.batch_size)
+            state = epoch(params, state, split, bank, labels, seen_, epoch_key)
             continue
         order = _shuffle(epoch_key, seen_, labels.shape[0])
+        step_fn = make_step(method, schedule.batch_size)
         for step in range(math.ceil(seen / schedule.batch_size)):
-            state = make_step(method, schedule)(params, state, split, bank, labels, order, seen_,
-                                                jnp.int32(step), epoch_key)
+            state = step_fn(params, state, split, bank, labels, order, seen_, jnp.int32(step),
+                            epoch_key)
     return state
 
 

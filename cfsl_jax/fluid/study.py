@@ -55,14 +55,16 @@ def run_update_strategy(config: FluidConfig, workdir: str, method_name: str = "f
                             steps=config.pretrain_steps, batch_size=config.pretrain_batch,
                             learning_rate=config.pretrain_learning_rate)
     params = prepare_params(method, params, split, classes,
-                            jax.random.fold_in(seeding.purpose_key(config.seed, "pretrain"), FISHER))
+                            jax.random.fold_in(seeding.purpose_key(config.seed, "pretrain"),
+                                               FISHER))
     cells = []
     for every in frequencies:
         for e in epochs:
             schedule = dataclasses.replace(method.schedule, update_every=every,
                                            epochs_per_update=e).scaled(config.stream.length)
             record = run_stream(method, params, stream, split,
-                                jax.random.fold_in(seeding.purpose_key(config.seed, "train"), 0), schedule)
+                                jax.random.fold_in(seeding.purpose_key(config.seed, "train"), 0),
+                                schedule)
             metrics = stream_metrics(record.prediction, record.unseen_score, stream)
             cells.append({"update_every": every, "epochs_per_update": e,
                           "scaled_update_every": schedule.update_every,
