@@ -277,6 +277,7 @@ def pretrain_on_tasks(config, learner: Learner, params: Params, splits: dict[str
             ckpt.save_latest(step + 1, state.params, state.opt_state)
             logging.info("pretrain epoch %d: val acc %.4f ce %.4f", epoch, val["acc_mean"],
                          val["ce_mean"])
+            clock = time.perf_counter()  # steps/s of the next line: training steps only
         elif config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
             ckpt.save_latest(step + 1, state.params, state.opt_state)
         if stop_after_steps is not None and step + 1 == stop_after_steps and step + 1 < total:
