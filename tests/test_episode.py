@@ -119,3 +119,32 @@ def test_run_task_compiles_once_per_shape_and_vmaps():
     batched = jax.jit(episode.run_tasks, static_argnums=0)(
         learner, params, *stacked, jax.random.split(jax.random.key(0), 3))
     np.testing.assert_allclose(batched, jnp.stack(single), rtol=1e-4, atol=1e-3)
+
+
+def test_last_per_label_keeps_each_labels_last_embedding():
+    from cfsl_jax.learners.protonets import last_per_label
+    features = jnp.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    previous = jnp.array([[9.0, 9.0], [8.0, 8.0], [7.0, 7.0]])
+    got = last_per_label(features, jnp.array([1, 0, 1]), previous)
+    np.testing.assert_array_equal(got, [[3.0, 4.0], [5.0, 6.0], [7.0, 7.0]])  # label 2: absent
+
+
+def test_protonets_as_published_prototype_is_the_last_sample_over_nss_ks():
+    spec = TaskSpec(nss=3, nc=2, ks=2, kt=1, cci=3, overwrite=True)  # each label: 6 samples
+    learner = get_learner("protonets", spec, last_sample_prototype=True)
+    params = learner.init_params(jax.random.key(0), jnp.zeros((1, *IMAGE)), spec)
+    support_x, support_y, target_x = random_task(spec, seed=3)
+    state = episode.adapt_all(learner, params, support_x, support_y, jax.random.key(0))
+    embed = Conv4(filters=64)
+    last_set = embed.apply(params, support_x[-1])  # labels [0, 0, 1, 1]: rows 1 and 3 are last
+    np.testing.assert_allclose(state.sums, last_set[jnp.array([1, 3])], rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(state.counts, [6, 6])
+    logits = episode.run_task(learner, params, support_x, support_y, target_x, jax.random.key(0))
+    prototypes = last_set[jnp.array([1, 3])] / 6.0  # NSS * KS = 6
+    features = embed.apply(params, target_x)
+    expected = -((features[:, None, :] - prototypes[None]) ** 2).sum(-1)
+    np.testing.assert_allclose(logits, expected, rtol=1e-3, atol=1e-3)
+    dot = get_learner("protonets", spec, last_sample_prototype=True, distance="dot")
+    np.testing.assert_allclose(
+        episode.run_task(dot, params, support_x, support_y, target_x, jax.random.key(0)),
+        features @ prototypes.T, rtol=1e-3, atol=1e-3)

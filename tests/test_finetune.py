@@ -7,12 +7,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import traverse_util
 
 from cfsl_jax import data, episode, metrics
 from cfsl_jax.datasets.synthetic import generate
 from cfsl_jax.learners import get_learner
 from cfsl_jax.learners.finetune import (EwcState, TuneState, diagonal_fisher, ewc_init,
-                                        init_tune, pretrain_tune)
+                                        init_tune, merge, pretrain_tune, split_norm)
+from cfsl_jax.models import init as weight_init
 from cfsl_jax.models.conv4 import Conv4, LinearHead
 from cfsl_jax.pretrain import entry_pool, init_state, pretrain, train_step
 from cfsl_jax.spec import TaskSpec
@@ -34,10 +36,21 @@ def support_set(glyphs, classes, sample, labels):
     return glyphs[jnp.asarray(classes), sample], jnp.asarray(labels, jnp.int32)
 
 
-def network(num_outputs):
-    """The fine-tuners' default network, built here from the architecture."""
+def network(num_outputs, params):
+    """The fine-tuners' default network of adapted weights, built here from the architecture:
+    the norm layers' scale/bias stay at ``params``."""
     embed, head = Conv4(filters=48, activation="leaky_relu"), LinearHead(num_outputs)
-    return lambda weights, x: head.apply(weights["head"], embed.apply(weights["embed"], x))
+    kept = split_norm(params)[1]
+
+    def apply(weights, x):
+        weights = merge(weights, kept)
+        return head.apply(weights["head"], embed.apply(weights["embed"], x))
+    return apply
+
+
+def adapted(params):
+    """The leaves of ``params`` that fine-tuning adapts (all but the norm layers')."""
+    return split_norm(params)[0]
 
 
 @jax.jit
@@ -69,19 +82,22 @@ def two_sets(glyphs):
 
 # ---- ATM and MACs -------------------------------------------------------------------------
 
-def test_atm_is_the_weight_bytes_and_ewc_carries_three_copies(tuned):
+def test_atm_is_the_adapted_weight_bytes_and_ewc_carries_three_copies(tuned):
     learner, params, _, _ = tuned
     # Conv-4, 48 filters, 1 input channel: 3x3 kernels + biases, then scale + bias per norm.
     conv = (3 * 3 * 1 * 48 + 48) + 3 * (3 * 3 * 48 * 48 + 48)  # 480 + 3 * 20784 = 62832
-    norm = 4 * (48 + 48)  # 384
+    norm = 4 * (48 + 48)  # 384: not adapted by default, so not carried
     head = 48 * 15 + 15  # 28 -> 14 -> 7 -> 3 -> 1 pixels: 48 features; B3 has 15 outputs
-    weight_bytes = (conv + norm + head) * 4  # 63951 float32 = 255804 bytes
+    assert metrics.tree_bytes(params) == (conv + norm + head) * 4 == 255804
+    weight_bytes = (conv + head) * 4  # 63567 float32 = 254268 bytes
     support_bytes = 3 * 5 * 1 * 28 * 28 * 1 * 4  # NSS*NC*KS images, float32 = 47040
-    assert metrics.tree_bytes(params) == weight_bytes == 255804
     assert metrics.support_bytes(B3, IMAGE) == support_bytes
-    assert metrics.atm(learner, params, IMAGE) == pytest.approx(255804 / 47040, rel=1e-12)
+    assert metrics.atm(learner, params, IMAGE) == pytest.approx(254268 / 47040, rel=1e-12)
     # weights + Fisher + anchors
-    assert metrics.atm(ewc_init(B3), params, IMAGE) == pytest.approx(3 * 255804 / 47040)
+    assert metrics.atm(ewc_init(B3), params, IMAGE) == pytest.approx(3 * 254268 / 47040)
+    # adapt_norm=True (the previous behaviour): the norm layers adapt and are carried too.
+    assert metrics.atm(init_tune(B3, adapt_norm=True), params, IMAGE) == pytest.approx(
+        255804 / 47040, rel=1e-12)
 
 
 def test_macs_are_linear_in_nss_and_adapt_is_a_few_forward_backward_passes():
@@ -98,7 +114,7 @@ def test_macs_are_linear_in_nss_and_adapt_is_a_few_forward_backward_passes():
     _, _, six = macs(6)
     assert six["macs_adapt"] == three["macs_adapt"]
     assert six["macs_per_task"] - three["macs_per_task"] == 3 * three["macs_adapt"]
-    forward = metrics.xla_macs(learner.predict, params, TuneState(params),
+    forward = metrics.xla_macs(learner.predict, params, TuneState(adapted(params)),
                                jnp.zeros((5, *IMAGE)))
     # Each step is a forward and a backward pass (~2 forwards); a rolled loop would count 1 step.
     assert 2 * steps * forward < three["macs_adapt"] < 4 * steps * forward
@@ -116,9 +132,10 @@ def test_adapt_fits_the_support_set(tuned, two_sets):
     assert float(before) > 2.0  # about chance over 15 outputs: ln 15 = 2.7
     assert float(after) < 0.25 * float(before)
     assert float(metrics.accuracy(predict(params, adapted, x), y)) == 1.0
-    # init_tune's init is the params; adapt moves them.
-    assert sq_distance(state.weights, params) == 0.0
-    assert sq_distance(adapted.weights, params) > 0.0
+    # init_tune's init is the params; adapt moves them (all but the norm layers').
+    assert sq_distance(state.weights, split_norm(params)[0]) == 0.0
+    assert sq_distance(adapted.weights, split_norm(params)[0]) > 0.0
+    assert not split_norm(adapted.weights)[1]  # no norm leaf is carried
 
 
 def test_diagonal_fisher_is_the_mean_squared_per_sample_gradient(glyphs):
@@ -152,7 +169,7 @@ def huge_ewc(tuned, two_sets):
     _, params, _, _ = tuned
     learner = ewc_init(B3, ewc_lambda=1e7)
     (x1, y1), (x2, y2) = two_sets
-    net = network(B3.num_outputs)
+    net = network(B3.num_outputs, params)
 
     @jax.jit
     def two_sets_seen(params):
@@ -180,7 +197,7 @@ def test_ewc_accumulates_the_fisher_and_anchors_on_the_latest_weights(tuned, two
     assert sq_distance(state1.anchors, state1.weights) == 0.0
     assert sq_distance(state2.anchors, state2.weights) == 0.0
     # With no Fisher yet, the first set is plain fine-tuning, whatever lambda is.
-    plain = adapt(params, TuneState(params), x1, y1)
+    plain = adapt(params, TuneState(adapted(params)), x1, y1)
     assert sq_distance(plain.weights, state1.weights) < 1e-10
 
 
@@ -188,7 +205,7 @@ def test_a_huge_ewc_lambda_keeps_the_weights_at_the_anchors(tuned, two_sets, hug
     _, params, adapt, predict = tuned
     (x1, y1), (x2, y2) = two_sets
     _, ewc1, ewc2, _, _ = huge_ewc
-    tune1 = adapt(params, TuneState(params), x1, y1)
+    tune1 = adapt(params, TuneState(adapted(params)), x1, y1)
     tune2 = adapt(params, tune1, x2, y2)
     assert sq_distance(ewc1.anchors, tune1.weights) < 1e-10  # same start for the second set
     # EWC pins what the Fisher of set 1 deems important; weights it ignores still move.
@@ -204,16 +221,100 @@ def test_a_huge_ewc_lambda_keeps_the_weights_at_the_anchors(tuned, two_sets, hug
     assert support_loss(ewc2.weights) > 4 * support_loss(tune2.weights)
 
 
+def test_norm_layers_stay_at_params_unless_adapt_norm(tuned, two_sets):
+    learner, params, _, predict = tuned
+    (x, y), _ = two_sets
+    norm = split_norm(params)[1]["embed"]["params"]
+    assert sorted(norm) == [f"BatchStatNorm_{i}" for i in range(4)]
+    # Changing a norm layer in params changes the prediction: it is read from params, not state.
+    state = learner.adapt(params, learner.init(params, jax.random.key(2), B3), x, y)
+    shifted = jax.tree.map(lambda p: p, params)
+    shifted["embed"]["params"]["BatchStatNorm_3"]["bias"] = norm["BatchStatNorm_3"]["bias"] + 1.0
+    assert not np.allclose(predict(params, state, x), predict(shifted, state, x))
+    # adapt_norm=True: the norm layers adapt and are carried.
+    moving = init_tune(B3, adapt_norm=True)
+    after = moving.adapt(params, moving.init(params, jax.random.key(2), B3), x, y)
+    assert sq_distance(split_norm(after.weights)[1], split_norm(params)[1]) > 0.0
+
+
+@pytest.mark.parametrize("name", ["init_tune", "pretrain_tune"])
+def test_restart_each_support_set_leaves_only_the_last_set_in_the_prediction(name, glyphs):
+    learner = get_learner(name, B3, inner_steps=2, restart_each_support_set=True)
+    params = learner.init_params(jax.random.key(18), jnp.zeros((1, *IMAGE)), B3)
+    support_x = glyphs[:15, 0].reshape(3, 5, *IMAGE)
+    support_y = jnp.arange(15, dtype=jnp.int32).reshape(3, 5)
+    target_x = glyphs[:15, 1].reshape(-1, *IMAGE)
+    key = jax.random.key(19)
+    logits = jax.jit(episode.run_task, static_argnums=0)(learner, params, support_x, support_y,
+                                                         target_x, key)
+    alone = learner.adapt(params, learner.init(params, key, B3), support_x[2], support_y[2])
+    np.testing.assert_allclose(logits, learner.predict(params, alone, target_x), rtol=1e-5,
+                               atol=1e-5)
+    carried = get_learner(name, B3, inner_steps=2)  # the default carries the weights
+    np.testing.assert_allclose(learner.predict(params, alone, target_x), carried.predict(
+        params, carried.adapt(params, carried.init(params, key, B3), support_x[2],
+                              support_y[2]), target_x), rtol=1e-5, atol=1e-5)
+    carried_logits = episode.run_task(carried, params, support_x, support_y, target_x, key)
+    assert not np.allclose(carried_logits, logits, atol=1e-3)
+
+
+def test_params_are_xavier_uniform_with_zero_biases_by_default(tuned):
+    _, params, _, _ = tuned
+    flat = traverse_util.flatten_dict(params, sep="/")
+    for path, (fan_in, fan_out) in {"embed/params/Conv_0/kernel": (9, 9 * 48),
+                                    "embed/params/Conv_3/kernel": (9 * 48, 9 * 48),
+                                    "head/params/Dense_0/kernel": (48, 15)}.items():
+        limit = np.sqrt(6.0 / (fan_in + fan_out))
+        values = np.asarray(flat[path])
+        assert np.abs(values).max() <= limit and np.abs(values).max() > 0.95 * limit, path
+        assert np.std(values) == pytest.approx(limit / np.sqrt(3), rel=0.1), path
+    for path, values in flat.items():
+        if path.endswith("bias") and "BatchStatNorm" not in path:
+            assert not np.any(np.asarray(values)), path
+        if path.endswith("scale"):
+            np.testing.assert_array_equal(values, 1.0)
+    lecun = init_tune(B3, weight_init="lecun").init_params(jax.random.key(1),
+                                                            jnp.zeros((1, *IMAGE)), B3)
+    assert float(jnp.abs(lecun["head"]["params"]["Dense_0"]["kernel"]).max()) > np.sqrt(6 / 63)
+
+
+def test_weight_init_schemes_have_pytorchs_bounds():
+    params = {"conv": {"kernel": jnp.zeros((3, 3, 48, 32)), "bias": jnp.ones(32)},
+              "norm": {"scale": jnp.ones(32), "bias": jnp.ones(32)}}
+    key = jax.random.key(0)
+    xavier = weight_init.reinitialize(params, key, "xavier")
+    torch = weight_init.reinitialize(params, key, "torch")
+    assert float(jnp.abs(xavier["conv"]["kernel"]).max()) <= np.sqrt(6 / (432 + 288))
+    assert float(jnp.abs(xavier["conv"]["kernel"]).max()) > 0.99 * np.sqrt(6 / (432 + 288))
+    assert not np.any(np.asarray(xavier["conv"]["bias"]))
+    for leaf in ("kernel", "bias"):  # both U(+-1/sqrt(fan_in)), fan_in = 3*3*48 = 432
+        values = np.abs(np.asarray(torch["conv"][leaf]))
+        assert values.max() <= 1 / np.sqrt(432) and values.max() > 0.8 / np.sqrt(432)
+    for scheme in (xavier, torch):  # norm layers (no kernel) are left alone
+        np.testing.assert_array_equal(scheme["norm"]["bias"], 1.0)
+    assert weight_init.reinitialize(params, key, "lecun") is params
+    with pytest.raises(ValueError, match="'he'"):
+        weight_init.reinitialize(params, key, "he")
+
+
 # ---- pretraining ----------------------------------------------------------------------------
 
-def test_pretrain_tune_init_pairs_the_pretrained_embed_with_a_fresh_head():
+def test_pretrain_tune_init_pairs_the_pretrained_embed_with_the_params_head():
     learner = pretrain_tune(B3)
     params = learner.init_params(jax.random.key(8), jnp.zeros((1, *IMAGE)), B3)
     assert learner.training == "pretrain" and learner.per_task_weights
+    for key in (9, 10):  # every task starts from the same head: the authors' linear_0
+        weights = learner.init(params, jax.random.key(key), B3).weights
+        assert sq_distance(weights, adapted(params)) == 0.0
+
+
+def test_pretrain_tune_fresh_head_option_draws_a_head_per_task():
+    learner = pretrain_tune(B3, fresh_head=True)
+    params = learner.init_params(jax.random.key(8), jnp.zeros((1, *IMAGE)), B3)
     a = learner.init(params, jax.random.key(9), B3).weights
     b = learner.init(params, jax.random.key(10), B3).weights
     again = learner.init(params, jax.random.key(9), B3).weights
-    assert sq_distance(a["embed"], params["embed"]) == 0.0
+    assert sq_distance(a["embed"], adapted(params)["embed"]) == 0.0
     assert a["head"]["params"]["Dense_0"]["kernel"].shape == (48, B3.num_outputs)
     assert sq_distance(a["head"], b["head"]) > 0.0
     assert sq_distance(a["head"], params["head"]) > 0.0

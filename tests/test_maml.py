@@ -3,6 +3,7 @@
 import re
 
 import flax.linen as nn
+from flax import traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 from cfsl_jax import data, episode, metrics
 from cfsl_jax.learners import get_learner
 from cfsl_jax.learners.inner_loop import msl_weights
+from cfsl_jax.learners.sca import Critic
 from cfsl_jax.metrics import meta_step_macs
 from cfsl_jax.models.conv4 import BatchStatNorm
 from cfsl_jax.models.conv import im2col_conv
@@ -54,7 +56,7 @@ def meta_grad_fn(learner, progress=0.5):
 
 def test_second_order_meta_gradient_matches_finite_differences_and_first_order_does_not():
     with jax.enable_x64(True):
-        learner = get_learner("maml_low", TINY_SPEC, inner_lr=0.3, multi_step_loss=False,
+        learner = get_learner("maml_low", TINY_SPEC, inner_lr=0.1, multi_step_loss=False,
                               first_order_epochs=1, **TINY_LOW)
         first_order = learner.for_epoch(0)
         assert learner.for_epoch(1) is learner and first_order is learner.for_epoch(0)
@@ -92,7 +94,8 @@ def test_lslr_rates_get_per_step_gradients_and_change_under_training():
     for rate_grad in jax.tree.leaves(grads["lslr"]):
         assert rate_grad.shape == (steps,) and np.all(np.abs(rate_grad) > 1e-6)
     for table in jax.tree.leaves(grads["net"]["PerStepBatchNorm_0"]):  # one row per step, all used
-        assert table.shape == (steps, 3) and np.all(np.abs(table).sum(axis=1) > 1e-6)
+        # + 1: the target forward after the NSS*S support steps has its own row
+        assert table.shape == (steps + 1, 3) and np.all(np.abs(table).sum(axis=1) > 1e-6)
     optimizer = optax.adam(1e-3)
     opt_state = optimizer.init(params)
     new = params
@@ -145,19 +148,99 @@ def _bytes(*counts):
     return 4 * sum(counts)
 
 
-@pytest.mark.parametrize("name", ["maml_low", "maml_high", "sca"])
-def test_atm_is_the_bytes_of_the_adapted_weights_and_step_counter(name):
+@pytest.mark.parametrize("name,options", [("maml_low", {}), ("maml_high", {}), ("sca", {}),
+                                          ("maml_high", dict(se_mlp=True, shrink_transitions=True))])
+def test_atm_is_the_bytes_of_the_adapted_weights_and_step_counter(name, options):
     spec = TaskSpec.preset("B3")  # 15 outputs
-    learner = get_learner(name, spec)
+    learner = get_learner(name, spec, **options)
     params = jax.eval_shape(lambda k: learner.init_params(k, jnp.zeros((1, *IMAGE)), spec),
                             jax.random.key(0))
     if name == "maml_low":  # 4 convs of 48 filters + linear 48 -> 15 (28 -> 14 -> 7 -> 3 -> 1)
         weights = _bytes(9 * 1 * 48, 3 * 9 * 48 * 48, 48 * 15 + 15)  # convs: no bias (BN)
-    else:  # SE(64: 64->16->64), conv 3x3 64->48, SE(48: 48->12->48), linear 48 -> 15
+    elif not options:  # SE(320: Linear 320->320), conv 3x3 320->48, SE(48: 48->48), 48 -> 15
+        weights = _bytes(320 * 320 + 320, 9 * 320 * 48, 48 * 48 + 48, 48 * 15 + 15)
+        assert weights + 4 == 976192
+    else:  # the previous head: SE(64: 64->16->64), conv 64->48, SE(48: 48->12->48), 48 -> 15
         weights = _bytes(64 * 16 + 16 + 16 * 64 + 64, 9 * 64 * 48,
                          48 * 12 + 12 + 12 * 48 + 48, 48 * 15 + 15)
+        assert weights + 4 == 126896
     support = spec.nss * spec.support_size * 28 * 28 * 4
     assert metrics.atm(learner, params, IMAGE) == pytest.approx((weights + 4) / support)
+
+
+def test_se_densenet_keeps_all_channels_and_gates_with_one_linear_layer():
+    x = jnp.zeros((2, *IMAGE))
+    params = jax.eval_shape(SEDenseNet().init, jax.random.key(0), x)["params"]
+    shapes = {k: v.shape for k, v in traverse_util.flatten_dict(params, sep="/").items()}
+    # stem 64; stage 1: 64 + 2 x 64 = 192 kept by its transition; stage 2: 192 + 128 = 320
+    se = sorted(k for k in shapes if k.startswith("SqueezeExcite"))
+    assert [shapes[k] for k in se] == [(64,), (64, 64), (128,), (128, 128), (192,), (192, 192),
+                                       (256,), (256, 256)]
+    transitions = [shapes[f"Conv_{i}/kernel"] for i in (5, 10)]
+    assert transitions == [(1, 1, 192, 192), (1, 1, 320, 320)]
+    assert jax.eval_shape(SEDenseNet().apply, {"params": params}, x).shape == (2, 5, 5, 320)
+    old = SEDenseNet(se_mlp=True, shrink_transitions=True)
+    old_params = jax.eval_shape(old.init, jax.random.key(0), x)
+    assert jax.eval_shape(old.apply, old_params, x).shape == (2, 5, 5, 64)
+
+
+def test_the_target_forward_uses_its_own_batch_norm_row():
+    for own_row in (True, False):
+        learner = get_learner("maml_low", TINY_SPEC, target_bn_row=own_row, **TINY_LOW)
+        params = init(learner, SMALL)
+        support_x, support_y, target_x, _ = random_task(TINY_SPEC, SMALL)
+        state = episode.adapt_all(learner, params, support_x, support_y, jax.random.key(0))
+        steps = TINY_SPEC.nss * 2
+        assert int(state.step) == steps
+        table = params["net"]["PerStepBatchNorm_1"]["step_bias"]
+        assert table.shape[0] == steps + own_row
+        before = learner.predict(params, state, target_x)
+
+        def shifted(row):
+            bias = table.at[row].add(1.0)
+            net = {**params["net"], "PerStepBatchNorm_1": {
+                **params["net"]["PerStepBatchNorm_1"], "step_bias": bias}}
+            return learner.predict({**params, "net": net}, state, target_x)
+
+        target_row = steps if own_row else steps - 1
+        assert not np.allclose(shifted(target_row), before)
+        if own_row:  # the last support step's row no longer reaches the target forward
+            np.testing.assert_allclose(shifted(steps - 1), before)
+
+
+def test_restart_each_support_set_leaves_only_the_last_set_in_the_prediction():
+    spec = TaskSpec(nss=3, nc=2, ks=1, kt=1, cci=1, overwrite=True, target_mode="per_class")
+    learner = get_learner("maml_low", spec, restart_each_support_set=True, **TINY_LOW)
+    params = init(learner, SMALL)
+    support_x, support_y, target_x, target_y = random_task(spec, SMALL)
+    logits = episode.run_task(learner, params, support_x, support_y, target_x, jax.random.key(0))
+    fresh = learner.init(params, jax.random.key(0), spec)  # the meta-weights; the counter
+    alone = learner.adapt(params, fresh._replace(step=fresh.step + 4), support_x[2],
+                          support_y[2])  # still advances: the last set's steps are 4 and 5
+    np.testing.assert_allclose(logits, learner.predict(params, alone, target_x), rtol=1e-5,
+                               atol=1e-5)
+    carried = get_learner("maml_low", spec, **TINY_LOW)
+    assert not np.allclose(episode.run_task(carried, params, support_x, support_y, target_x,
+                                            jax.random.key(0)), logits, atol=1e-4)
+    # Multi-step loss is off by default: the meta-loss is the final target loss alone.
+    loss, final = episode.meta_loss(carried, params, support_x, support_y, target_x, target_y,
+                                    jax.random.key(0), 0.0)
+    assert float(loss) == pytest.approx(float(metrics.cross_entropy(final, target_y)), rel=1e-6)
+
+
+def test_adapted_layers_are_xavier_and_the_embedding_pytorch_default():
+    learner = get_learner("sca", TINY_SPEC, **TINY_HIGH)
+    params = init(learner, SMALL)
+    kernel = np.asarray(params["net"]["Conv_0"]["kernel"])  # 3x3, 20 -> 4 channels
+    limit = np.sqrt(6 / (9 * 20 + 9 * 4))
+    assert np.abs(kernel).max() <= limit and np.abs(kernel).max() > 0.9 * limit
+    assert not np.any(np.asarray(params["net"]["Dense_0"]["bias"]))
+    stem = np.asarray(params["embed"]["Conv_0"]["kernel"])  # 3x3, 1 -> 4: U(+-1/3)
+    assert np.abs(stem).max() <= 1 / 3 and np.abs(stem).max() > 0.8 / 3
+    se_bias = np.asarray(params["embed"]["SqueezeExcite_0"]["Dense_0"]["bias"])
+    assert np.any(se_bias) and np.abs(se_bias).max() <= 1 / 2  # fan_in 4
+    assert sorted(params["critic"]) == ["Dense_0", "Dense_1", "Dense_2"]
+    assert all(list(layer) == ["kernel"] for layer in params["critic"].values())  # no biases
 
 
 # ---- data flow: maml_high's embedding --------------------------------------------------------
@@ -247,6 +330,25 @@ def test_sca_predicts_after_a_critic_step_and_meta_learns_the_critic():
     (_, pre), _ = step(silent)
     assert post.shape == pre.shape == (TINY_SPEC.target_size, TINY_SPEC.num_outputs)
     assert not np.allclose(post, pre, atol=1e-6)
+
+
+def test_the_original_critic_sums_leaky_relu_scores_of_logit_features():
+    logits = jnp.array([[1.0, -2.0], [0.5, 0.0]])
+    # [logits, |logits|, logits^2, sign(logits)] per target sample
+    features = np.array([[1, -2, 1, 2, 1, 4, 1, -1], [0.5, 0, 0.5, 0, 0.25, 0, 1, 0]])
+    critic = Critic()
+    params = critic.init(jax.random.key(0), logits)["params"]
+    w1, w2, w3 = (np.asarray(params[f"Dense_{i}"]["kernel"]) for i in range(3))
+    assert w1.shape == (8, 16) and w2.shape == (16, 16) and w3.shape == (16, 1)
+    leaky = lambda v: np.where(v > 0, v, 0.01 * v)  # noqa: E731
+    expected = np.sum(leaky(leaky(features @ w1) @ w2) @ w3)  # summed over the samples
+    assert float(critic.apply({"params": params}, logits)) == pytest.approx(expected, rel=1e-5)
+    smooth = Critic(32, "smooth")
+    smooth_params = smooth.init(jax.random.key(0), logits)["params"]
+    assert smooth_params["Dense_0"]["kernel"].shape == (8, 32) and "bias" in smooth_params[
+        "Dense_0"]
+    with pytest.raises(ValueError, match="'soft'"):
+        get_learner("sca", TINY_SPEC, critic="soft")
 
 
 # ---- MACs, options ---------------------------------------------------------------------------

@@ -1,16 +1,25 @@
 """Fine-tuning baselines: Init+Tune, Pretrain+Tune, and both with EWC, from one factory.
 
 Every variant is a Conv-4 (48 filters, LeakyReLU by default) with a linear
-head of ``spec.num_outputs`` units, whose weights are copied into the task's
-adaptation state and fine-tuned on each support set in turn; the weights are
-carried from one support set to the next. ``predict`` applies the fast weights.
+head of ``spec.num_outputs`` units, whose adaptable weights (every conv and
+linear kernel and bias; the norm layers' scale/bias stay at ``params``, as the
+authors' ``get_inner_loop_parameter_dict`` skips "norm_layer" parameters and
+their configs set ``enable_inner_loop_optimizable_bn_params: false``) are
+copied into the task's adaptation state and fine-tuned on each support set in
+turn; the weights are carried from one support set to the next. ``predict``
+applies the fast weights. ``params`` are initialised as the authors'
+``MetaConv2dLayer`` / ``MetaLinearLayer``: Xavier-uniform kernels, zero biases
+(``weight_init="original"``; "lecun": Flax's default, the previous init).
 
 - ``init_tune``: the network is a fixed random init, a function of the init
-  key (``training="none"``); ``init`` copies it.
+  key (``training="none"``): the init is the model; ``init`` copies it.
 - ``pretrain_tune``: ``params["embed"]`` is pretrained by ``cfsl_jax.pretrain``
   (ordinary cross-entropy over all training classes, ``training="pretrain"``);
-  ``init(params, key, spec)`` pairs it with a FRESH head drawn from ``key``
-  (``params["head"]`` is never used by ``init``).
+  ``init(params, key, spec)`` pairs it with ``params["head"]``, a random head
+  that pretraining never touches and every task starts from (the authors'
+  ``linear_0`` head; their pretraining trains a separate ``linear_1``).
+  ``fresh_head=True`` draws a new head from ``key`` for every task instead
+  (the previous behaviour).
 - ``ewc_init`` / ``ewc_pretrain``: the two above plus Elastic Weight
   Consolidation. After fine-tuning on a support set, that set's diagonal
   Fisher is ADDED to the carried Fisher and the anchors theta* become the
@@ -25,7 +34,7 @@ inside its whole support set (one backward pass per sample, via ``jacrev``),
 never of a batch of one (whose statistics would be degenerate).
 
 Inner loop: ``inner_steps`` full-batch steps of plain SGD (no optimiser
-state), so the state -- the ATM -- is exactly the weights (3x the weights
+state), so the state -- the ATM -- is exactly the adapted weights (3x
 with EWC: weights, Fisher, anchors), all float32. With EWC each step is a
 proximal gradient step: a gradient step on the CE, then the EWC penalty's
 exact proximal map ``theta <- (theta + s F theta*) / (1 + s F)``,
@@ -37,12 +46,20 @@ XLA's cost analysis counts a while-loop body once, so a rolled loop would
 make ``metrics.learner_macs`` undercount adaptation ``inner_steps``-fold;
 unrolling a few steps of a small net only costs compile time.
 
-Defaults (measured on 30 synthetic-glyph tasks per setting):
-``inner_steps=5``; ``learning_rate=0.03``: 5 steps take a 5-way 1-shot
-support set from ~3.1 nats to ~0.05 from a random init, and it gave the best
-target accuracy on B3 (0.52, vs 0.46 at 0.01 and 0.39 at 0.1: a larger step
-fits the newest set better but forgets the older ones faster) and on B5;
-``ewc_lambda=1e4``: a fitted support set's empirical Fisher is tiny (its
+Options (keyword arguments of every factory) and defaults:
+``inner_steps=5`` (the paper: five inner-loop steps); ``learning_rate=0.01``
+(the configs' ``init_learning_rate``; the previous default 0.03 was tuned on
+30 synthetic-glyph tasks: B3 0.52 against 0.46 at 0.01); ``adapt_norm=False``
+(True: the norm layers' scale/bias adapt too and join the ATM, the previous
+behaviour); ``fresh_head=False`` (above); ``weight_init="original"`` (above);
+``restart_each_support_set=False`` (True, "as published": every support set
+restarts from ``params`` instead of the carried weights, so only the last
+support set reaches the target, as the paper-era
+``FineTuneFromScratchFewShotClassifier`` / ``FineTuneFromPretrainedFewShotClassifier``
+re-copied the weights inside the support-set loop, FewShotContinualLearning
+commit 39025a3, ``few_shot_learning_system.py``; with EWC the Fisher and the
+anchors still accumulate); ``filters=48``; ``activation="leaky_relu"``;
+``ewc_lambda=1e4`` (EWC learners): a fitted support set's empirical Fisher is tiny (its
 gradients are; at most ~1e-2 here), so lambda must be large to matter; 1e4
 was best among 1e2..1e5 on B3 (0.61 vs 0.52 without EWC) and B5 (0.43 vs 0.34).
 """
@@ -57,16 +74,21 @@ import chex
 import jax
 import jax.numpy as jnp
 import optax
+from flax import traverse_util
 
 from cfsl_jax.learners.base import Learner, Params, check_image_shape, embedding_dim
 from cfsl_jax.models.conv4 import ACTIVATIONS, Conv4, LinearHead
+from cfsl_jax.models.init import reinitialize
 from cfsl_jax.spec import TaskSpec
 
 LogitsFn = Callable[[Params, jax.Array], jax.Array]  # (weights, x [n,H,W,C]) -> logits [n, K]
 
 
+WEIGHT_INITS: tuple[str, ...] = ("original", "lecun")
+
+
 class TuneState(NamedTuple):
-    weights: Params  # float32 fast weights {"embed": Conv4 variables, "head": LinearHead variables}
+    weights: Params  # float32 fast weights: the adapted leaves of {"embed": Conv4, "head": head}
 
 
 class EwcState(NamedTuple):
@@ -117,7 +139,8 @@ def sgd(loss_fn: Callable[[Params], jax.Array], weights: Params, steps: int,
     return weights
 
 
-def _check_options(inner_steps, learning_rate, ewc_lambda, filters, activation) -> None:
+def _check_options(inner_steps, learning_rate, ewc_lambda, filters, activation, flags,
+                   weight_init) -> None:
     for name, value in (("inner_steps", inner_steps), ("filters", filters)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -129,41 +152,81 @@ def _check_options(inner_steps, learning_rate, ewc_lambda, filters, activation) 
         raise ValueError(f"ewc_lambda must be a finite number >= 0, got {ewc_lambda!r}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be a bool, got {value!r}")
+    if weight_init not in WEIGHT_INITS:
+        raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {weight_init!r}")
+    if flags["restart_each_support_set"] and flags["fresh_head"]:
+        raise ValueError("restart_each_support_set=True needs fresh_head=False (the weights "
+                         "a support set restarts from are params), got fresh_head=True")
+
+
+def is_norm_leaf(path: tuple[str, ...]) -> bool:
+    """Whether a weight leaf belongs to a norm layer (kept at ``params`` unless ``adapt_norm``)."""
+    return any(str(part).startswith("BatchStatNorm") for part in path)
+
+
+def split_norm(weights: Params) -> tuple[Params, Params]:
+    """(non-norm leaves, norm leaves) of ``weights``, as two nested dicts."""
+    flat = traverse_util.flatten_dict(weights)
+    return (traverse_util.unflatten_dict({k: v for k, v in flat.items() if not is_norm_leaf(k)}),
+            traverse_util.unflatten_dict({k: v for k, v in flat.items() if is_norm_leaf(k)}))
 
 
 def _finetune(name: str, spec: TaskSpec, image_shape: tuple[int, int, int], *,
               pretrained: bool, ewc_lambda: float | None, inner_steps: int = 5,
-              learning_rate: float = 0.03, filters: int = 48,
-              activation: str = "leaky_relu") -> Learner:
+              learning_rate: float = 0.01, filters: int = 48, activation: str = "leaky_relu",
+              adapt_norm: bool = False, fresh_head: bool = False,
+              restart_each_support_set: bool = False, weight_init: str = "original") -> Learner:
     """The one factory behind all four learners; ``ewc_lambda=None`` means no EWC.
 
-    Options (keyword arguments of every public factory): ``inner_steps`` (5 SGD
-    steps per support set), ``learning_rate`` (0.03), ``filters`` (48),
-    ``activation`` ("leaky_relu"); EWC learners also take ``ewc_lambda`` (1e4).
+    Options (keyword arguments of every public factory; see the module doc):
+    ``inner_steps`` (5), ``learning_rate`` (0.01), ``filters`` (48),
+    ``activation`` ("leaky_relu"), ``adapt_norm`` (False), ``fresh_head``
+    (False), ``restart_each_support_set`` (False), ``weight_init``
+    ("original"); EWC learners also take ``ewc_lambda`` (1e4).
     """
-    _check_options(inner_steps, learning_rate, ewc_lambda, filters, activation)
+    flags = dict(adapt_norm=adapt_norm, fresh_head=fresh_head,
+                 restart_each_support_set=restart_each_support_set)
+    _check_options(inner_steps, learning_rate, ewc_lambda, filters, activation, flags,
+                   weight_init)
     image_shape = tuple(image_shape)
     embed = Conv4(filters=filters, activation=activation)
     head = LinearHead(spec.num_outputs)
+    scheme = "xavier" if weight_init == "original" else "lecun"
 
     def network(weights: Params, x: jax.Array) -> jax.Array:
         return head.apply(weights["head"], embed.apply(weights["embed"], x))
 
-    def fresh_head(key: jax.Array, embed_params: Params) -> Params:
+    def new_head(key: jax.Array, embed_params: Params) -> Params:
         dim = embedding_dim(embed, embed_params, image_shape)
-        return head.init(key, jnp.zeros((1, dim), jnp.float32))
+        head_key, init_key = jax.random.split(key)
+        return reinitialize(head.init(head_key, jnp.zeros((1, dim), jnp.float32)), init_key,
+                            scheme)
 
     def init_params(key, example_x, spec):
         check_image_shape(example_x, image_shape)
         embed_key, head_key = jax.random.split(key)
-        embed_params = embed.init(embed_key, example_x)
-        return {"embed": embed_params, "head": fresh_head(head_key, embed_params)}
+        embed_params = reinitialize(embed.init(embed_key, example_x),
+                                    jax.random.fold_in(embed_key, 1), scheme)
+        return {"embed": embed_params, "head": new_head(head_key, embed_params)}
+
+    def split(weights: Params) -> tuple[Params, Params]:
+        """(adapted leaves, leaves kept at params) of full network weights."""
+        return (weights, {}) if adapt_norm else split_norm(weights)
+
+    def start(params: Params, key: jax.Array | None) -> Params:
+        """The adapted leaves a task starts from."""
+        head_params = new_head(key, params["embed"]) if fresh_head else params["head"]
+        return split({"embed": params["embed"], "head": head_params})[0]
+
+    def logits_fn(params: Params) -> LogitsFn:
+        kept = split({"embed": params["embed"], "head": params["head"]})[1]
+        return lambda weights, x: network(merge(weights, kept), x)
 
     def init(params, key, spec):
-        if pretrained:
-            weights = {"embed": params["embed"], "head": fresh_head(key, params["embed"])}
-        else:
-            weights = params
+        weights = start(params, key)
         if ewc_lambda is None:
             return TuneState(weights)
         return EwcState(weights, jax.tree.map(jnp.zeros_like, weights), weights)
@@ -171,27 +234,35 @@ def _finetune(name: str, spec: TaskSpec, image_shape: tuple[int, int, int], *,
     def adapt(params, state, support_x, support_y):
         chex.assert_shape(support_x, (None, *image_shape))
         chex.assert_shape(support_y, (support_x.shape[0],))
+        apply = logits_fn(params)
 
         def loss_fn(weights):
-            logits = network(weights, support_x)
+            logits = apply(weights, support_x)
             return optax.softmax_cross_entropy_with_integer_labels(logits, support_y).mean()
 
         proximal = None
         if ewc_lambda is not None:
             proximal = functools.partial(ewc_proximal, fisher=state.fisher, anchors=state.anchors,
                                          strength=learning_rate * ewc_lambda)
-        weights = sgd(loss_fn, state.weights, inner_steps, learning_rate, proximal)
+        initial = start(params, None) if restart_each_support_set else state.weights
+        weights = sgd(loss_fn, initial, inner_steps, learning_rate, proximal)
         if ewc_lambda is None:
             return TuneState(weights)
-        fisher = diagonal_fisher(network, weights, support_x, support_y)
+        fisher = diagonal_fisher(apply, weights, support_x, support_y)
         return EwcState(weights, jax.tree.map(jnp.add, state.fisher, fisher), weights)
 
     def predict(params, state, target_x):
-        return network(state.weights, target_x)
+        return logits_fn(params)(state.weights, target_x)
 
     return Learner(name, spec, init_params, init, adapt, predict,
                    training="pretrain" if pretrained else "none", per_task_weights=True,
                    embed_apply=embed.apply)
+
+
+def merge(adapted: Params, kept: Params) -> Params:
+    """Full network weights from the adapted leaves and the leaves kept at params."""
+    return traverse_util.unflatten_dict({**traverse_util.flatten_dict(kept),
+                                         **traverse_util.flatten_dict(adapted)})
 
 
 def init_tune(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
@@ -203,7 +274,7 @@ def init_tune(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
 
 def pretrain_tune(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
                   **options) -> Learner:
-    """Fine-tune a pretrained embedding plus a fresh head on each support set in turn."""
+    """Fine-tune a pretrained embedding plus its head on each support set in turn."""
     return _finetune("pretrain_tune", spec, image_shape, pretrained=True, ewc_lambda=None,
                      **options)
 

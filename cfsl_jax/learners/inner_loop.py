@@ -13,8 +13,9 @@ other leaves adapt. An embedding (``maml_high``) is applied to each support
 set -- and to the target set -- on its own, once per set, and is only
 meta-learned.
 
-MAML++ features, each an option with the paper's default on (see
-``InnerLoopOptions``):
+MAML++ features, each an option (see ``InnerLoopOptions``; defaults as the
+authors' released configs and code, FewShotContinualLearning commit 39025a3,
+``few_shot_learning_system.py`` and ``experiment_template_config/*.json``):
 
 - LSLR: a learnable rate per adapted leaf and per inner step, initialised at
   ``inner_lr``; the step index k runs over all inner steps of the task
@@ -22,17 +23,32 @@ MAML++ features, each an option with the paper's default on (see
   (+1 for SCA's critic step). Off: the fixed rate ``inner_lr``.
 - Per-step batch norm: a scale/bias per inner step k, meta-learned; each
   forward pass normalises with its own batch's statistics. A forward pass
-  made after k inner steps (the target prediction after all support sets:
-  k = NSS*S) uses the parameters of step min(k, num_steps - 1).
+  made after k inner steps uses row k: the target prediction after all
+  support sets has its own row NSS*S (as the authors' ``step_idx``);
+  ``target_bn_row=False`` drops that row and reuses the last support step's
+  (row NSS*S - 1: the previous cfsl_jax behaviour).
 - Second-order meta-gradients; ``first_order=True`` stops the gradient
   through the inner gradients, and ``first_order_epochs=K`` meta-trains
   first-order for epochs < K (``Learner.for_epoch``; derivative-order
   annealing). Evaluation never differentiates, so both orders predict alike.
-- Multi-step loss: after each support set n the target loss over the target
-  samples whose labels the task has shown so far; ``meta_loss`` weighs the
-  NSS losses from uniform (progress 0) linearly to the final loss alone
-  (progress >= ``msl_fraction``, default 0.1). Once annealed, the
-  intermediate target passes are skipped at run time (``lax.cond``).
+- Multi-step loss, off by default (``use_multi_step_loss_optimization`` is
+  false in all 432 released configs): after each support set n the target
+  loss over the target samples whose labels the task has shown so far;
+  ``meta_loss`` weighs the NSS losses from uniform (progress 0) linearly to
+  the final loss alone (progress >= ``msl_fraction``, default 0.1). Once
+  annealed, the intermediate target passes are skipped at run time
+  (``lax.cond``).
+- ``restart_each_support_set=True`` (off; "as published"): every support set
+  starts again from the meta-learned weights instead of the fast weights the
+  previous set left (the step counter still advances), so only the last
+  support set reaches the target prediction. The paper-era MAML++ low-end
+  code did this (``VGGMAMLFewShotClassifier.forward`` re-copies
+  ``names_weights_copy`` inside the support-set loop, commit 39025a3; fixed
+  upstream in Aug 2020).
+- ``weight_init``: "original" (default) draws the adapted network's kernels
+  Xavier-uniform with zero biases and the embedding's (``maml_high``) with
+  PyTorch's default, as the authors' code (``models.init``); "lecun" keeps
+  Flax's LeCun-normal init (the previous behaviour).
 
 State (the ATM): ``InnerState(fast, step)``: the fast weights and, when LSLR
 or per-step BN is on, an int32 step counter k (4 bytes) that indexes them.
@@ -67,10 +83,12 @@ import optax
 
 from cfsl_jax import episode, metrics
 from cfsl_jax.learners.base import Learner, check_image_shape
+from cfsl_jax.models.init import reinitialize
 from cfsl_jax.models.norm import META_ONLY_PREFIX
 from cfsl_jax.spec import TaskSpec
 
 REMAT_POLICIES: tuple[str, ...] = ("full", "dots", "none")
+WEIGHT_INITS: tuple[str, ...] = ("original", "lecun")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,16 +101,20 @@ class InnerLoopOptions:
     per_step_bn: bool = True  # per-step batch-norm scale/bias
     first_order: bool = False  # first-order meta-gradients throughout
     first_order_epochs: int = 0  # first-order for epochs < this, then second-order
-    multi_step_loss: bool = True  # target loss after every support set, annealed
+    multi_step_loss: bool = False  # target loss after every support set, annealed
     msl_fraction: float = 0.1  # fraction of meta-training over which the MSL anneals
     remat: str = "full"  # jax.checkpoint of adapt: "full" (save inputs), "dots", "none"
     unroll: int | bool = 1  # lax.scan unroll over support sets in meta_loss (True: full)
     unroll_inner: bool = True  # unroll the S inner steps of a support set (else lax.scan)
+    target_bn_row: bool = True  # the target forward after NSS*S steps has its own BN row
+    restart_each_support_set: bool = False  # as published: each set restarts from params
+    weight_init: str = "original"  # "original" (authors' Xavier / PyTorch default), "lecun"
 
     def __post_init__(self):
         _check_int("inner_steps", self.inner_steps, 1)
         _check_int("first_order_epochs", self.first_order_epochs, 0)
-        for name in ("lslr", "per_step_bn", "first_order", "multi_step_loss", "unroll_inner"):
+        for name in ("lslr", "per_step_bn", "first_order", "multi_step_loss", "unroll_inner",
+                     "target_bn_row", "restart_each_support_set"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if isinstance(self.inner_lr, bool) or not isinstance(self.inner_lr, (int, float)) \
@@ -101,6 +123,8 @@ class InnerLoopOptions:
         if isinstance(self.msl_fraction, bool) or not isinstance(self.msl_fraction, (int, float)) \
                 or not 0 < self.msl_fraction <= 1:
             raise ValueError(f"msl_fraction must be in (0, 1], got {self.msl_fraction!r}")
+        if self.weight_init not in WEIGHT_INITS:
+            raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {self.weight_init!r}")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {self.remat!r}")
         if not isinstance(self.unroll, bool):
@@ -178,7 +202,7 @@ class InnerLoop(NamedTuple):
 
     spec: TaskSpec
     options: InnerLoopOptions
-    num_steps: int  # LSLR rates / per-step BN entries: NSS*S + extra_steps
+    num_steps: int  # LSLR rates: NSS*S + extra_steps (per-step BN: the net's num_steps rows)
     init_params: Callable  # (key, example_x, spec) -> params
     init: Callable  # (params, key, spec) -> InnerState
     featurize: Callable  # (params, x) -> features (identity without an embedding)
@@ -194,11 +218,13 @@ def make_inner_loop(spec: TaskSpec, image_shape: tuple[int, ...], net: nn.Module
     """The MAML++ pieces for ``net`` (called as ``net.apply(p, features, step)``).
 
     ``net`` has a ``num_steps`` field: the rows of its per-step tables
-    (``PerStepBatchNorm``); ``adapt`` applies a clone with S rows to the rows
-    of the current support set.
+    (``PerStepBatchNorm``: NSS*S + extra_steps, + 1 with ``target_bn_row``);
+    ``adapt`` applies a clone with S rows to the rows of the current support set.
 
     ``embed`` (optional) maps each set of images to the features ``net`` sees;
     ``extra_steps`` adds LSLR/BN entries after the NSS*S support-set steps.
+    With ``weight_init="original"`` the net is drawn Xavier-uniform and the
+    embedding with PyTorch's default (``models.init``).
     """
     S = options.inner_steps
     num_steps = spec.nss * S + extra_steps
@@ -211,10 +237,15 @@ def make_inner_loop(spec: TaskSpec, image_shape: tuple[int, ...], net: nn.Module
         check_image_shape(example_x, image_shape)
         embed_key, net_key = jax.random.split(key)
         params = {}
+        original = options.weight_init == "original"
         if embed is not None:
-            params["embed"] = embed.init(embed_key, example_x)["params"]
+            params["embed"] = reinitialize(embed.init(embed_key, example_x)["params"],
+                                           jax.random.fold_in(embed_key, 1),
+                                           "torch" if original else "lecun")
         features = jax.eval_shape(featurize, params, example_x)
-        params["net"] = net.init(net_key, jnp.zeros(features.shape, features.dtype), 0)["params"]
+        params["net"] = reinitialize(
+            net.init(net_key, jnp.zeros(features.shape, features.dtype), 0)["params"],
+            jax.random.fold_in(net_key, 1), "xavier" if original else "lecun")
         if options.lslr:
             fast, _ = split_fast(params["net"])
             params["lslr"] = jax.tree.map(
@@ -229,15 +260,18 @@ def make_inner_loop(spec: TaskSpec, image_shape: tuple[int, ...], net: nn.Module
     def view(params, step, length):
         """(meta-only net leaves, LSLR rates) with the per-step tables cut to ``length`` rows.
 
-        The rows start at min(step, num_steps - length): inside ``adapt`` one
+        A table's rows start at min(step, its rows - length): inside ``adapt`` one
         dynamic slice per table and support set, then static row s per inner step.
         """
         _, frozen = split_fast(params["net"])
         rates = params.get("lslr")
         if step is None:
             return frozen, rates
-        start = jnp.minimum(step, num_steps - length)
-        cut = lambda table: jax.lax.dynamic_slice_in_dim(table, start, length)  # noqa: E731
+
+        def cut(table):
+            start = jnp.minimum(step, table.shape[0] - length)
+            return jax.lax.dynamic_slice_in_dim(table, start, length)
+
         if options.per_step_bn:
             frozen = jax.tree.map(cut, frozen)
         return frozen, None if rates is None else jax.tree.map(cut, rates)
@@ -282,12 +316,12 @@ def make_inner_loop(spec: TaskSpec, image_shape: tuple[int, ...], net: nn.Module
                     apply_view(frozen, f, features, s), support_y)
                 return update(fast, jax.grad(loss_fn)(fast), rates, s, first_order)
 
+            fast = split_fast(params["net"])[0] if options.restart_each_support_set else state.fast
             if options.unroll_inner:
-                fast = state.fast
                 for s in range(S):
                     fast = one_step(fast, s)
             else:
-                fast, _ = jax.lax.scan(lambda f, s: (one_step(f, s), None), state.fast,
+                fast, _ = jax.lax.scan(lambda f, s: (one_step(f, s), None), fast,
                                        jnp.arange(S, dtype=jnp.int32))
             return InnerState(fast, None if state.step is None else state.step + S)
 

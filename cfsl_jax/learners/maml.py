@@ -9,16 +9,29 @@ the spec; every conv kernel and linear weight/bias adapts (ATM = all of them, pl
 the 4-byte step counter; the convs have no bias: batch norm follows them).
 
 ``maml_high``: an ``SEDenseNet`` embedding (stem ``embed_filters`` = 64,
-``growth`` 64, 2 stages x 2 blocks, pooled to 5x5), meta-learned only and
+``growth`` 64, 2 stages x 2 blocks, transitions keeping all channels: 192
+then 320, pooled to 5x5; as the authors' code), meta-learned only and
 applied to each support set and to the target set separately, then an
 ``AdaptableHead`` (``filters`` = 48) whose weights adapt (ATM = the head's
-weights, plus the step counter).
+weights, plus the step counter: 976,192 bytes on 28x28 Omniglot B3, ATM 20.75).
+Options of the previous, smaller network (126,896 bytes on B3, ATM 2.70):
+``shrink_transitions=True`` (transitions back to ``embed_filters`` = 64
+channels) and ``se_mlp=True`` (2-layer squeeze-excite MLPs; see
+``models.densenet``).
 
-Inner-loop options (``inner_steps``, ``inner_lr``, ``lslr``, ``per_step_bn``,
-``first_order``, ``first_order_epochs``, ``multi_step_loss``, ``msl_fraction``,
-``remat``, ``unroll``, ``unroll_inner``) are documented in
-``inner_loop.InnerLoopOptions``; ``conv`` picks the convolution ("auto":
-im2col matmuls on CPU, XLA convolutions elsewhere; see ``models.densenet``).
+Inner-loop options are documented in ``inner_loop.InnerLoopOptions``, with
+their defaults: ``inner_steps`` (5), ``inner_lr`` (0.01), ``lslr`` (True),
+``per_step_bn`` (True), ``target_bn_row`` (True: the target forward after
+NSS*S steps uses its own per-step BN row NSS*S; False: reuses the last
+support step's row, the previous behaviour), ``first_order`` (False),
+``first_order_epochs`` (0), ``multi_step_loss`` (False, as all the released
+configs; True: the previous default), ``msl_fraction`` (0.1),
+``restart_each_support_set`` (False; True: "as published", each support set
+restarts from the meta-weights so only the last one reaches the target, as
+the paper-era MAML++ low-end code), ``weight_init`` ("original": Xavier-
+uniform adapted layers, PyTorch-default embedding; "lecun": the previous
+Flax init), ``remat``, ``unroll``, ``unroll_inner``; ``conv`` picks the
+convolution (see ``models.conv``).
 """
 
 from __future__ import annotations
@@ -74,14 +87,15 @@ def maml_low_loop(spec: TaskSpec, image_shape=(28, 28, 1), filters: int = 48,
         raise ValueError(f"image_shape {shape} is too small for {num_blocks} 2x2 max-pools "
                          f"(needs H, W >= {2**num_blocks})")
     opts = InnerLoopOptions(**options)
-    steps = spec.nss * opts.inner_steps if opts.per_step_bn else 1
+    steps = spec.nss * opts.inner_steps + opts.target_bn_row if opts.per_step_bn else 1
     net = MamlConv4(spec.num_outputs, filters, num_blocks, steps, conv)
     return make_inner_loop(spec, shape, net, opts)
 
 
 def maml_high_loop(spec: TaskSpec, image_shape=(28, 28, 1), filters: int = 48,
                    embed_filters: int = 64, growth: int = 64, conv: str = "auto",
-                   extra_steps: int = 0, **options) -> InnerLoop:
+                   extra_steps: int = 0, se_mlp: bool = False, shrink_transitions: bool = False,
+                   **options) -> InnerLoop:
     """The inner-loop pieces of ``maml_high`` (SCA passes ``extra_steps=1``)."""
     shape = _check_common(image_shape, filters, conv)
     for name, value in (("embed_filters", embed_filters), ("growth", growth)):
@@ -89,10 +103,15 @@ def maml_high_loop(spec: TaskSpec, image_shape=(28, 28, 1), filters: int = 48,
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if min(shape[:2]) < 4:
         raise ValueError(f"image_shape {shape} is too small for the SE-DenseNet (needs H, W >= 4)")
+    for name, value in (("se_mlp", se_mlp), ("shrink_transitions", shrink_transitions)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be a bool, got {value!r}")
     opts = InnerLoopOptions(**options)
-    steps = spec.nss * opts.inner_steps + extra_steps if opts.per_step_bn else 1
-    embed = SEDenseNet(embed_filters, growth, conv_impl=conv)
-    head = AdaptableHead(spec.num_outputs, filters, steps, conv)
+    steps = (spec.nss * opts.inner_steps + extra_steps + opts.target_bn_row
+             if opts.per_step_bn else 1)
+    embed = SEDenseNet(embed_filters, growth, conv_impl=conv, se_mlp=se_mlp,
+                       shrink_transitions=shrink_transitions)
+    head = AdaptableHead(spec.num_outputs, filters, steps, conv, se_mlp=se_mlp)
     return make_inner_loop(spec, shape, head, opts, embed=embed, extra_steps=extra_steps)
 
 

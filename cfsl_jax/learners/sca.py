@@ -1,19 +1,33 @@
 """SCA (Self-Critique and Adapt, Antoniou & Storkey 2019) on top of MAML++ high-end.
 
-    learner = sca(spec)          # maml_high options + critic_hidden
+    learner = sca(spec)          # maml_high options + critic, critic_hidden
 
 ``sca`` is ``maml_high`` plus a meta-learned critic. After the support sets
 (``adapt``, exactly as ``maml_high``; the ATM is the same), ``predict`` takes
 one extra inner step on the unlabelled target set: the critic maps per-sample
-features of the head's target predictions -- logits, |logits|, logits^2 and
-the softmax (as in the paper's critic's "preds" inputs) -- through an MLP
-(``critic_hidden``, 2 swish layers: the critic is learned only through the
-gradient it induces, and with piecewise-linear activations that gradient does
-not depend on its hidden biases) to a per-sample score whose mean is
-the critic loss; the fast weights take an SGD step on it with the LSLR rate
-(and per-step BN) of step NSS*S, and the target set is predicted again. The
-critic step keeps its second-order path even when the support-set steps are
-first-order (``first_order``): the critic is only learned through it.
+features of the head's target predictions through an MLP to a per-sample
+score, and the critic loss is their sum over the target samples; the fast
+weights take an SGD step on it with the LSLR rate of step NSS*S, and the
+target set is predicted again (per-step BN: the pre-critic forward uses row
+NSS*S, the post-critic one row NSS*S + 1). The critic step keeps its
+second-order path even when the support-set steps are first-order
+(``first_order``): the critic is only learned through it.
+
+``critic="original"`` (default, the authors' ``CriticNetwork`` with
+``conditional_information=["preds"]``, ``standard_neural_network_architectures.py``
+at FewShotContinualLearning commit abc7c72): features [logits, |logits|,
+logits^2, sign(logits)], two hidden linear layers of ``critic_hidden`` (16)
+units with LeakyReLU, a linear output, no biases anywhere, summed over the
+target samples; PyTorch's default init with ``weight_init="original"``.
+``critic="smooth"`` is the previous cfsl_jax critic: the softmax in place of
+the sign, swish, biased hidden layers, the mean over samples (it used
+``critic_hidden=32``).
+
+Per-step BN rows: the authors' code forwards the target set at rows NSS*S
+(logged only), NSS*S + 1 (the critic's input, and the "pre" loss) and
+NSS*S + 2 (post-critic), and steps with rate NSS*S + 1; cfsl_jax drops the
+logged-only forward, so its rows NSS*S / NSS*S + 1 and rate NSS*S are the
+same parameters under other indices.
 
 ``meta_loss`` = w_pre * (MAML++ target loss before the critic step, with the
 multi-step loss if on) + w_post * (target loss after it), w_pre = (1 -
@@ -32,21 +46,29 @@ from cfsl_jax import metrics
 from cfsl_jax.learners.base import Learner
 from cfsl_jax.learners.inner_loop import InnerLoop, InnerState, assemble
 from cfsl_jax.learners.maml import maml_high_loop
+from cfsl_jax.models.init import reinitialize
 from cfsl_jax.spec import TaskSpec
 
 
-class Critic(nn.Module):
-    """Target logits [n, O] -> a scalar critic loss (mean of per-sample MLP scores)."""
+CRITICS: tuple[str, ...] = ("original", "smooth")
 
-    hidden: int = 32
+
+class Critic(nn.Module):
+    """Target logits [n, O] -> a scalar critic loss (see the module doc for the two kinds)."""
+
+    hidden: int = 16
+    kind: str = "original"
 
     @nn.compact
     def __call__(self, logits: jax.Array) -> jax.Array:
-        features = jnp.concatenate(
-            [logits, jnp.abs(logits), jnp.square(logits), jax.nn.softmax(logits)], axis=-1)
-        h = nn.swish(nn.Dense(self.hidden)(features))
-        h = nn.swish(nn.Dense(self.hidden)(h))
-        return jnp.mean(nn.Dense(1, use_bias=False)(h))  # a bias would not change the step
+        smooth = self.kind == "smooth"
+        last = jax.nn.softmax(logits) if smooth else jnp.sign(logits)
+        features = jnp.concatenate([logits, jnp.abs(logits), jnp.square(logits), last], axis=-1)
+        act = nn.swish if smooth else nn.leaky_relu
+        h = act(nn.Dense(self.hidden, use_bias=smooth)(features))
+        h = act(nn.Dense(self.hidden, use_bias=smooth)(h))
+        scores = nn.Dense(1, use_bias=False)(h)[:, 0]  # an output bias would not change the step
+        return jnp.mean(scores) if smooth else jnp.sum(scores)
 
 
 def _critic_logits(loop: InnerLoop, critic: Critic, params, state: InnerState,
@@ -64,19 +86,28 @@ def _critic_logits(loop: InnerLoop, critic: Critic, params, state: InnerState,
     return pre, post
 
 
-def sca(spec: TaskSpec, image_shape=(28, 28, 1), critic_hidden: int = 32, **options) -> Learner:
-    """SCA: ``maml_high`` (same options) + a critic step on the target set inside ``predict``."""
+def sca(spec: TaskSpec, image_shape=(28, 28, 1), critic: str = "original",
+        critic_hidden: int = 16, **options) -> Learner:
+    """SCA: ``maml_high`` (same options) + a critic step on the target set inside ``predict``.
+
+    ``critic``: "original" (the authors') or "smooth" (the previous cfsl_jax
+    critic); ``critic_hidden``: its hidden units (16). See the module doc.
+    """
     if isinstance(critic_hidden, bool) or not isinstance(critic_hidden, int) or critic_hidden < 1:
         raise ValueError(f"critic_hidden must be a positive integer, got {critic_hidden!r}")
+    if critic not in CRITICS:
+        raise ValueError(f"critic must be one of {CRITICS}, got {critic!r}")
     loop = maml_high_loop(spec, image_shape, extra_steps=1, **options)
-    critic = Critic(critic_hidden)
+    critic_net = Critic(critic_hidden, critic)
+    critic_init = "torch" if loop.options.weight_init == "original" else "lecun"
     base_init_params = loop.init_params
 
     def init_params(key, example_x, spec):
         base_key, critic_key = jax.random.split(key)
         params = base_init_params(base_key, example_x, spec)
         logits = jnp.zeros((1, spec.num_outputs), jnp.float32)
-        params["critic"] = critic.init(critic_key, logits)["params"]
+        params["critic"] = reinitialize(critic_net.init(critic_key, logits)["params"],
+                                        jax.random.fold_in(critic_key, 1), critic_init)
         return params
 
     loop = loop._replace(init_params=init_params)
@@ -85,7 +116,8 @@ def sca(spec: TaskSpec, image_shape=(28, 28, 1), critic_hidden: int = 32, **opti
         del first_order
 
         def predict(params, state, target_x):
-            return _critic_logits(loop, critic, params, state, loop.featurize(params, target_x))[1]
+            return _critic_logits(loop, critic_net, params, state,
+                                  loop.featurize(params, target_x))[1]
         return predict
 
     def make_meta_loss(first_order):
@@ -93,7 +125,8 @@ def sca(spec: TaskSpec, image_shape=(28, 28, 1), critic_hidden: int = 32, **opti
 
         def meta_loss(params, support_x, support_y, target_x, target_y, key, progress):
             result = objective(params, support_x, support_y, target_x, target_y, key, progress)
-            _, post = _critic_logits(loop, critic, params, result.state, result.target_features)
+            _, post = _critic_logits(loop, critic_net, params, result.state,
+                                     result.target_features)
             progress = jnp.clip(jnp.asarray(progress, jnp.float32), 0.0, 1.0)
             loss = (0.5 * (1.0 - progress) * result.loss
                     + 0.5 * (1.0 + progress) * metrics.cross_entropy(post, target_y))

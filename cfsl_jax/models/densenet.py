@@ -1,27 +1,43 @@
 """The MAML++ high-end networks: an SE-DenseNet embedding and an adaptable head.
 
-``SEDenseNet`` (meta-learned only, never adapted): a 3x3 stem conv
-(``filters``), then ``num_stages`` stages of ``blocks_per_stage`` dense blocks
-[squeeze-excite gate -> 1x1 conv (``growth``) -> 3x3 conv (``growth``), each
-conv with ``BatchStatNorm`` + LeakyReLU; the block's output is concatenated to
-its input]; after each stage a 2x2 average pool and a 1x1 transition conv back
-to ``filters`` channels (+ norm + LeakyReLU); finally an adaptive average pool
-to ``output_size`` x ``output_size`` (PyTorch's bins: output cell i covers
-input rows floor(i*H/o) .. ceil((i+1)*H/o)-1, so a 28x28 input, 7x7 after two
-stages, is pooled to 5x5 with overlapping 3x3/2x2 bins; an input smaller than
-the output repeats cells). Normalisation uses the statistics of the batch it
-is given, so a support set or the target set is embedded on its own.
+As the authors' code (FewShotContinualLearning: ``SqueezeExciteDenseNet`` of
+``standard_neural_network_architectures.py`` at commit abc7c72 and
+``VGGActivationNormNetworkWithAttention`` of
+``meta_neural_network_architectures.py`` at 39025a3, with the configs'
+``num_filters`` 64, ``num_blocks_per_stage`` 2, ``num_stages`` 2,
+``output_spatial_dimensionality`` 5):
 
-``AdaptableHead`` (adapted in the inner loop): [SE -> 3x3 conv (``filters``)
-+ ``PerStepBatchNorm`` + LeakyReLU -> 2x2 max-pool -> SE -> global average
-pool -> linear]. Its call takes the inner-step index for the per-step norm.
-Convolutions have no bias (each feeds a batch norm, which would cancel it).
+``SEDenseNet`` (meta-learned only, never adapted): a 3x3 stem conv
+(``filters`` = 64), then ``num_stages`` stages of ``blocks_per_stage`` dense
+blocks [squeeze-excite gate on the block input -> 1x1 conv (``growth``) ->
+3x3 conv (``growth``), each conv with ``BatchStatNorm`` + LeakyReLU; the
+gated input and the new ``growth`` channels are concatenated]; after each
+stage a 2x2 average pool and a 1x1 transition conv (+ norm + LeakyReLU) that
+keeps all its channels (reduction 1.0: 64 -> 192 -> 320 channels with the
+defaults); finally an adaptive average pool to ``output_size`` x
+``output_size`` (PyTorch's bins: output cell i covers input rows
+floor(i*H/o) .. ceil((i+1)*H/o)-1, so a 28x28 input, 7x7 after two stages, is
+pooled to 5x5 with overlapping 3x3/2x2 bins; an input smaller than the
+output repeats cells). Normalisation uses the statistics of the batch it is
+given, so a support set or the target set is embedded on its own.
+
+``SqueezeExcite`` (the authors'): x * sigmoid(Linear_CxC(global mean of x)),
+one linear layer with a bias. ``se_mlp=True`` selects the previous cfsl_jax
+gate instead: a 2-layer MLP (hidden max(C // 4, 4), ReLU) whose gate only
+feeds the block's convs (the concatenation carries the ungated input); with
+``shrink_transitions=True`` the transitions go back to ``filters`` channels
+(64 -> 64 -> 64): together the two options are the previous embedding.
+
+``AdaptableHead`` (adapted in the inner loop): [SE -> 3x3 conv (``filters``
+= 48) + ``PerStepBatchNorm`` + LeakyReLU -> 2x2 max-pool -> SE -> global
+average pool -> linear]. Its call takes the inner-step index for the
+per-step norm. Its convolution has no bias: the batch norm after it cancels a
+bias exactly, so the authors' (adapted) conv bias never moves.
 
 Convolutions are ``models.conv.Conv`` with ``impl`` from the learner
-(default "auto": im2col GEMMs on CPU, whose derivatives of every order are
-matmuls; XLA convolutions elsewhere), without bias. ``max_pool`` is a reshape + max
-(twice differentiable with elementwise ops only; odd edges are dropped, as
-VALID pooling does).
+(default "auto", see ``models.conv``), without bias. ``max_pool`` is a
+reshape + max (twice differentiable with elementwise ops only; odd edges are
+dropped, as VALID pooling does).
 """
 
 from __future__ import annotations
@@ -69,21 +85,25 @@ def adaptive_avg_pool(x: jax.Array, out: int) -> jax.Array:
 
 
 class SqueezeExcite(nn.Module):
-    """Channel gate: x * sigmoid(MLP(global average of x)); hidden = max(C // reduction, 4)."""
+    """Channel gate x * sigmoid(f(global average of x)): f = Linear CxC, or with ``mlp`` a
+    2-layer MLP of hidden max(C // reduction, 4) with ReLU."""
 
+    mlp: bool = False
     reduction: int = 4
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         channels = x.shape[-1]
         squeezed = jnp.mean(x, axis=(1, 2))
-        hidden = nn.relu(nn.Dense(max(channels // self.reduction, 4))(squeezed))
-        gate = nn.sigmoid(nn.Dense(channels)(hidden))
+        if self.mlp:
+            squeezed = nn.relu(nn.Dense(max(channels // self.reduction, 4))(squeezed))
+        gate = nn.sigmoid(nn.Dense(channels)(squeezed))
         return x * gate[:, None, None, :]
 
 
 class SEDenseNet(nn.Module):
-    """SE-DenseNet embedding: [n, H, W, C] -> [n, output_size, output_size, filters]."""
+    """SE-DenseNet embedding: [n, H, W, C] -> [n, output_size, output_size, channels]
+    (channels = filters + num_stages * blocks_per_stage * growth; ``filters`` if shrunk)."""
 
     filters: int = 64
     growth: int = 64
@@ -91,6 +111,8 @@ class SEDenseNet(nn.Module):
     blocks_per_stage: int = 2
     output_size: int = 5
     conv_impl: str = "auto"
+    se_mlp: bool = False  # the previous gate: 2-layer MLP, feeding the convs only
+    shrink_transitions: bool = False  # the previous transitions: back to ``filters`` channels
 
     def _conv_norm_act(self, x: jax.Array, features: int, kernel_size: int) -> jax.Array:
         x = Conv(features, kernel_size, self.conv_impl, use_bias=False)(x)
@@ -101,11 +123,13 @@ class SEDenseNet(nn.Module):
         x = self._conv_norm_act(x, self.filters, 3)
         for _ in range(self.num_stages):
             for _ in range(self.blocks_per_stage):
-                y = SqueezeExcite()(x)
-                y = self._conv_norm_act(y, self.growth, 1)
+                gated = SqueezeExcite(self.se_mlp)(x)
+                y = self._conv_norm_act(gated, self.growth, 1)
                 y = self._conv_norm_act(y, self.growth, 3)
-                x = jnp.concatenate([x, y], axis=-1)
-            x = self._conv_norm_act(avg_pool(x), self.filters, 1)
+                x = jnp.concatenate([x if self.se_mlp else gated, y], axis=-1)
+            x = avg_pool(x)
+            keep = self.filters if self.shrink_transitions else x.shape[-1]
+            x = self._conv_norm_act(x, keep, 1)
         return adaptive_avg_pool(x, self.output_size)
 
 
@@ -116,12 +140,13 @@ class AdaptableHead(nn.Module):
     filters: int = 48
     num_steps: int = 1
     conv_impl: str = "auto"
+    se_mlp: bool = False  # the previous 2-layer squeeze-excite MLP
 
     @nn.compact
     def __call__(self, x: jax.Array, step: jax.Array | int = 0) -> jax.Array:
-        x = SqueezeExcite()(x)
+        x = SqueezeExcite(self.se_mlp)(x)
         x = Conv(self.filters, 3, self.conv_impl, use_bias=False)(x)
         x = nn.leaky_relu(PerStepBatchNorm(self.num_steps)(x, step))
         x = max_pool(x)
-        x = SqueezeExcite()(x)
+        x = SqueezeExcite(self.se_mlp)(x)
         return nn.Dense(self.num_outputs)(jnp.mean(x, axis=(1, 2)))
