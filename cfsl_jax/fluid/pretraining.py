@@ -121,6 +121,7 @@ def empirical_fisher(method: Method, params: Params, split: Split, key: jax.Arra
                      samples: int = 256, chunk: int = 32) -> Params:
     """Diagonal empirical Fisher of the backbone: mean squared per-sample log-likelihood grads."""
     pool = supervised.entry_pool(split.class_table)
+    samples = min(samples, int(pool.image_idx.shape[0]))  # all of a small pretraining set
     pick = jax.random.choice(key, pool.image_idx.shape[0], (samples,), replace=False)
 
     def per_sample(embed, image, label):
