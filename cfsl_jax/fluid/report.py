@@ -121,12 +121,7 @@ def plot_rolling_accuracy(curves: dict[str, np.ndarray], window: int, path: str,
     axis.set_xlabel("samples seen")
     axis.set_ylabel(f"accuracy (last {window} samples)")
     axis.set_ylim(0.0, 1.0)
-    axis.set_title(title)
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    _finish(figure, axis, title, path)
 
 
 def plot_update_strategy(cells: list[dict], path: str, title: str) -> None:
@@ -143,6 +138,11 @@ def plot_update_strategy(cells: list[dict], path: str, title: str) -> None:
     axis.set_xscale("log")
     axis.set_xlabel("total GMACs (uncached)")
     axis.set_ylabel("overall accuracy (%)")
+    _finish(figure, axis, title, path)
+
+
+def _finish(figure, axis, title: str, path: str) -> None:
+    """Title, grid and legend on ``axis``; ``figure`` saved to ``path`` (PNG) and closed."""
     axis.set_title(title)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7)
