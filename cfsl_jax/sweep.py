@@ -1,4 +1,6 @@
-"""Sweeps: a grid of (dataset x learner x task cell x seed) runs, each in its own workdir.
+"""Sweeps: running a grid of (dataset x learner x task cell x seed) runs in worker processes,
+each run in its own workdir (the grid, the layout and the run statuses: ``cfsl_jax.sweep_plan``,
+whose names are importable from here too).
 
     from cfsl_jax import sweep
     from cfsl_jax.train import TrainConfig
@@ -8,21 +10,10 @@
 
 Rules:
 
-- Layout: ``<sweep_dir>/<dataset>/<learner>/<cell>/seed<k>/``, a plain
-  ``train.train_and_evaluate`` workdir; ``/`` in a dataset name becomes ``-``
-  (``omniglot/small`` -> ``omniglot-small``). Every other field of the runs'
-  ``TrainConfig`` (the budget, spec overrides, options) is the sweep's.
-- A run is **done** when its ``results.json`` exists (``train_and_evaluate``
-  writes it last, atomically), **partial** when its workdir holds a
-  ``config.json`` but no results (``train_and_evaluate`` resumes it from its
-  checkpoints), **new** otherwise, and a **conflict** when its ``config.json``
-  differs from the sweep's config (another budget, say): it is never run, the
-  sweep asks for another sweep directory. A sweep killed at any point therefore
-  continues where it stopped when run again, and runs only what is missing.
-- Order: seed-major (every run of seed 0, then seed 1, ...), so a program is
-  compiled once, by seed 0's run, and the other seeds load it from the
-  persistent XLA compilation cache, which workers use at ``<sweep_dir>/xla_cache``
-  unless this process already configured one (then they share it).
+- Only runs that are not done are run (a partial run resumes from its
+  checkpoints; a conflicting one is never run), in the plan's seed-major order.
+  Workers share the persistent XLA compilation cache, at
+  ``<sweep_dir>/xla_cache`` unless this process already configured one.
 - Workers are separate processes (``multiprocessing`` "spawn": a process that
   imported jax is never forked). ``workers=None`` probes a fresh process for
   the backend: one worker per GPU (each sees only its own GPU through
@@ -34,11 +25,7 @@ Rules:
   debugging), with this process's jax configuration.
 - A run that raises is recorded as failed (its traceback goes to the log and
   to ``<workdir>/error.log``; a user error, such as a spec a split cannot
-  supply, is one line); the sweep goes on with the others. A learner that
-  cannot be built (not implemented yet, a bad option) is skipped by ``grid``
-  with its reason, before anything runs. ``plan(..., check=True)`` (what
-  ``--dry_run`` lists) marks **impossible** the runs whose spec a split they
-  sample tasks from cannot supply, with the reason.
+  supply, is one line); the sweep goes on with the others.
 - Ctrl-C stops a sweep at once: no queued run starts, every worker
   checkpoints its run and exits, and ``KeyboardInterrupt`` says how to
   continue (run the same command again).
@@ -51,174 +38,30 @@ Rules:
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import json
 import multiprocessing
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 
 from cfsl_jax import data, progress, train
 from cfsl_jax.errors import UserError
-from cfsl_jax.learners import LEARNERS, get_learner
-from cfsl_jax.spec import PAPER_GRID
+from cfsl_jax.sweep_plan import (  # noqa: F401  (re-exported: planning a sweep)
+    STATUSES, Outcome, Run, check_learners, grid, impossible, plan, run_dir, safe_name, status,
+    summary)
 
-STATUSES: tuple[str, ...] = ("done", "partial", "new", "conflict", "impossible")
+
 # jax options a worker copies from the process that starts the sweep.
 INHERITED_JAX_OPTIONS: tuple[str, ...] = (
     "jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
     "jax_persistent_cache_min_entry_size_bytes", "jax_disable_most_optimizations",
     "jax_enable_x64", "jax_default_matmul_precision")
-
-
-class Run(NamedTuple):
-    """One run of a sweep: its full config and its workdir."""
-
-    config: train.TrainConfig
-    workdir: str
-
-    @property
-    def name(self) -> str:
-        return (f"{self.config.dataset}/{self.config.learner}/{self.config.task}/"
-                f"seed{self.config.seed}")
-
-
-class Outcome(NamedTuple):
-    """What running (or not running) one run did."""
-
-    run: Run
-    status: str  # "skipped" (done before), "finished", "failed", "conflict", "interrupted"
-    seconds: float
-    detail: str  # test accuracy, the error, or the reason
-
-
-def safe_name(name: str) -> str:
-    """A name usable as one path component (``/`` and odd characters become ``-``)."""
-    return re.sub(r"[^A-Za-z0-9_.=-]", "-", str(name).replace("/", "-"))
-
-
-def run_dir(sweep_dir: str, config: train.TrainConfig) -> str:
-    """``<sweep_dir>/<dataset>/<learner>/<cell>/seed<k>`` for a run's config."""
-    return os.path.join(sweep_dir, safe_name(config.dataset), safe_name(config.learner),
-                        safe_name(config.task), f"seed{config.seed}")
-
-
-def check_learners(learners: Iterable[str], cell: str, base: train.TrainConfig,
-                   learner_options: Mapping[str, dict] | None = None
-                   ) -> tuple[list[str], dict[str, str]]:
-    """Learners that build for ``cell`` (with the base spec overrides and their options), and
-    ``{name: reason}`` for those that do not."""
-    spec = dataclasses.replace(base, task=cell).spec
-    usable, skipped = [], {}
-    for name in learners:
-        options = {**base.learner_options, **(learner_options or {}).get(name, {})}
-        try:
-            get_learner(name, spec, **options)
-        except Exception as error:  # noqa: BLE001  (any build failure means: skip it)
-            skipped[name] = f"{type(error).__name__}: {error}"
-        else:
-            usable.append(name)
-    return usable, skipped
-
-
-def grid(base: train.TrainConfig, learners: Sequence[str] | None = None,
-         cells: Sequence[str] = PAPER_GRID, seeds: Sequence[int] = (0, 1, 2),
-         datasets: Sequence[str] | None = None, learner_options: Mapping[str, dict] | None = None
-         ) -> tuple[list[train.TrainConfig], dict[str, str]]:
-    """The sweep's run configs (seed-major) and the learners skipped, with their reasons.
-
-    ``base`` is a ``TrainConfig`` giving everything but (dataset, learner, task,
-    seed); ``learners=None`` means every registered learner that builds;
-    ``datasets=None`` means ``[base.dataset]``; ``learner_options`` maps a learner
-    to options added to ``base.learner_options`` for it alone.
-    """
-    names = list(LEARNERS if learners is None else learners)
-    unknown = [name for name in names if name not in LEARNERS]
-    if unknown:
-        raise ValueError(f"unknown learner(s) {unknown}; valid: {LEARNERS}")
-    for name in learner_options or {}:
-        if name not in LEARNERS:
-            raise ValueError(f"learner_options names unknown learner {name!r}; valid: {LEARNERS}")
-    if not cells or not seeds or not names:
-        raise ValueError(f"a sweep needs at least one learner, cell and seed, got learners="
-                         f"{names}, cells={list(cells)}, seeds={list(seeds)}")
-    for what, values in (("learners", names), ("cells", cells), ("seeds", seeds),
-                         ("datasets", datasets or [])):
-        if len(set(values)) != len(values):
-            raise ValueError(f"{what} lists a value twice: {list(values)}")
-    configs = []
-    for cell in cells:  # validates every cell (with the overrides) up front
-        dataclasses.replace(base, task=cell).check()
-    usable, skipped = check_learners(names, cells[0], base, learner_options)
-    for seed in seeds:
-        for dataset in datasets or [base.dataset]:
-            for learner in usable:
-                options = {**base.learner_options, **(learner_options or {}).get(learner, {})}
-                for cell in cells:
-                    configs.append(dataclasses.replace(
-                        base, dataset=dataset, learner=learner, learner_options=options,
-                        task=cell, seed=int(seed)))
-    return configs, skipped
-
-
-def status(run: Run) -> tuple[str, str]:
-    """(one of STATUSES, a detail) for a run's workdir."""
-    config_path = os.path.join(run.workdir, "config.json")
-    if not os.path.exists(config_path):
-        return "new", ""
-    with open(config_path) as f:
-        differs = train.config_differences(json.load(f), run.config)
-    if differs:
-        return "conflict", (f"{run.workdir} holds a run with a different config (fields "
-                            f"{differs}); use another sweep directory")
-    if os.path.exists(os.path.join(run.workdir, "results.json")):
-        return "done", ""
-    return "partial", ""
-
-
-def plan(configs: Iterable[train.TrainConfig], sweep_dir: str, check: bool = False
-         ) -> list[tuple[Run, str, str]]:
-    """Every run with its status and detail (what ``--dry_run`` lists); with ``check``, a run
-    that is not done and whose spec a split it samples from cannot supply is "impossible"
-    (this loads every dataset of the sweep)."""
-    runs = [Run(config, run_dir(sweep_dir, config)) for config in configs]
-    workdirs = [run.workdir for run in runs]
-    if len(set(workdirs)) != len(workdirs):
-        raise ValueError("two runs of the sweep share a workdir (a cell or seed listed twice?)")
-    planned = [(run, *status(run)) for run in runs]
-    if check:
-        splits: dict[str, dict[str, data.Split]] = {}
-        for i, (run, state, _) in enumerate(planned):
-            reason = "" if state in ("done", "conflict") else impossible(run.config, splits)
-            if reason:
-                planned[i] = (run, "impossible", reason)
-    return planned
-
-
-def impossible(config: train.TrainConfig, cache: dict) -> str:
-    """Why ``config``'s spec cannot be sampled from a split it touches ("" if it can);
-    ``cache`` keeps the loaded splits of each dataset between calls."""
-    key = json.dumps([config.dataset, config.data_dir, config.manual_dir,
-                      config.dataset_options], sort_keys=True)
-    if key not in cache:
-        cache[key] = train.load_splits(config)
-    training = get_learner(config.learner, config.spec, **config.learner_options).training
-    try:
-        train.check_feasible(config, cache[key],
-                             train.splits_touched(training, config.pretrain_data))
-    except UserError as error:
-        return str(error)
-    return ""
-
-
-# ---- execution ---------------------------------------------------------------------------
 
 
 def probe_backend() -> tuple[str, int]:
@@ -430,11 +273,3 @@ def _stop_workers(pool: concurrent.futures.ProcessPoolExecutor, grace: float = 6
         if process.is_alive():
             process.terminate()
             process.join(5)
-
-
-def summary(outcomes: Sequence[Outcome]) -> str:
-    """One line with the count of each outcome status."""
-    counts: dict[str, int] = {}
-    for outcome in outcomes:
-        counts[outcome.status] = counts.get(outcome.status, 0) + 1
-    return ", ".join(f"{count} {name}" for name, count in sorted(counts.items()))

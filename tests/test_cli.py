@@ -18,7 +18,7 @@ import zipfile
 
 import pytest
 
-from cfsl_jax import memory, progress, train
+from cfsl_jax import memory, progress, runs, train
 from cfsl_jax.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,7 +98,7 @@ def write_tiny_workdir(workdir: str, seed: int = 0) -> None:
                                                          "samples_per_class": 8},
         task="B2", spec_overrides={"nc": 3, "kt": 2}, epochs=2, iters_per_epoch=3, meta_batch=2,
         val_tasks=6, test_tasks=7, eval_batch=4, keep_best=2, seed=seed)
-    train._check_workdir_config(workdir, config)
+    runs.check_workdir_config(workdir, config)
 
 
 def test_train_mistakes_are_one_line_with_status_2(tmp_path, omniglot_dir, data_dir,

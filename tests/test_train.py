@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cfsl_jax import episode, parallel, train
+from cfsl_jax import episode, parallel, runs, train
 from cfsl_jax.evaluate import evaluate, task_fingerprint
 from cfsl_jax.learners import get_learner
 from cfsl_jax.verify import verify
@@ -98,7 +98,7 @@ def test_nan_loss_stops_with_epoch_and_step_and_keeps_last_checkpoint(tmp_path, 
 
         return learner._replace(meta_loss=meta_loss)
 
-    monkeypatch.setattr(train, "get_learner", exploding)
+    monkeypatch.setattr(runs, "get_learner", exploding)  # what runs.build calls
     workdir = str(tmp_path / "nan")
     with pytest.raises(FloatingPointError, match=r"loss is nan at epoch 1, step 3 .* checkpoint "
                                                  r"is step 3"):
@@ -108,18 +108,23 @@ def test_nan_loss_stops_with_epoch_and_step_and_keeps_last_checkpoint(tmp_path, 
 
 def test_changed_config_in_an_old_workdir_is_refused(tmp_path):
     workdir = str(tmp_path / "run")
-    train._check_workdir_config(workdir, TINY)
+    runs.check_workdir_config(workdir, TINY)
     changed = train.TrainConfig(**{**TINY.to_json(), "seed": 1})
     with pytest.raises(ValueError, match=r"different config \(fields \['seed'\]\)"):
-        train._check_workdir_config(workdir, changed)
+        runs.check_workdir_config(workdir, changed)
 
 
 @pytest.mark.slow
-def test_protonets_learns_b3_on_mini_omniglot(omniglot_dir, data_dir, tmp_path):
-    """A short ProtoNets meta-training beats chance (1/15) widely, and beats init_tune (0.19)."""
+def test_protonets_learns_b3_on_mini_omniglot(omniglot_dir, data_dir, tmp_path, monkeypatch):
+    """A short ProtoNets meta-training beats chance (1/15) widely, and beats init_tune (0.18).
+
+    30 test tasks (60 before; measured at 30: protonets 0.546, init_tune 0.181; at 60: 0.559,
+    0.172; the mean's standard error at 30 is 0.013). The meta-step MACs, which
+    train_and_evaluate counts with an extra compilation, are tested elsewhere."""
+    monkeypatch.setattr(train, "per_task_meta_step_macs", lambda *args: 0.0)
     config = train.TrainConfig(
         learner="protonets", dataset="omniglot", manual_dir=omniglot_dir, data_dir=data_dir,
-        task="B3", epochs=2, iters_per_epoch=15, meta_batch=4, val_tasks=20, test_tasks=60,
+        task="B3", epochs=2, iters_per_epoch=15, meta_batch=4, val_tasks=20, test_tasks=30,
         eval_batch=20, keep_best=2, learning_rate=2e-3)
     mesh = parallel.make_mesh(4, devices=jax.devices("cpu"))  # 4 of the 8 CPU devices: no padding
     protonets = train.train_and_evaluate(config, str(tmp_path / "pn"), mesh=mesh)["test"]
@@ -127,5 +132,5 @@ def test_protonets_learns_b3_on_mini_omniglot(omniglot_dir, data_dir, tmp_path):
     init_tune = train.train_and_evaluate(tune, str(tmp_path / "it"), mesh=mesh)["test"]
     print(f"B3 mini-Omniglot: protonets {protonets['acc_mean']:.3f}, "
           f"init_tune {init_tune['acc_mean']:.3f}")
-    assert protonets["acc_mean"] > 5 / 15  # five times chance (measured: 0.49)
+    assert protonets["acc_mean"] > 5 / 15  # five times chance (measured: 0.546)
     assert protonets["acc_mean"] > init_tune["acc_mean"] + 0.1

@@ -1,0 +1,255 @@
+"""A run: its config, the learner and data it builds, its workdir, and reading it back.
+
+    from cfsl_jax.runs import TrainConfig, build, restore, evaluate_run
+    learner, splits = build(TrainConfig(learner="protonets", task="B3"))
+    learner, params, spec = restore("/tmp/run")  # a finished run: best epoch (or ensemble)
+    report = evaluate_run("/tmp/run")            # re-tested from its checkpoints
+
+A workdir holds one run: ``config.json`` (written first; the same workdir with a
+different config is refused), its checkpoints, ``val_history.json`` and, once
+finished, ``results.json``. ``cfsl_jax.train`` trains a run; this module is what a
+run is (its ``TrainConfig``, the learner and splits it builds, whether every split
+it samples tasks from can supply its spec) and what is read back from its workdir.
+``cfsl_jax.train`` re-exports these names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any
+
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from cfsl_jax import checkpoints, data, results, seeding
+from cfsl_jax.errors import UserError
+from cfsl_jax.evaluate import evaluate
+from cfsl_jax.learners import COMPUTE_DTYPES, get_learner
+from cfsl_jax.learners.base import Learner
+from cfsl_jax.sampler import check_split
+from cfsl_jax.spec import TaskSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything that defines a run (written to workdir/config.json)."""
+
+    learner: str = "protonets"
+    learner_options: dict = dataclasses.field(default_factory=dict)
+    dataset: str = "synthetic"
+    dataset_options: dict = dataclasses.field(default_factory=dict)
+    task: str = "B3"  # a paper cell, a type or type+NSS (TaskSpec.parse)
+    spec_overrides: dict = dataclasses.field(default_factory=dict)  # TaskSpec fields to replace
+    seed: int = 0
+    compute_dtype: str = "float32"  # learners.COMPUTE_DTYPES; params/optimiser stay float32
+    epochs: int = 10
+    iters_per_epoch: int = 100
+    meta_batch: int = 8
+    learning_rate: float = 1e-3
+    weight_decay: float = 1e-5
+    val_tasks: int = 600
+    test_tasks: int = 600
+    eval_batch: int = 50
+    keep_best: int = 5
+    checkpoint_every: int = 0  # steps between mid-epoch resume checkpoints (0: epoch ends)
+    log_every: int = 50
+    pretrain_steps: int = 2000
+    pretrain_batch: int = 64
+    pretrain_data: str = "tasks"  # pretrain.PRETRAIN_DATA: "tasks" (the authors') or "uniform"
+    data_dir: str | None = None
+    manual_dir: str | None = None
+    download: bool = False  # fetch a dataset's archives when they are not in manual_dir
+
+    @property
+    def spec(self) -> TaskSpec:
+        base = TaskSpec.parse(self.task)
+        return dataclasses.replace(base, **self.spec_overrides) if self.spec_overrides else base
+
+    def check(self) -> None:
+        for name in ("epochs", "iters_per_epoch", "meta_batch", "val_tasks", "test_tasks",
+                     "eval_batch", "keep_best", "log_every", "pretrain_steps", "pretrain_batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise UserError(f"TrainConfig.{name} must be a positive integer, got {value!r}")
+        if self.checkpoint_every < 0:
+            raise UserError(f"TrainConfig.checkpoint_every must be >= 0, "
+                            f"got {self.checkpoint_every}")
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise UserError(f"TrainConfig.compute_dtype={self.compute_dtype!r}; valid: "
+                            f"{tuple(COMPUTE_DTYPES)}")
+        if not self.learning_rate > 0:
+            raise UserError(f"TrainConfig.learning_rate must be > 0, got {self.learning_rate}")
+        from cfsl_jax.pretrain import PRETRAIN_DATA
+        if self.pretrain_data not in PRETRAIN_DATA:
+            raise UserError(f"TrainConfig.pretrain_data={self.pretrain_data!r}; valid: "
+                            f"{PRETRAIN_DATA}")
+        self.spec  # noqa: B018  (validates the task)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def load_splits(config: TrainConfig) -> dict[str, data.Split]:
+    """The train/val/test splits of a config's dataset (a bad dataset option: UserError)."""
+    try:
+        return {name: data.load_split(config.dataset, name, data_dir=config.data_dir,
+                                      manual_dir=config.manual_dir, download=config.download,
+                                      **config.dataset_options)
+                for name in data.SPLITS}
+    except UserError:
+        raise
+    except ValueError as error:  # data.py validates its name, split and options so
+        prefix = "--dataset_option: " if config.dataset_options else ""
+        raise UserError(f"{prefix}{error}") from error
+
+
+def selects_epochs(config: TrainConfig, learner: Learner) -> bool:
+    """Whether the run trains on tasks for epochs, validates each and tests the best epochs'
+    ensemble: meta-training, and pretraining on tasks (``pretrain_data="tasks"``)."""
+    return learner.training == "meta" or (learner.training == "pretrain"
+                                          and config.pretrain_data == "tasks")
+
+
+def splits_touched(training: str, pretrain_data: str = "uniform") -> tuple[str, ...]:
+    """The splits tasks are sampled from: test always, train and val when meta-training or
+    pretraining on tasks (``pretrain_data="tasks"``)."""
+    on_tasks = training == "meta" or (training == "pretrain" and pretrain_data == "tasks")
+    return ("train", "val", "test") if on_tasks else ("test",)
+
+
+def check_feasible(config: TrainConfig, splits: dict[str, data.Split],
+                   touched: tuple[str, ...] = data.SPLITS) -> None:
+    """UserError naming the split when one of ``touched`` cannot supply the config's tasks."""
+    for name in touched:
+        try:
+            check_split(splits[name].class_table, splits[name].class_sizes, config.spec)
+        except ValueError as error:
+            raise UserError(f"--task={config.task} cannot be sampled from the {name} split of "
+                            f"{splits[name].info.dataset}: {error}") from None
+
+
+def build(config: TrainConfig) -> tuple[Learner, dict[str, data.Split]]:
+    """The learner and the train/val/test splits of a config; refuses (UserError) a spec that a
+    split it samples tasks from cannot supply, before anything is compiled."""
+    config.check()
+    splits = load_splits(config)
+    image_shape = tuple(splits["train"].images.shape[1:])
+    learner = get_learner(config.learner, config.spec, image_shape=image_shape,
+                          compute_dtype=config.compute_dtype, **config.learner_options)
+    check_feasible(config, splits, splits_touched(learner.training, config.pretrain_data))
+    return learner, splits
+
+
+def init_params(learner: Learner, split: data.Split, seed: int) -> Any:
+    example_x = jnp.zeros((1, *split.images.shape[1:]), jnp.float32)
+    return learner.init_params(seeding.purpose_key(seed, "init"), example_x, learner.spec)
+
+
+# What ``load_config`` reads for a field a config.json was saved without, where the default has
+# changed since (runs saved before pretrain_data existed pretrained on uniform images).
+LEGACY_DEFAULTS: dict[str, Any] = {"pretrain_data": "uniform"}
+
+
+def config_differences(saved: dict, config: TrainConfig) -> list[str]:
+    """Fields in which a saved ``config.json`` differs from ``config``.
+
+    Fields added to ``TrainConfig`` since the run was saved take their defaults.
+    """
+    saved = {**json.loads(json.dumps(TrainConfig().to_json())), **saved}
+    current = json.loads(json.dumps(config.to_json()))
+    return sorted(k for k in set(saved) | set(current)
+                  if saved.get(k) != current.get(k) and k not in _NOT_IDENTITY)
+
+
+_NOT_IDENTITY = ("download",)  # config fields that do not change what a run computes
+
+
+def check_workdir_config(workdir: str, config: TrainConfig, create: bool = True) -> None:
+    path = os.path.join(workdir, "config.json")
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise UserError(f"--workdir={workdir} is a file, not a folder; give another path")
+    if os.path.exists(path):
+        differs = config_differences(results.read_json(path), config)
+        if differs:
+            raise UserError(f"workdir {workdir!r} holds a run with a different config "
+                            f"(fields {differs}); use a new workdir")
+    elif create:
+        os.makedirs(workdir, exist_ok=True)
+        results.write_json(path, config.to_json())
+
+
+def finished_results(workdir: str, config: TrainConfig) -> dict[str, Any] | None:
+    """The stored results of ``workdir`` when it holds a finished run of ``config``."""
+    path = os.path.join(workdir, "results.json")
+    if not os.path.isfile(path):
+        return None
+    check_workdir_config(workdir, config, create=False)
+    return results.read_json(path)
+
+
+def restore(workdir: str, ensemble: bool = False) -> tuple[Learner, Any, TaskSpec]:
+    """(learner, params, spec) of a finished run: the best epoch, or the stacked ensemble."""
+    config = load_config(workdir)
+    learner, splits = build(config)
+    return learner, restore_params(config, learner, splits, workdir, ensemble), config.spec
+
+
+def restore_params(config: TrainConfig, learner: Learner, splits, workdir: str,
+                   ensemble: bool = False) -> Any:
+    """The params of ``restore``, for a learner and splits already built."""
+    params = init_params(learner, splits["train"], config.seed)
+    ckpt = checkpoints.Checkpoints(workdir, config.keep_best, read_only=True)
+    try:
+        if selects_epochs(config, learner):
+            members = ckpt.restore_best(params)
+            if not members:
+                raise UserError(f"the run in {workdir} has no best checkpoints yet: finish its "
+                                f"training first (re-run launch.train with its flags)")
+            params = checkpoints.stack(members) if ensemble else members[0]
+        elif learner.training == "pretrain":
+            params = ckpt.restore_pretrained(params)
+    finally:
+        ckpt.close()
+    return params
+
+
+def load_config(workdir: str) -> TrainConfig:
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(workdir):
+        raise UserError(f"--workdir={workdir} does not exist")
+    if not os.path.exists(path):
+        raise UserError(f"--workdir={workdir} holds no run (no config.json): give the folder a "
+                        f"run was trained into")
+    saved = {**LEGACY_DEFAULTS, **results.read_json(path)}
+    return TrainConfig(**{k: v for k, v in saved.items()
+                          if k in {f.name for f in dataclasses.fields(TrainConfig)}})
+
+
+def evaluate_run(workdir: str, num_tasks: int | None = None,
+                 mesh: Mesh | None = None) -> dict[str, Any]:
+    """Re-test a finished run from its checkpoints (the same numbers as its training wrote).
+
+    The recorded ``wall_seconds`` stay the training run's (when it recorded them); the
+    re-test's own seconds are ``test.seconds``."""
+    started = time.perf_counter()
+    config = load_config(workdir)
+    learner, splits = build(config)
+    params = restore_params(config, learner, splits, workdir, ensemble=True)
+    ensemble = selects_epochs(config, learner)
+    report = evaluate(learner, params, splits["test"], num_tasks=num_tasks or config.test_tasks,
+                      seed=config.seed, purpose="eval", batch_size=config.eval_batch,
+                      ensemble=ensemble, mesh=mesh)
+    best = []
+    if ensemble:
+        ckpt = checkpoints.Checkpoints(workdir, config.keep_best, read_only=True)
+        best = ckpt.best_epochs()
+        ckpt.close()
+    stored = results.read_json(os.path.join(workdir, "results.json"), default={})
+    if "macs_per_meta_step" in stored.get("test", {}):
+        report["macs_per_meta_step"] = stored["test"]["macs_per_meta_step"]
+    wall = stored.get("wall_seconds", time.perf_counter() - started)
+    return results.record(config, learner, splits, report, workdir, wall_seconds=wall,
+                          best_epochs=best)

@@ -1,0 +1,194 @@
+"""Planning a sweep: the grid of (dataset x learner x task cell x seed) runs, each run's workdir,
+and each run's status. ``cfsl_jax.sweep`` runs the plan in worker processes (and re-exports
+these names).
+
+    from cfsl_jax import sweep
+    configs, skipped = sweep.grid(TrainConfig(epochs=2), learners=("protonets", "init_tune"),
+                                  cells=("B3", "C3"), seeds=(0, 1))
+    for run, state, detail in sweep.plan(configs, "/tmp/sweep", check=True): ...
+
+Rules:
+
+- Layout: ``<sweep_dir>/<dataset>/<learner>/<cell>/seed<k>/``, a plain
+  ``train.train_and_evaluate`` workdir; ``/`` in a dataset name becomes ``-``
+  (``omniglot/small`` -> ``omniglot-small``). Every other field of the runs'
+  ``TrainConfig`` (the budget, spec overrides, options) is the sweep's.
+- A run is **done** when its ``results.json`` exists (``train_and_evaluate``
+  writes it last, atomically), **partial** when its workdir holds a
+  ``config.json`` but no results (``train_and_evaluate`` resumes it from its
+  checkpoints), **new** otherwise, and a **conflict** when its ``config.json``
+  differs from the sweep's config (another budget, say): it is never run, the
+  sweep asks for another sweep directory. A sweep killed at any point therefore
+  continues where it stopped when run again, and runs only what is missing.
+- Order: seed-major (every run of seed 0, then seed 1, ...), so a program is
+  compiled once, by seed 0's run, and the other seeds load it from the
+  persistent XLA compilation cache.
+- A learner that cannot be built (not implemented yet, a bad option) is skipped
+  by ``grid`` with its reason, before anything runs. ``plan(..., check=True)``
+  (what ``--dry_run`` lists) marks **impossible** the runs whose spec a split
+  they sample tasks from cannot supply, with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from typing import Iterable, Mapping, NamedTuple, Sequence
+
+from cfsl_jax import data, train
+from cfsl_jax.errors import UserError
+from cfsl_jax.learners import LEARNERS, get_learner
+from cfsl_jax.spec import PAPER_GRID
+
+
+STATUSES: tuple[str, ...] = ("done", "partial", "new", "conflict", "impossible")
+
+
+class Run(NamedTuple):
+    """One run of a sweep: its full config and its workdir."""
+
+    config: train.TrainConfig
+    workdir: str
+
+    @property
+    def name(self) -> str:
+        return (f"{self.config.dataset}/{self.config.learner}/{self.config.task}/"
+                f"seed{self.config.seed}")
+
+
+class Outcome(NamedTuple):
+    """What running (or not running) one run did."""
+
+    run: Run
+    status: str  # "skipped" (done before), "finished", "failed", "conflict", "interrupted"
+    seconds: float
+    detail: str  # test accuracy, the error, or the reason
+
+
+def safe_name(name: str) -> str:
+    """A name usable as one path component (``/`` and odd characters become ``-``)."""
+    return re.sub(r"[^A-Za-z0-9_.=-]", "-", str(name).replace("/", "-"))
+
+
+def run_dir(sweep_dir: str, config: train.TrainConfig) -> str:
+    """``<sweep_dir>/<dataset>/<learner>/<cell>/seed<k>`` for a run's config."""
+    return os.path.join(sweep_dir, safe_name(config.dataset), safe_name(config.learner),
+                        safe_name(config.task), f"seed{config.seed}")
+
+
+def check_learners(learners: Iterable[str], cell: str, base: train.TrainConfig,
+                   learner_options: Mapping[str, dict] | None = None
+                   ) -> tuple[list[str], dict[str, str]]:
+    """Learners that build for ``cell`` (with the base spec overrides and their options), and
+    ``{name: reason}`` for those that do not."""
+    spec = dataclasses.replace(base, task=cell).spec
+    usable, skipped = [], {}
+    for name in learners:
+        options = {**base.learner_options, **(learner_options or {}).get(name, {})}
+        try:
+            get_learner(name, spec, **options)
+        except Exception as error:  # noqa: BLE001  (any build failure means: skip it)
+            skipped[name] = f"{type(error).__name__}: {error}"
+        else:
+            usable.append(name)
+    return usable, skipped
+
+
+def grid(base: train.TrainConfig, learners: Sequence[str] | None = None,
+         cells: Sequence[str] = PAPER_GRID, seeds: Sequence[int] = (0, 1, 2),
+         datasets: Sequence[str] | None = None, learner_options: Mapping[str, dict] | None = None
+         ) -> tuple[list[train.TrainConfig], dict[str, str]]:
+    """The sweep's run configs (seed-major) and the learners skipped, with their reasons.
+
+    ``base`` is a ``TrainConfig`` giving everything but (dataset, learner, task,
+    seed); ``learners=None`` means every registered learner that builds;
+    ``datasets=None`` means ``[base.dataset]``; ``learner_options`` maps a learner
+    to options added to ``base.learner_options`` for it alone.
+    """
+    names = list(LEARNERS if learners is None else learners)
+    unknown = [name for name in names if name not in LEARNERS]
+    if unknown:
+        raise ValueError(f"unknown learner(s) {unknown}; valid: {LEARNERS}")
+    for name in learner_options or {}:
+        if name not in LEARNERS:
+            raise ValueError(f"learner_options names unknown learner {name!r}; valid: {LEARNERS}")
+    if not cells or not seeds or not names:
+        raise ValueError(f"a sweep needs at least one learner, cell and seed, got learners="
+                         f"{names}, cells={list(cells)}, seeds={list(seeds)}")
+    for what, values in (("learners", names), ("cells", cells), ("seeds", seeds),
+                         ("datasets", datasets or [])):
+        if len(set(values)) != len(values):
+            raise ValueError(f"{what} lists a value twice: {list(values)}")
+    configs = []
+    for cell in cells:  # validates every cell (with the overrides) up front
+        dataclasses.replace(base, task=cell).check()
+    usable, skipped = check_learners(names, cells[0], base, learner_options)
+    for seed in seeds:
+        for dataset in datasets or [base.dataset]:
+            for learner in usable:
+                options = {**base.learner_options, **(learner_options or {}).get(learner, {})}
+                for cell in cells:
+                    configs.append(dataclasses.replace(
+                        base, dataset=dataset, learner=learner, learner_options=options,
+                        task=cell, seed=int(seed)))
+    return configs, skipped
+
+
+def status(run: Run) -> tuple[str, str]:
+    """(one of STATUSES, a detail) for a run's workdir."""
+    config_path = os.path.join(run.workdir, "config.json")
+    if not os.path.exists(config_path):
+        return "new", ""
+    with open(config_path) as f:
+        differs = train.config_differences(json.load(f), run.config)
+    if differs:
+        return "conflict", (f"{run.workdir} holds a run with a different config (fields "
+                            f"{differs}); use another sweep directory")
+    if os.path.exists(os.path.join(run.workdir, "results.json")):
+        return "done", ""
+    return "partial", ""
+
+
+def plan(configs: Iterable[train.TrainConfig], sweep_dir: str, check: bool = False
+         ) -> list[tuple[Run, str, str]]:
+    """Every run with its status and detail (what ``--dry_run`` lists); with ``check``, a run
+    that is not done and whose spec a split it samples from cannot supply is "impossible"
+    (this loads every dataset of the sweep)."""
+    runs = [Run(config, run_dir(sweep_dir, config)) for config in configs]
+    workdirs = [run.workdir for run in runs]
+    if len(set(workdirs)) != len(workdirs):
+        raise ValueError("two runs of the sweep share a workdir (a cell or seed listed twice?)")
+    planned = [(run, *status(run)) for run in runs]
+    if check:
+        splits: dict[str, dict[str, data.Split]] = {}
+        for i, (run, state, _) in enumerate(planned):
+            reason = "" if state in ("done", "conflict") else impossible(run.config, splits)
+            if reason:
+                planned[i] = (run, "impossible", reason)
+    return planned
+
+
+def impossible(config: train.TrainConfig, cache: dict) -> str:
+    """Why ``config``'s spec cannot be sampled from a split it touches ("" if it can);
+    ``cache`` keeps the loaded splits of each dataset between calls."""
+    key = json.dumps([config.dataset, config.data_dir, config.manual_dir,
+                      config.dataset_options], sort_keys=True)
+    if key not in cache:
+        cache[key] = train.load_splits(config)
+    training = get_learner(config.learner, config.spec, **config.learner_options).training
+    try:
+        train.check_feasible(config, cache[key],
+                             train.splits_touched(training, config.pretrain_data))
+    except UserError as error:
+        return str(error)
+    return ""
+
+
+def summary(outcomes: Sequence[Outcome]) -> str:
+    """One line with the count of each outcome status."""
+    counts: dict[str, int] = {}
+    for outcome in outcomes:
+        counts[outcome.status] = counts.get(outcome.status, 0) + 1
+    return ", ".join(f"{count} {name}" for name, count in sorted(counts.items()))
