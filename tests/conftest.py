@@ -14,6 +14,7 @@ The suite passes on any backend (CPU in CI, a GPU or TPU too):
 - MACs are XLA:CPU's count on every backend (``backend.cpu_cost_analysis``).
 """
 
+import gc
 import os
 
 FAKE_DEVICES = 8
@@ -44,6 +45,16 @@ def compilation_cache(tmp_path_factory):
     """A persistent XLA cache private to the session: runs that rebuild the same program (a
     resumed training run, a second learner instance) load it instead of compiling again."""
     backend.enable_compilation_cache(str(tmp_path_factory.mktemp("xla_cache")))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_compiled_programs():
+    """After each test module, jax's in-memory caches of traced and compiled programs are
+    dropped (a later module that needs a program again reads it from the persistent cache):
+    the session holds one module's programs at a time, not the whole suite's (several GB)."""
+    yield
+    jax.clear_caches()
+    gc.collect()
 
 
 @pytest.fixture(scope="session")
