@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from cfsl_jax import figures, paper_results, report, sweep, train
+from test_cli import default_sigint
 from cfsl_jax.spec import TaskSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,7 +72,7 @@ def killed_and_resumed(tmp_path_factory):
                "--report=false", *TINY_FLAGS]
     log = open(tmp_path_factory.mktemp("sweep_log") / "log.txt", "w+")
     process = subprocess.Popen(command, cwd=REPO, env=env, start_new_session=True, stdout=log,
-                               stderr=subprocess.STDOUT)
+                               stderr=subprocess.STDOUT, preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 600
         while not results_paths(sweep_dir) and process.poll() is None:
