@@ -35,14 +35,13 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jax.sharding import Mesh
 
 from cfsl_jax import data, episode, metrics, parallel, progress, seeding
 from cfsl_jax.learners.base import Learner
-from cfsl_jax.sampler import sample_task, sample_tasks
+from cfsl_jax.sampler import check_split, sample_task, sample_tasks
 from cfsl_jax.spec import TaskSpec
 
 PIXELS_IN_FLIGHT = 10_000_000  # target pixels per device per evaluation program
@@ -61,9 +60,16 @@ def task_fingerprint(split: data.Split, spec: TaskSpec, num_tasks: int, seed: in
     image shape) and all evaluation tasks' support/target indices and labels (hex)."""
     tasks = sample_tasks(task_keys(seed, purpose, num_tasks), split.class_table,
                          split.class_sizes, spec)
+    return _digest(split, [np.asarray(getattr(tasks, name)) for name in FINGERPRINTED])
+
+
+FINGERPRINTED = ("support_idx", "support_labels", "target_idx", "target_labels")
+
+
+def _digest(split: data.Split, fields: list[np.ndarray]) -> str:
+    """The fingerprint of tasks whose ``FINGERPRINTED`` fields (all tasks each) are ``fields``."""
     digest = hashlib.sha256(dataset_identity(split).encode())
-    for field in (tasks.support_idx, tasks.support_labels, tasks.target_idx,
-                  tasks.target_labels):
+    for field in fields:
         digest.update(np.ascontiguousarray(np.asarray(field, np.int32)).tobytes())
     return digest.hexdigest()
 
@@ -102,6 +108,7 @@ def _evaluate_chunk(learner: Learner, params: Any, split: data.Split, key_data: 
     else:
         logits = logits_of(params)
     return {
+        **{name: getattr(tasks, name) for name in FINGERPRINTED},  # for task_fingerprint
         "acc": metrics.accuracy(logits, tasks.target_labels),
         "ce": metrics.cross_entropy(logits, tasks.target_labels),
         "group_acc": metrics.group_accuracy(logits, tasks.target_labels, tasks.target_group,
@@ -125,7 +132,7 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
         raise ValueError(f"spec {spec.name} differs from the learner's {learner.spec.name}")
     if num_tasks < 1 or batch_size < 1:
         raise ValueError(f"num_tasks and batch_size must be >= 1, got {num_tasks}, {batch_size}")
-    sample_tasks(task_keys(seed, purpose, 1), split.class_table, split.class_sizes, spec)
+    check_split(split.class_table, split.class_sizes, spec)
     mesh = mesh or parallel.make_mesh()
     image_shape = tuple(split.images.shape[1:])
     per_device = min(batch_size, -(-num_tasks // mesh.size), tasks_in_flight(spec, image_shape))
@@ -167,7 +174,8 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
     report["group_acc"] = per_task["group_acc"].mean(axis=0).tolist()
     report["num_tasks"] = num_tasks
     report["devices"] = mesh.size
-    report["task_fingerprint"] = task_fingerprint(split, spec, num_tasks, seed, purpose)
+    # the tasks the program sampled: task_fingerprint(split, spec, num_tasks, seed, purpose)
+    report["task_fingerprint"] = _digest(split, [per_task[name] for name in FINGERPRINTED])
     report["seconds"] = seconds
     report["tasks_per_s"] = num_tasks / seconds
     if cost_metrics:

@@ -21,6 +21,7 @@ import os
 import time
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
@@ -144,8 +145,10 @@ def build(config: TrainConfig) -> tuple[Learner, dict[str, data.Split]]:
 
 
 def init_params(learner: Learner, split: data.Split, seed: int) -> Any:
+    """The learner's initial parameters, drawn by one jitted program (not op by op)."""
     example_x = jnp.zeros((1, *split.images.shape[1:]), jnp.float32)
-    return learner.init_params(seeding.purpose_key(seed, "init"), example_x, learner.spec)
+    init = jax.jit(learner.init_params, static_argnums=2)
+    return init(seeding.purpose_key(seed, "init"), example_x, learner.spec)
 
 
 # What ``load_config`` reads for a field a config.json was saved without, where the default has
