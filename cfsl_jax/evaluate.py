@@ -54,6 +54,9 @@ def task_keys(seed: int, purpose: str, num_tasks: int) -> jax.Array:
     return jax.random.split(seeding.purpose_key(seed, purpose), num_tasks)
 
 
+FINGERPRINTED = ("support_idx", "support_labels", "target_idx", "target_labels")  # TaskIndices
+
+
 def task_fingerprint(split: data.Split, spec: TaskSpec, num_tasks: int, seed: int,
                      purpose: str = "eval") -> str:
     """SHA-256 of the split's identity (dataset and variant, split, class and image counts,
@@ -61,9 +64,6 @@ def task_fingerprint(split: data.Split, spec: TaskSpec, num_tasks: int, seed: in
     tasks = sample_tasks(task_keys(seed, purpose, num_tasks), split.class_table,
                          split.class_sizes, spec)
     return _digest(split, [np.asarray(getattr(tasks, name)) for name in FINGERPRINTED])
-
-
-FINGERPRINTED = ("support_idx", "support_labels", "target_idx", "target_labels")
 
 
 def _digest(split: data.Split, fields: list[np.ndarray]) -> str:
