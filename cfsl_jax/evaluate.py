@@ -119,13 +119,16 @@ def _evaluate_chunk(learner: Learner, params: Any, split: data.Split, key_data: 
 def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | None = None,
              num_tasks: int = 600, seed: int = 0, purpose: str = "eval",
              batch_size: int = 50, ensemble: bool = False,
-             cost_metrics: bool = True, mesh: Mesh | None = None) -> dict[str, Any]:
+             cost_metrics: bool = True, mesh: Mesh | None = None,
+             per_task: bool = False) -> dict[str, Any]:
     """Evaluate ``learner`` on ``num_tasks`` tasks of ``split``, over ``mesh`` (default: all).
 
     Returns a dict with acc_mean/std/ci95, ce_mean/std/ci95, group_acc (mean
     accuracy per class group), atm, macs_adapt, macs_predict, macs_per_task
     (unless ``cost_metrics=False``), num_tasks, devices, task_fingerprint,
-    seconds and tasks_per_s. ``batch_size`` is tasks per device per program.
+    seconds and tasks_per_s; with ``per_task=True`` also ``per_task``: each task's
+    ``acc`` and ``ce`` in task order (for paired comparisons of two learners on the
+    same tasks). ``batch_size`` is tasks per device per program.
     """
     spec = spec or learner.spec
     if spec != learner.spec:
@@ -164,20 +167,22 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
             bar.update(i * batch_size)
     jax.block_until_ready(chunks[-1])
     bar.update(num_tasks)
-    per_task = {name: np.concatenate([parallel.to_host(c[name]) for c in chunks])[:num_tasks]
-                for name in chunks[0]}
+    values = {name: np.concatenate([parallel.to_host(c[name]) for c in chunks])[:num_tasks]
+              for name in chunks[0]}
     seconds = time.perf_counter() - start
     report: dict[str, Any] = {}
     for name in ("acc", "ce"):
-        for stat, value in metrics.summarize(per_task[name]).items():
+        for stat, value in metrics.summarize(values[name]).items():
             report[f"{name}_{stat}"] = value
-    report["group_acc"] = per_task["group_acc"].mean(axis=0).tolist()
+    report["group_acc"] = values["group_acc"].mean(axis=0).tolist()
     report["num_tasks"] = num_tasks
     report["devices"] = mesh.size
     # the tasks the program sampled: task_fingerprint(split, spec, num_tasks, seed, purpose)
-    report["task_fingerprint"] = _digest(split, [per_task[name] for name in FINGERPRINTED])
+    report["task_fingerprint"] = _digest(split, [values[name] for name in FINGERPRINTED])
     report["seconds"] = seconds
     report["tasks_per_s"] = num_tasks / seconds
+    if per_task:
+        report["per_task"] = {name: values[name].astype(float).tolist() for name in ("acc", "ce")}
     if cost_metrics:
         member = jax.device_get(jax.tree.map(lambda x: x[0], params) if ensemble else params)
         with progress.stage(f"[{label}] measuring ATM and MACs (XLA cost analysis)"):

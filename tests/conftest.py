@@ -16,6 +16,7 @@ The suite passes on any backend (CPU in CI, a GPU or TPU too):
 
 import gc
 import os
+import sys
 
 FAKE_DEVICES = 8
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -35,6 +36,18 @@ backend.set_precision(TEST_PRECISION)
 def cpu_mesh(num_devices: int | None = None):
     """A ``"tasks"`` mesh over the first ``num_devices`` of the 8 CPU devices, on any backend."""
     return parallel.make_mesh(num_devices, devices=jax.devices("cpu"))
+
+def interruptible_module(module: str, *args: str) -> list[str]:
+    """The command line of ``python -m module args`` in which Ctrl-C raises KeyboardInterrupt,
+    as from a terminal. A shell without job control starts background commands (``pytest &``)
+    with SIGINT ignored, children inherit that, and Python raises KeyboardInterrupt only where
+    SIGINT was not ignored when it started; the child restores the handler itself (no
+    ``preexec_fn``, which is unsafe in a multithreaded parent such as jax's)."""
+    code = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            f"sys.argv[0] = {module!r}; runpy.run_module({module!r}, run_name='__main__', "
+            "alter_sys=True)")
+    return [sys.executable, "-c", code, *args]
+
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OMNIGLOT_DIR = os.path.normpath(os.path.join(REPO, "..", "shared", "data", "omniglot"))

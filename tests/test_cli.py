@@ -20,6 +20,7 @@ import pytest
 
 from cfsl_jax import memory, progress, runs, train
 from cfsl_jax.errors import UserError
+from conftest import interruptible_module
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
@@ -217,19 +218,12 @@ def test_help_of_python_m_lists_every_flag_from_any_folder():
         assert flag in result.stdout, flag
 
 
-def default_sigint() -> None:
-    """In the child: SIGINT's default action, as in a terminal. A shell without job control
-    starts background commands (``pytest &``) with SIGINT ignored, and children inherit that;
-    Python raises KeyboardInterrupt only where SIGINT was not ignored when it started."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_checkpoints_training_and_says_how_to_resume(tmp_path):
     workdir = str(tmp_path / "run")
     process = subprocess.Popen(
-        [sys.executable, "-m", "launch.train", *TINY_ARGS, "--epochs=100", "--log_every=1",
-         f"--workdir={workdir}"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env={**os.environ, "CFSL_PROGRESS": "1"}, preexec_fn=default_sigint)
+        interruptible_module("launch.train", *TINY_ARGS, "--epochs=100", "--log_every=1",
+                             f"--workdir={workdir}"), cwd=REPO, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "CFSL_PROGRESS": "1"})
     try:
         for line in process.stdout:  # wait until meta-training runs
             if line.startswith("[train] ") and " steps " in line:

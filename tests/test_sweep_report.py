@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from cfsl_jax import figures, paper_results, report, sweep, train
-from test_cli import default_sigint
+from conftest import interruptible_module
 from cfsl_jax.spec import TaskSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,11 +68,11 @@ def killed_and_resumed(tmp_path_factory):
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": jax.config.values[
         "jax_compilation_cache_dir"], "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "CFSL_PROGRESS": "1"}
-    command = [sys.executable, "-m", "launch.sweep", f"--workdir={sweep_dir}", "--workers=2",
-               "--report=false", *TINY_FLAGS]
+    command = interruptible_module("launch.sweep", f"--workdir={sweep_dir}", "--workers=2",
+                                   "--report=false", *TINY_FLAGS)
     log = open(tmp_path_factory.mktemp("sweep_log") / "log.txt", "w+")
     process = subprocess.Popen(command, cwd=REPO, env=env, start_new_session=True, stdout=log,
-                               stderr=subprocess.STDOUT, preexec_fn=default_sigint)
+                               stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 600
         while not results_paths(sweep_dir) and process.poll() is None:
