@@ -5,8 +5,10 @@ embedding is flattened; a ``LinearHead`` sized by the task spec sits on top
 where a learner needs one. Normalisation uses the statistics of the batch it
 is given (``BatchStatNorm``), with no running averages: a support set or the
 target set is normalised on its own, so no statistics cross sets. Convolutions
-are ``models.conv.Conv`` (a GEMM kernel gradient that stays fast inside the
-``lax.scan`` over support sets on CPU).
+are ``models.conv.Conv`` with implementation ``conv_impl``: "gemm_grad" (the
+default: a GEMM kernel gradient that stays fast inside the ``lax.scan`` over
+support sets on CPU) or any of ``models.conv.CONV_IMPLS`` ("auto": im2col,
+whose batched GEMMs batch well where per-task weights are vmapped on GPU/TPU).
 """
 
 from __future__ import annotations
@@ -50,13 +52,14 @@ class Conv4(nn.Module):
     activation: str = "relu"
     num_blocks: int = 4
     dtype: jnp.dtype | None = None  # compute dtype; None: the input's
+    conv_impl: str = "gemm_grad"  # models.conv.CONV_IMPLS
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         act = ACTIVATIONS[self.activation]
         x = x.astype(self.dtype or x.dtype)
         for _ in range(self.num_blocks):
-            x = Conv(self.filters, 3, dtype=self.dtype)(x)
+            x = Conv(self.filters, 3, self.conv_impl, dtype=self.dtype)(x)
             x = act(BatchStatNorm()(x))
             x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="VALID")
         return x.reshape(x.shape[0], -1)
