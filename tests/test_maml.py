@@ -378,7 +378,7 @@ def test_bad_options_are_refused_naming_the_value(name, option, value):
 
 def test_maml_low_meta_training_improves_c3_accuracy_on_omniglot(omniglot_splits):
     spec = TaskSpec.preset("C3")
-    learner = get_learner("maml_low", spec, filters=32, inner_steps=3, inner_lr=0.1,
+    learner = get_learner("maml_low", spec, filters=16, inner_steps=2, inner_lr=0.1,
                           multi_step_loss=False)
     train, val = omniglot_splits["train"], omniglot_splits["val"]
     params = init(learner, IMAGE)
@@ -412,9 +412,12 @@ def test_maml_low_meta_training_improves_c3_accuracy_on_omniglot(omniglot_splits
         return jax.lax.map(one, eval_keys).mean()
 
     before = float(val_accuracy(params))
-    for step in range(30):
+    for step in range(60):
         params, opt_state = train_step(params, opt_state, jax.random.fold_in(jax.random.key(7),
                                                                              step))
     after = float(val_accuracy(params))
-    # C3 reuses the 5 labels across 3 class groups; 30 steps of 4 tasks took 0.32 -> 0.41.
+    # C3 reuses the 5 labels across 3 class groups; 60 steps of 4 tasks took 0.297 -> 0.400
+    # (with parameter seeds 1 and 2 and their own training keys: +0.095, +0.125). With 32
+    # filters, 3 inner steps and 30 steps the gain was +0.02..+0.09 depending on the seed and
+    # on the CPU's rounding (meta-training amplifies it), too close to the bar.
     assert after > before + 0.05, (before, after)

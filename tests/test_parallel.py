@@ -90,7 +90,7 @@ def test_meta_training_on_8_devices_matches_one_and_compiles_once(split):
     # summation-order differences from step to step (measured on CPU, jax 0.10.2: loss rel.
     # difference 3.5e-7 at step 0, 7e-7 after one step, 3e-5 after two), so a longer run
     # would compare that amplification, not the sharding.
-    learner, params = build("protonets")
+    learner, params = build("protonets", filters=16)  # 16: the sharding, not the width, is tested
     optimizer = optax.sgd(0.03)
     finals = []
     for n in (1, FAKE_DEVICES):
