@@ -121,6 +121,8 @@ def test_train_mistakes_are_one_line_with_status_2(tmp_path, omniglot_dir, data_
         "eval_tasks": ["--eval_tasks=0", f"--workdir={workdir}"],
         "learner option": ["--learner=init_tune", "--learner_option=inner_step=2",
                            f"--workdir={workdir}"],
+        "learner option value": ["--learner=init_tune", "--learner_option=conv=cudnn",
+                                 f"--workdir={workdir}"],
         "dataset option": ["--dataset_option=nope=1", f"--workdir={workdir}"],
         "task": ["--task=q3", f"--workdir={workdir}"],
         "no workdir": [],
@@ -144,6 +146,8 @@ def test_train_mistakes_are_one_line_with_status_2(tmp_path, omniglot_dir, data_
     assert_error(out["learner option"], "--learner_option inner_step: not an option of learner "
                                         "'init_tune'; valid: ")
     assert "inner_steps" in out["learner option"][2]
+    assert_error(out["learner option value"], "learner 'init_tune': conv must be one of ('auto', "
+                                              "'gemm_grad', 'im2col', 'xla'), got 'cudnn'")
     assert_error(out["dataset option"], "num_classes")
     assert_error(out["task"], "--task: cannot parse task 'Q3'")
     assert_error(out["no workdir"], "--workdir is required")

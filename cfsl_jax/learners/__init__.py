@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 
+from cfsl_jax.errors import UserError
 from cfsl_jax.learners.base import Learner
 from cfsl_jax.learners.precision import COMPUTE_DTYPES, with_compute_dtype
 from cfsl_jax.spec import TaskSpec
@@ -33,13 +34,17 @@ def get_learner(name: str, spec: TaskSpec, compute_dtype: str = "float32",
     ``compute_dtype`` other than float32 wraps it with ``precision.with_compute_dtype``.
     """
     if name not in _REGISTRY:
-        raise ValueError(f"unknown learner {name!r}; valid: {LEARNERS}")
+        raise UserError(f"unknown learner {name!r}; valid: {LEARNERS}")
     module, factory = _REGISTRY[name]
     build = getattr(importlib.import_module(f"cfsl_jax.learners.{module}"), factory)
     try:
         learner = build(spec, **options)
-    except TypeError as error:
-        raise ValueError(f"bad option for learner {name!r}: {error}") from error
+    except TypeError as error:  # an option the factory does not take
+        raise UserError(f"bad option for learner {name!r}: {error}") from error
+    except ValueError as error:  # a factory refusing an option's value, in one line
+        if isinstance(error, UserError):
+            raise
+        raise UserError(f"learner {name!r}: {error}") from error
     return with_compute_dtype(learner, compute_dtype)
 
 
