@@ -83,14 +83,19 @@ def test_detector_scores_known_values():
     reps = jnp.array([[1.0, 0.0], [0.0, 2.0], [-1.0, 0.0]])
     seen = jnp.array([True, True, False])
     feature = classifiers.normalise(jnp.array([3.0, 0.0]))
-    assert float(classifiers.mdt_score(feature, reps, seen, True)) == pytest.approx(0.0, abs=1e-6)
+    assert float(classifiers.mdt_score(feature, reps, seen, "cosine")) == pytest.approx(0.0, abs=1e-6)
     other = classifiers.normalise(jnp.array([-1.0, 0.0]))  # nearest seen is at distance sqrt 2
-    assert float(classifiers.mdt_score(other, reps, seen, True)) == pytest.approx(np.sqrt(2),
+    assert float(classifiers.mdt_score(other, reps, seen, "cosine")) == pytest.approx(np.sqrt(2),
                                                                                  abs=1e-6)
-    assert float(classifiers.mdt_score(other, reps, jnp.zeros(3, bool), True)) == np.inf
+    assert float(classifiers.mdt_score(other, reps, jnp.zeros(3, bool), "cosine")) == np.inf
     # Raw (NCM's Euclidean): [0, 1] is 1 from [0, 2] and sqrt 2 from [1, 0].
-    assert float(classifiers.mdt_score(jnp.array([0.0, 1.0]), reps, seen, False)) == \
+    assert float(classifiers.mdt_score(jnp.array([0.0, 1.0]), reps, seen, "euclidean")) == \
         pytest.approx(1.0)
+    # Dot (Exemplar Tuning, linear layers): minus the largest similarity to a seen class:
+    # [3, 1] . [1, 0] = 3, . [0, 2] = 2; the unseen [-1, 0] (similarity -3) is ignored.
+    assert float(classifiers.mdt_score(jnp.array([3.0, 1.0]), reps, seen, "dot")) == -3.0
+    assert float(classifiers.mdt_score(jnp.array([-3.0, 0.5]), reps, seen, "dot")) == -1.0
+    assert float(classifiers.mdt_score(other, reps, jnp.zeros(3, bool), "dot")) == np.inf
     # NCM logits: minus squared distances.
     np.testing.assert_allclose(classifiers.euclidean_logits(jnp.array([[0.0, 1.0]]), reps),
                                [[-2.0, -1.0, -2.0]], atol=1e-6)

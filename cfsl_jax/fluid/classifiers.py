@@ -10,10 +10,12 @@
   squared distance to the raw class means (the paper's NCM, Appendix D),
   ``cosine`` = ``scale * cos``, ``dot`` = ``C_k . f``.
 - Unseen-class scores (higher = more likely a class not seen so far):
-  ``mdt`` (Minimum Distance Thresholding): the distance from the feature to the
-  nearest class representation of a seen class (in the method's own metric:
-  Euclidean for raw representations, Euclidean between unit vectors for the
-  cosine ones; +inf when none is seen); ``softmax`` (Hendrycks & Gimpel):
+  ``mdt`` (Minimum Distance Thresholding): how far the feature is from the
+  nearest class representation of a seen class, in one of ``MDT_METRICS``:
+  ``euclidean`` (raw vectors), ``cosine`` (Euclidean between unit vectors, a
+  monotone function of the cosine distance), ``dot`` (minus the maximum
+  similarity ``c_k . f``: the paper's MDT for Exemplar Tuning and linear layers,
+  its Figure 5 b-c); +inf when none is seen. ``softmax`` (Hendrycks & Gimpel):
   ``1 - max softmax`` over the seen classes' logits (1 when none is seen).
 """
 
@@ -28,6 +30,7 @@ import optax
 from cfsl_jax.errors import UserError
 
 DETECTORS = ("mdt", "softmax")
+MDT_METRICS = ("euclidean", "cosine", "dot")
 _EPS = 1e-12
 
 
@@ -109,12 +112,11 @@ def decide(logits: jax.Array, seen_mask: jax.Array) -> jax.Array:
 
 
 def mdt_score(feature: jax.Array, representations: jax.Array, seen_mask: jax.Array,
-              unit: bool) -> jax.Array:
-    """Distance from ``feature`` [D] to the nearest seen representation [K, D].
-
-    ``unit``: between L2-normalised vectors (cosine methods); else raw Euclidean.
-    """
-    if unit:
+              metric: str) -> jax.Array:
+    """How far ``feature`` [D] is from the nearest seen representation [K, D] (``MDT_METRICS``)."""
+    if metric == "dot":
+        return -jnp.max(jnp.where(seen_mask, representations @ feature, -jnp.inf))
+    if metric == "cosine":
         feature, representations = normalise(feature), normalise(representations)
     distances = jnp.linalg.norm(feature[None] - representations, axis=-1)
     return jnp.min(jnp.where(seen_mask, distances, jnp.inf))
@@ -127,15 +129,17 @@ def max_softmax_score(logits: jax.Array, seen_mask: jax.Array) -> jax.Array:
 
 
 def unseen_score(detector: str, feature: jax.Array, logits: jax.Array,
-                 representations: jax.Array, seen_mask: jax.Array, unit: bool) -> jax.Array:
+                 representations: jax.Array, seen_mask: jax.Array, metric: str) -> jax.Array:
     if detector == "mdt":
-        return mdt_score(feature, representations, seen_mask, unit)
+        return mdt_score(feature, representations, seen_mask, metric)
     return max_softmax_score(logits, seen_mask)
 
 
-def check_detector(detector: str) -> None:
+def check_detector(detector: str, metric: str | None = None) -> None:
     if detector not in DETECTORS:
         raise UserError(f"detector={detector!r}; valid: {DETECTORS}")
+    if metric is not None and metric not in MDT_METRICS:
+        raise UserError(f"mdt_metric={metric!r}; valid: {MDT_METRICS}")
 
 
 def masked_cross_entropy(logits: jax.Array, labels: jax.Array, sample_mask: jax.Array,

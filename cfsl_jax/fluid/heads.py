@@ -3,8 +3,8 @@
 A ``Head`` is what differs between methods (``methods.py`` builds the rest):
 ``init_weights`` (what training phases learn, from the pretrained params),
 ``logits`` (features [n, D] -> [n, K]), ``representations`` (the [K, D] class
-representations MDT measures distance to; ``unit`` says whether in the
-normalised space), and, for the methods that need them, ``prepare`` (run on
+representations MDT measures distance to; ``mdt`` says in which of
+``classifiers.MDT_METRICS``), and, for the methods that need them, ``prepare`` (run on
 the weights before each training step: Weight Imprinting imprints new classes)
 and ``penalty`` (extra loss: LwF's distillation, EWC's quadratic penalty).
 
@@ -32,7 +32,7 @@ class Head(NamedTuple):
     init_weights: Callable[[Any, jax.Array, int], Weights]  # (params, key, D) -> weights
     logits: Callable[[Weights, cls.ClassMemory, jax.Array], jax.Array]  # f [n, D] -> [n, K]
     representations: Callable[[Weights, cls.ClassMemory], jax.Array]  # [K, D] for MDT
-    unit: bool = True  # MDT between normalised vectors (else raw Euclidean)
+    mdt: str = "cosine"  # MDT's measure (classifiers.MDT_METRICS)
     prepare: Callable[[Weights, cls.ClassMemory], Weights] | None = None
     trains_backbone: bool = False
     penalty: Callable[..., jax.Array] | None = None  # (params, weights, images, memory) -> loss
@@ -47,7 +47,8 @@ def ncm(num_classes: int, metric: str = "euclidean", scale: float = 10.0) -> Hea
     if metric == "euclidean":
         return Head(_no_weights,
                     lambda w, memory, f: cls.euclidean_logits(f, cls.class_means(memory)),
-                    lambda w, memory: cls.class_means(memory), unit=False)
+                    # MDT: the minimum cosine distance to a class mean (the paper's Figure 5a).
+                    lambda w, memory: cls.class_means(memory), mdt="cosine")
 
     # Meta-Baseline's temperature, when meta-training learned one (fixed in the stream).
     return Head(lambda params, key, dim: {"scale": jnp.float32(params.get("temperature", scale))},
@@ -69,7 +70,8 @@ def exemplar_tuning(num_classes: int, similarity: str = "dot", scale: float = 10
     def init_weights(params, key, dim):
         return {"residuals": jnp.zeros((num_classes, dim), jnp.float32)}
 
-    return Head(init_weights, logits, representations)
+    # MDT in the classifier's own similarity: the maximum C_k . f (the paper's Figure 5b).
+    return Head(init_weights, logits, representations, mdt=similarity)
 
 
 def _imprinted(weights, memory):
@@ -126,7 +128,8 @@ def linear(num_classes: int, trains_backbone: bool, known: bool = True,
     def representations(weights, memory):  # MDT on a linear layer: its class vectors
         return weights["head"]["kernel"].T
 
-    return Head(init_weights, logits, representations, unit=True,
+    # MDT: the maximum similarity w_k . f to a class's column (the paper's Figure 5c).
+    return Head(init_weights, logits, representations, mdt="dot",
                 trains_backbone=trains_backbone, penalty=penalty)
 
 
@@ -184,5 +187,5 @@ def oltr(num_classes: int, scale: float = 16.0) -> Head:
                 "selector": jnp.zeros((dim, dim), jnp.float32),
                 "hallucinator": jnp.zeros((dim, num_classes), jnp.float32)}
 
-    return Head(init_weights, logits, lambda w, memory: cls.class_means(memory), unit=False,
+    return Head(init_weights, logits, lambda w, memory: cls.class_means(memory), mdt="euclidean",
                 prepare=_imprint)

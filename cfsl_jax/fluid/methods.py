@@ -29,7 +29,10 @@ across phases; the paper's schedule: 4 epochs every 5,000 samples, batch 256
 (Weight Imprinting from 10,000 samples on; OLTR also every 200 samples up to
 10,000). Unseen-class detector: ``mdt`` (the paper's MDT) by default for the
 instance-based and cosine methods, ``softmax`` (Hendrycks & Gimpel) for the
-linear heads; ``detector=`` overrides.
+linear heads; ``detector=`` overrides. MDT measures in the head's own terms
+(``mdt_metric=`` overrides): Euclidean to raw class means (NCM, OLTR), cosine
+(cosine classifiers), the maximum dot-product similarity (Exemplar Tuning and
+linear layers, as the paper's Figure 5 b-c).
 
 Notes of what was followed (and not): EWC's Fisher is the diagonal empirical
 Fisher on pretraining images at the pretrained weights, computed once before
@@ -80,14 +83,15 @@ class Spec(NamedTuple):
 
 
 def build_method(name: str, spec: Spec, num_classes: int,
-                 image_shape: tuple[int, ...] = (28, 28, 1), *, filters: int = 64, activation: str = "relu", detector: str | None = None,
-                 learning_rate: float | None = None, momentum: float = 0.9,
+                 image_shape: tuple[int, ...] = (28, 28, 1), *, filters: int = 64,
+                 activation: str = "relu", detector: str | None = None,
+                 mdt_metric: str | None = None, learning_rate: float | None = None, momentum: float = 0.9,
                  weight_decay: float = 1e-4, known_classes: bool = True, **head_options) -> Method:
     """The method ``name`` for ``num_classes`` stream classes (module doc)."""
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise UserError(f"num_classes={num_classes!r} is invalid: must be an int >= 1")
     detector = detector or spec.detector
-    cls.check_detector(detector)
+    cls.check_detector(detector, mdt_metric)
     if spec.learning_rate is None and learning_rate is not None:
         raise UserError(f"{name} is instance-based: it takes no learning_rate "
                         f"(got {learning_rate!r})")
@@ -101,6 +105,7 @@ def build_method(name: str, spec: Spec, num_classes: int,
         head = spec.head(num_classes, embed_apply, known=known_classes, **head_options)
     except TypeError as error:
         raise UserError(f"{name}: bad option(s) {sorted(head_options)}: {error}") from None
+    mdt_metric = mdt_metric or head.mdt
     optimizer = (optax.chain(optax.add_decayed_weights(weight_decay),
                              optax.sgd(learning_rate, momentum=momentum))
                  if learning_rate is not None else None)
@@ -125,7 +130,7 @@ def build_method(name: str, spec: Spec, num_classes: int,
         logits = head.logits(state.weights, state.memory, feature[None])[0]
         score = cls.unseen_score(detector, feature, logits,
                                  head.representations(state.weights, state.memory), seen,
-                                 head.unit)
+                                 mdt_metric)
         return cls.decide(logits, seen), score
 
     def update(params, state, feature, label):
