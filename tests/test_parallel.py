@@ -208,11 +208,15 @@ def test_nss_640_evaluation_completes_in_bounded_memory(many_classes, name, monk
     spec = TaskSpec.parse("C640")  # 640 support sets of 5, a target set of 16,000 images
     image = tuple(many_classes.images.shape[1:])
     mesh = cpu_mesh(1)
-    keys = jax.random.key_data(jax.random.split(jax.random.key(0), 1))
+    # Keys, params and split placed as evaluate() places them: evaluate() then loads the
+    # chunked program temp_bytes compiled from the persistent compilation cache.
+    keys = parallel.global_array(jax.random.key_data(jax.random.split(jax.random.key(0), 1)),
+                                 mesh)
+    split = parallel.place_split(many_classes, mesh)
 
     def temp_bytes(learner, params):  # XLA's temporary buffers of the evaluation program
-        compiled = evaluation._evaluate_chunk.lower(learner, params, many_classes, keys, False,
-                                                    mesh).compile()
+        compiled = evaluation._evaluate_chunk.lower(
+            learner, parallel.replicate(params, mesh), split, keys, False, mesh).compile()
         return compiled.memory_analysis().temp_size_in_bytes
 
     narrow = {"filters": 16}  # 64 filters: the same memory pattern, 3x the seconds

@@ -123,10 +123,10 @@ def test_protonets_learns_b3_on_mini_omniglot(omniglot_dir, data_dir, tmp_path, 
     train_and_evaluate counts with an extra compilation, are tested elsewhere."""
     monkeypatch.setattr(train, "per_task_meta_step_macs", lambda *args: 0.0)
     config = train.TrainConfig(
-        learner="protonets", learner_options={"filters": 32}, dataset="omniglot",
+        learner="protonets", learner_options={"filters": 16}, dataset="omniglot",
         manual_dir=omniglot_dir, data_dir=data_dir,
         task="B3", epochs=2, iters_per_epoch=15, meta_batch=4, val_tasks=20, test_tasks=30,
-        eval_batch=20, keep_best=2, learning_rate=2e-3)
+        eval_batch=20, keep_best=2, learning_rate=1e-2)
     mesh = parallel.make_mesh(4, devices=jax.devices("cpu"))  # 4 of the 8 CPU devices: no padding
     protonets = train.train_and_evaluate(config, str(tmp_path / "pn"), mesh=mesh)["test"]
     tune = train.TrainConfig(**{**config.to_json(), "learner": "init_tune"})
