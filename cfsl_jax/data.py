@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cfsl_jax import progress
 from cfsl_jax.errors import UserError
 
 DATASETS: tuple[str, ...] = ("synthetic", "omniglot", "omniglot/full", "omniglot/small",
@@ -238,7 +239,8 @@ def _prepare(builder, resolved: str, data_dir: str, manual_dir: str | None,
         os.path.join(data_dir, "downloads", "manual"))
     config = tfds.download.DownloadConfig(manual_dir=manual_dir) if manual_dir else None
     try:
-        builder.download_and_prepare(download_config=config)
+        with progress.stage(f"preparing {resolved} in {data_dir} (once)"):
+            builder.download_and_prepare(download_config=config)
     except BaseException:
         for path in sorted(set(created), key=len, reverse=True):  # deepest first
             shutil.rmtree(path, ignore_errors=True)

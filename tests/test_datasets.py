@@ -122,6 +122,20 @@ def test_synthetic_is_deterministic_and_class_structured():
     assert within < 0.8 * between
 
 
+
+def test_synthetic_generation_shows_progress_only_when_it_takes_long(monkeypatch, capsys):
+    capsys.readouterr()
+    quick, _ = synthetic.generate(num_classes=40, samples_per_class=200)  # 8,000 images
+    assert "generating synthetic glyphs" not in capsys.readouterr().out
+    monkeypatch.setattr(synthetic.progress, "INTERVAL_S", 0.0)  # as if every chunk were slow
+    slow, _ = synthetic.generate(num_classes=40, samples_per_class=200)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" images")[0] for line in lines] == [
+        f"[generating synthetic glyphs] {n}/8000"
+        for n in [*range(synthetic.CHUNK, 8000, synthetic.CHUNK), 8000]]
+    assert "ETA" in lines[0] and "done in" in lines[-1]
+    assert slow.tobytes() == quick.tobytes()
+
 def test_gather_normalised_in_jit(omniglot_train):
     indices = np.array([[0, 5, 7], [100, 3, 2]])
     gathered = jax.jit(data.gather_normalised)(omniglot_train, indices)

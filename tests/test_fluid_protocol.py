@@ -130,6 +130,26 @@ def test_changing_label_t_leaves_predictions_up_to_t_unchanged(synthetic, ncm):
     assert not np.array_equal(a.prediction, b.prediction)  # label t does matter afterwards
 
 
+
+def test_walking_the_stream_in_progress_chunks_changes_no_number(synthetic, ncm, monkeypatch,
+                                                                 capsys):
+    """A method that never trains walks the stream in PROGRESS_SAMPLES chunks (a progress line
+    between them): the predictions and scores are those of one scan over the whole stream."""
+    split, stream = synthetic
+    method, params = ncm
+    whole = fluid.run_stream(method, params, stream, split, jax.random.key(1), count_macs=False)
+    monkeypatch.setattr(protocol, "PROGRESS_SAMPLES", 50)  # 120 samples: chunks 50, 50, 20
+    monkeypatch.setattr(protocol.progress, "INTERVAL_S", 0.0)  # a line after every chunk
+    capsys.readouterr()
+    chunked = fluid.run_stream(method, params, stream, split, jax.random.key(1),
+                               count_macs=False)
+    np.testing.assert_array_equal(chunked.prediction, whole.prediction)
+    np.testing.assert_array_equal(chunked.unseen_score, whole.unseen_score)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "[FLUID ncm]" in line]
+    assert [line.split(" samples")[0] for line in lines] == [
+        "[FLUID ncm] 50/120", "[FLUID ncm] 100/120", "[FLUID ncm] 120/120"]
+    assert "ETA" in lines[0] and "done in" in lines[-1]
+
 def test_ncm_running_means_equal_batch_means(synthetic, ncm):
     split, stream = synthetic
     method, params = ncm

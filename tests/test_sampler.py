@@ -1,5 +1,12 @@
 """The sampler's rules (Algorithm 1, cfsl_jax/sampler.py) as properties over random specs and
-keys."""
+keys.
+
+Each drawn spec is one program (``sample_task`` jitted with the spec static, not ~40 single-op
+programs run eagerly), compiled without XLA's optimisations (``jax_disable_most_optimizations``,
+this module only): the sampler is integer indexing, sorts and top-k of random bits, which
+optimisations cannot change, and compiling at -O0 takes half the time of each of the ~200
+specs the properties draw. Training and evaluation tests run the sampler at full
+optimisation."""
 
 import collections
 
@@ -10,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cfsl_jax.sampler import TaskIndices, sample_task, sample_tasks
+from cfsl_jax.sampler import TaskIndices, check_split, sample_task, sample_tasks
 from cfsl_jax.spec import TaskSpec
 
 SETTINGS = hypothesis.settings(max_examples=60, deadline=None, derandomize=True,
@@ -29,6 +36,23 @@ def padded_table(num_classes, min_size, max_size, seed=0):
         table[c, :size] = ids[start:start + size]
         start += size
     return table, sizes.astype(np.int32)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def unoptimised_compiles():
+    jax.config.update("jax_disable_most_optimizations", True)
+    yield
+    jax.config.update("jax_disable_most_optimizations", False)
+
+
+_SAMPLE_TASK = jax.jit(sample_task, static_argnames="spec")
+
+
+def sample(key, table, sizes, spec):
+    """``sample_task`` as one jitted program per spec, refusing what the split cannot supply
+    first (under jit the split's class sizes are not known to ``sample_task``)."""
+    check_split(table, sizes, spec)
+    return _SAMPLE_TASK(key, table, sizes, spec=spec)
 
 
 # A wide split: up to 20*10 = 200 classes and 20*(5+5) = 200 samples per class fit in most specs.
@@ -119,10 +143,10 @@ def _run_rules(spec, seed, table, sizes):
         with pytest.raises(ValueError, match="needs"):
             sample_task(key, table, sizes, spec)
         return
-    task = sample_task(key, table, sizes, spec)
+    task = sample(key, table, sizes, spec)
     check_task_rules(task, table, spec)
     # Same key, same task, bit for bit.
-    again = sample_task(key, table, sizes, spec)
+    again = sample(key, table, sizes, spec)
     for a, b in zip(task, again):
         np.testing.assert_array_equal(a, b)
 
@@ -145,8 +169,8 @@ def test_rules_on_mini_omniglot(spec, seed, omniglot_train):
 @hypothesis.given(spec=specs(), seed=st.integers(0, 2**31 - 1))
 def test_nss1_cci1_is_the_same_task_whatever_overwrite(spec, seed):
     spec = TaskSpec(1, spec.nc, spec.ks, spec.kt, 1, True, spec.target_mode)
-    with_overwrite = sample_task(jax.random.key(seed), WIDE_TABLE, WIDE_SIZES, spec)
-    without = sample_task(jax.random.key(seed), WIDE_TABLE, WIDE_SIZES,
+    with_overwrite = sample(jax.random.key(seed), WIDE_TABLE, WIDE_SIZES, spec)
+    without = sample(jax.random.key(seed), WIDE_TABLE, WIDE_SIZES,
                           TaskSpec(1, spec.nc, spec.ks, spec.kt, 1, False, spec.target_mode))
     for a, b in zip(with_overwrite, without):
         np.testing.assert_array_equal(a, b)
@@ -158,7 +182,7 @@ def test_jit_vmap_equals_a_loop_and_keys_differ(spec, seed):
     hypothesis.assume(feasible(spec, WIDE_SIZES))
     keys = jax.random.split(jax.random.key(seed), 4)
     batch = sample_tasks(keys, WIDE_TABLE, WIDE_SIZES, spec)
-    loop = [sample_task(k, WIDE_TABLE, WIDE_SIZES, spec) for k in keys]
+    loop = [sample_task(k, WIDE_TABLE, WIDE_SIZES, spec) for k in keys]  # eager, one by one
     for field, batched in zip(TaskIndices._fields, batch):
         np.testing.assert_array_equal(batched, np.stack([getattr(t, field) for t in loop]))
     # Different keys give different tasks (all four equal would be a broken key flow).

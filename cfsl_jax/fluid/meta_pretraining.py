@@ -28,9 +28,8 @@ import functools
 import jax
 import jax.numpy as jnp
 import optax
-from absl import logging
 
-from cfsl_jax import data
+from cfsl_jax import data, progress
 from cfsl_jax.data import Split
 from cfsl_jax.fluid import classifiers as cls
 from cfsl_jax.fluid.protocol import Method, Params
@@ -103,9 +102,9 @@ def meta_train(method: Method, params: Params, split: Split, key: jax.Array, str
         return optax.apply_updates(trainable, updates), opt_state, loss
 
     opt_state = opt.init(trainable)
+    bar = progress.tracker(f"FLUID {strategy} meta-training", steps, "episodes")
     for i in range(steps):
         trainable, opt_state, loss = step(trainable, opt_state, jax.random.fold_in(key, i))
-        if (i + 1) % max(1, steps // 5) == 0:
-            logging.info("%s meta-train step %d/%d: loss %.4f", strategy, i + 1, steps,
-                         float(loss))
+        if bar.due() or i + 1 == steps:  # sync the loss only for a line
+            bar.update(i + 1, loss=float(loss))
     return {**params, **trainable}

@@ -29,7 +29,7 @@ import numpy as np
 import optax
 from absl import logging
 
-from cfsl_jax import data, pretrain as supervised
+from cfsl_jax import data, pretrain as supervised, progress
 from cfsl_jax.data import Split
 from cfsl_jax.fluid import classifiers as cls
 from cfsl_jax.fluid.protocol import Method, Params
@@ -60,12 +60,12 @@ def pretrain_supervised(method: Method, params: Params, split: Split, key: jax.A
                                   head_key, learning_rate, weight_decay)
     hyper = dict(learner=method, num_classes=num_classes, batch_size=batch_size,
                  learning_rate=learning_rate, weight_decay=weight_decay)
+    bar = progress.tracker("FLUID pretraining", steps, "steps")
     for step in range(steps):
         state, loss, accuracy = supervised.train_step(state, split, pool,
                                                       jax.random.fold_in(data_key, step), **hyper)
-        if (step + 1) % max(1, steps // 5) == 0:
-            logging.info("pretrain step %d/%d: loss %.4f accuracy %.3f", step + 1, steps,
-                         float(loss), float(accuracy))
+        if bar.due() or step + 1 == steps:  # sync the device values only for a line
+            bar.update(step + 1, loss=float(loss), acc=float(accuracy))
     dense = state.params["head"]["params"]["Dense_0"]
     return {**params, "embed": state.params["embed"],
             "head": {"kernel": dense["kernel"], "bias": dense["bias"]}}

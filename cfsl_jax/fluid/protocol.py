@@ -43,6 +43,11 @@ figure) a frozen-backbone method recomputes the backbone for every training
 sample: ``total_uncached = total + train_steps * batch_size * embed``; for
 image-trained methods the two are equal. (Counting a scan as a whole would not
 work: XLA counts a loop body once.) Data movement is not counted.
+
+Progress: a line (samples done, rate, ETA) at least every ``progress.INTERVAL_S``
+seconds, between chunks; a method that never trains walks the stream in
+chunks of ``PROGRESS_SAMPLES`` samples for that (one scan program; splitting a
+scan changes none of its numbers).
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cfsl_jax import data, metrics
+from cfsl_jax import data, metrics, progress
 from cfsl_jax.errors import UserError
 from cfsl_jax.fluid.sequences import Stream
 
@@ -66,6 +71,7 @@ Params = Any
 State = Any
 TRAIN_INPUTS = ("features", "images")
 PAPER_LENGTH = 90_000  # samples in one of the paper's sequences (Table 4: 86,988-90,133)
+PROGRESS_SAMPLES = 5_000  # chunk of a method that never trains (a progress line between chunks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,9 +342,11 @@ def run_stream(method: Method, params: Params, stream: Stream, split: data.Split
     positions = jnp.arange(length)
     bank = stream.sample_idx  # images: the revealed rows of it are passed to a phase
     banked = []
-    ends = schedule.phase_ends(length) if trains else []
+    ends = (schedule.phase_ends(length) if trains
+            else list(range(PROGRESS_SAMPLES, length, PROGRESS_SAMPLES)))
     predictions, scores, train_steps = [], [], 0
     chunks = list(zip([0, *ends], [*ends, length]))
+    bar = progress.tracker(f"FLUID {method.name}", length, "samples")
     batch = min(embed_batch, max(end - begin for begin, end in chunks))  # one embed program
     for begin, end in chunks:
         features = embed_samples(method, params, state, split, stream.sample_idx[begin:end],
@@ -348,7 +356,7 @@ def run_stream(method: Method, params: Params, stream: Stream, split: data.Split
         scores.append(score)
         if on_features:
             banked.append(features)
-        if end < length:
+        if trains and end < length:
             revealed = positions < end
             if on_features:
                 bank = jnp.pad(jnp.concatenate(banked), ((0, length - end), (0, 0)))
@@ -357,6 +365,9 @@ def run_stream(method: Method, params: Params, stream: Stream, split: data.Split
                                 jnp.where(revealed, stream.label, -1), end,
                                 jax.random.fold_in(train_key, end))
             train_steps += schedule.steps(end)
+        if bar.due() or end == length:
+            jax.block_until_ready(state)
+            bar.update(end, **({"train_steps": train_steps} if trains else {}))
     prediction = np.concatenate([np.asarray(p) for p in predictions]).astype(np.int32)
     unseen = np.concatenate([np.asarray(s) for s in scores]).astype(np.float32)
     seconds = time.perf_counter() - start_time
