@@ -55,6 +55,25 @@ def interruptible_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-c", code, *args]
 
 
+# The order modules are handed to the two workers (``--no-loadscope-reorder``): the longest
+# first, so that no long module starts last while the other worker idles, and the notebooks
+# after the sweep tests, whose programs (same settings, one persistent cache) they then load.
+MODULES_FIRST = ("test_sweep_report.py", "test_maml.py", "test_parallel.py", "test_train.py",
+                 "test_finetune.py", "test_fluid_methods.py", "test_sampler.py", "test_cli.py",
+                 "test_metrics.py", "test_pretrain.py", "test_conv.py")
+MODULES_LAST = ("test_notebooks.py",)
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        module = item.path.name
+        if module in MODULES_FIRST:
+            return MODULES_FIRST.index(module)
+        return len(MODULES_FIRST) + 1 if module in MODULES_LAST else len(MODULES_FIRST)
+
+    items.sort(key=rank)  # stable: each module's own order is kept
+
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OMNIGLOT_DIR = os.path.normpath(os.path.join(REPO, "..", "shared", "data", "omniglot"))
 
