@@ -245,7 +245,7 @@ def dataset_markdown(results: Sequence[dict], dataset: str, paper: dict) -> str:
     comparison = paper_comparison(aggregate(runs, "acc"), dataset, paper)
     if len(comparison) > 1:
         parts.append(markdown(comparison))
-        if paper_dataset != dataset:
+        if dataset not in paper_results.SAME_DATA:
             parts.append(f"(The paper used {paper_dataset}; the comparison with {dataset} is "
                          f"indicative only.)")
     elif dataset not in paper_results.PAPER_DATASETS and paper_dataset not in paper["values"]:

@@ -172,13 +172,14 @@ def test_report_numbers_are_the_seed_statistics_of_the_runs(killed_and_resumed, 
 def test_report_compares_with_the_shipped_paper_numbers(tmp_path):
     """With no table given, the report puts the shipped Omniglot number beside ours
     (omniglot/small compares with the paper's omniglot); a cell off the grid has none."""
-    test_numbers = {("B3", 0): 0.90, ("B3", 1): 0.92, ("B2", 0): 0.80}
-    for (cell, seed), acc in test_numbers.items():
-        config = train.TrainConfig(dataset="omniglot/small", task=cell, seed=seed)
-        result = {"dataset": "omniglot/small", "learner": "protonets", "seed": seed,
+    test_numbers = {("omniglot/small", "B3", 0): 0.90, ("omniglot/small", "B3", 1): 0.92,
+                    ("omniglot/small", "B2", 0): 0.80, ("omniglot/full", "B3", 0): 0.93}
+    for (dataset, cell, seed), acc in test_numbers.items():
+        config = train.TrainConfig(dataset=dataset, task=cell, seed=seed)
+        result = {"dataset": dataset, "learner": "protonets", "seed": seed,
                   "spec": dataclasses.asdict(TaskSpec.parse(cell)), "config": config.to_json(),
                   "test": {"acc_mean": acc, "ce_mean": 0.5, "atm": 0.1, "macs_per_task": 1e6}}
-        run_dir = tmp_path / "sweep" / cell / f"seed{seed}"
+        run_dir = tmp_path / "sweep" / dataset.replace("/", "-") / cell / f"seed{seed}"
         run_dir.mkdir(parents=True)
         (run_dir / "results.json").write_text(json.dumps(result))
     assert paper_results.TABLE1["values"]["omniglot"]["protonets"]["B3"] == {
@@ -195,7 +196,10 @@ def test_report_compares_with_the_shipped_paper_numbers(tmp_path):
     assert "| protonets | B3 | 91.00 ± 1.00 | 95.30 ± 0.12 | -4.30 |" in markdown
     assert "| protonets | B2 |" not in markdown.split("vs the paper")[1]
     assert paper_results.SOURCE in markdown
-    assert "The paper used omniglot" in markdown
+    assert "The paper used omniglot" in markdown  # a subset of its characters
+    full = open(paths["markdown"]["omniglot/full"]).read()  # the paper's own images
+    assert "| protonets | B3 | 93.00 | 95.30 ± 0.12 | -2.30 |" in full
+    assert "indicative" not in full
 
 
 def test_dry_run_lists_every_run_with_its_status(killed_and_resumed):
