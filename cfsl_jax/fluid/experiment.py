@@ -168,7 +168,7 @@ def run_one_stream(config: FluidConfig, split: data.Split, built: dict, index: i
     pretrain_key = jax.random.fold_in(seeding.purpose_key(config.seed, "pretrain"), index)
     fisher_key = jax.random.fold_in(seeding.purpose_key(config.seed, "pretrain"), FISHER + index)
     train_key = jax.random.fold_in(seeding.purpose_key(config.seed, "train"), index)
-    pretrained, per_method, curves = {}, {}, {}
+    pretrained, known, per_method, curves = {}, {}, {}, {}
     for name, method in built.items():
         started = time.perf_counter()
         if method.pretraining not in pretrained:  # one pretraining per strategy and stream
@@ -176,8 +176,12 @@ def run_one_stream(config: FluidConfig, split: data.Split, built: dict, index: i
                 method, init, split, classes, pretrain_key,
                 steps=config.pretrain_steps, batch_size=config.pretrain_batch,
                 learning_rate=config.pretrain_learning_rate)
+        # Every method of a run embeds with the same Conv-4 (config.filters): the pretraining
+        # images' class statistics are computed once per pretrained backbone.
         params = prepare_params(method, pretrained[method.pretraining], split, classes,
-                                fisher_key)
+                                fisher_key, known=known.get(method.pretraining))
+        if "known" in params:
+            known[method.pretraining] = params["known"]
         pretrain_seconds = time.perf_counter() - started
         schedule = schedule_for(method, config)
         record = run_stream(method, params, stream, split,

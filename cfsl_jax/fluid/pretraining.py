@@ -168,14 +168,18 @@ def pretrain_model(method: Method, params: Params, split: Split, classes: Stream
 
 
 def prepare_params(method: Method, params: Params, split: Split, classes: StreamClasses,
-                   key: jax.Array) -> Params:
-    """Add ``known`` (and ``fisher`` for EWC) to pretrained ``params``."""
+                   key: jax.Array, known: cls.KnownClasses | None = None) -> Params:
+    """Add ``known`` (and ``fisher`` for EWC) to pretrained ``params``. ``known``: the class
+    statistics already computed for the same pretrained backbone (another method of the same
+    run), instead of embedding every pretraining image again."""
     num_pretrain = int(classes.pretrain_table.shape[0])
     if num_pretrain == 0 or "head" not in params:
         return params
     pre = pretrain_split(split, classes)
-    features, labels = pretraining_features(method, params, pre)
-    params = {**params, "known": known_classes(features, labels, num_pretrain)}
+    if known is None:
+        features, labels = pretraining_features(method, params, pre)
+        known = known_classes(features, labels, num_pretrain)
+    params = {**params, "known": known}
     if method.name == "ewc":
         params["fisher"] = empirical_fisher(method, params, pre, key)
     return params
