@@ -64,12 +64,15 @@ class Tracker:
     """Counts ``done`` of ``total`` and prints rate and ETA lines (see the module doc)."""
 
     def __init__(self, what: str, total: int, unit: str = "", start: int = 0,
-                 interval: float | None = None, first_line: bool = True):
+                 interval: float | None = None, first_line: bool = True,
+                 quiet_if_quick: bool = False):
         self.what, self.total, self.unit = what, max(int(total), 0), unit
         self.interval = INTERVAL_S if interval is None else interval
         self.start_done = start
         self.started = self.last = clock()
         self.printed = not first_line
+        self.quiet_if_quick = quiet_if_quick
+        self.lines = 0  # lines printed so far
 
     def line(self, done: int, **values: Any) -> str:
         elapsed = max(clock() - self.started, 1e-9)
@@ -95,18 +98,22 @@ class Tracker:
     def update(self, done: int, force: bool = False, **values: Any) -> bool:
         """Print a line if it is time (or ``force``, or the first or last update)."""
         now = clock()
-        if force or not self.printed or done >= self.total or now - self.last >= self.interval:
+        due = not self.printed or now - self.last >= self.interval
+        last = done >= self.total and not (self.quiet_if_quick and self.lines == 0)
+        if force or due or last:
             say(self.line(done, **values))
-            self.last, self.printed = now, True
+            self.last, self.printed, self.lines = now, True, self.lines + 1
             return True
         return False
 
 
 def tracker(what: str, total: int, unit: str = "", start: int = 0,
-            interval: float | None = None, first_line: bool = True) -> Tracker:
+            interval: float | None = None, first_line: bool = True,
+            quiet_if_quick: bool = False) -> Tracker:
     """A ``Tracker`` of ``total`` items (``start`` of them already done, e.g. on a resume);
-    ``first_line=False``: no line on the first update (only when it is time, and the last)."""
-    return Tracker(what, total, unit, start, interval, first_line)
+    ``first_line=False``: no line on the first update (only when it is time, and the last);
+    with ``quiet_if_quick`` too, no line at all for work done within one interval."""
+    return Tracker(what, total, unit, start, interval, first_line, quiet_if_quick)
 
 
 def track(items, what: str, unit: str = "", total: int | None = None) -> Iterator:

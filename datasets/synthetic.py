@@ -115,9 +115,9 @@ def generate(num_classes: int = 1623, samples_per_class: int = 20, image_size: i
     total = num_classes * samples_per_class
     labels = np.repeat(np.arange(num_classes, dtype=np.int32), samples_per_class)
     images = np.empty((total, image_size, image_size, 1), dtype=np.uint8)
-    # A line only once generation has run INTERVAL_S (the FLUID paper set: ~1.4 M images).
-    bar = progress.tracker("generating synthetic glyphs", total, "images", first_line=False)
-    shown = False  # whether a line was printed (then the last one is too)
+    # Lines only once generation has run INTERVAL_S (the FLUID paper set: ~1.4 M images).
+    bar = progress.tracker("generating synthetic glyphs", total, "images", first_line=False,
+                           quiet_if_quick=True)
     for begin in range(0, total, CHUNK):
         chunk_labels = labels[begin:begin + CHUNK]
         n = chunk_labels.shape[0]
@@ -134,8 +134,7 @@ def generate(num_classes: int = 1623, samples_per_class: int = 20, image_size: i
         control = np.matmul(control, affine.transpose(0, 2, 1)[:, None]) + shift[:, None, None, :]
         width = 1.8 * (image_size / 28.0) * np.exp(rng.normal(0.0, 0.15, size=n))
         images[begin:begin + n, :, :, 0] = _render(control, class_mask[chunk_labels], width, image_size)
-        if begin + n < total or shown:  # a set made in under INTERVAL_S prints nothing
-            shown = bar.update(begin + n) or shown
+        bar.update(begin + n)
     return images, labels
 
 
