@@ -14,23 +14,39 @@ from cfsl_jax.fluid.experiment import alphabet_pretrain_mask
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_cli_writes_results_table_and_plot(tmp_path):
+def test_cli_writes_results_table_and_plot_and_extends_a_finished_run(tmp_path):
     workdir = tmp_path / "fluid"
     command = [sys.executable, "-m", "launch.fluid", "--preset=small", f"--workdir={workdir}",
                "--method=ncm,exemplar_tuning", "--stream_classes=6", "--stream_length=90",
-               "--head_threshold=15", "--min_pretrain_samples=5", "--num_streams=2",
+               "--head_threshold=15", "--min_pretrain_samples=5",
                "--pretrain_steps=3", "--filters=8",
                "--dataset_option=num_classes=20", "--dataset_option=samples_per_class=30",
                "--dataset_option=image_size=16",
                "--method_option=exemplar_tuning:learning_rate=0.002"]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=400)
+
+    def fluid(*extra):
+        return subprocess.run(command + list(extra), cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=400)
+
+    done = fluid("--num_streams=1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = json.loads((workdir / "results.json").read_text())
+    assert first["complete"] and len(first["streams"]) == 1
+    # A second stream into the same workdir: stream 0 is kept as stored, not run again.
+    done = fluid("--num_streams=2")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "exemplar_tuning" in done.stdout and "AUROC" in done.stdout
     assert "Table 3 (l)" in done.stdout and "58.16" in done.stdout  # the paper's row beside ours
     results = json.loads((workdir / "results.json").read_text())
-    assert len(results["streams"]) == 2
+    assert len(results["streams"]) == 2 and results["complete"]
+    assert results["streams"][0] == first["streams"][0]  # its seconds included
+    # A different setting into the same workdir, or fewer streams than it holds: one line.
+    for extra, words in [(["--num_streams=2", "--seed=1"], "different configuration"),
+                         (["--num_streams=1"], "holds 2")]:
+        refused = fluid(*extra)
+        assert refused.returncode == 2 and words in refused.stderr
+        assert "Traceback" not in refused.stderr
     stats = results["streams"][0]["stream"]
     assert stats["length"] == 90 and stats["classes"] == 6 and stats["pretrain_classes"] == 2
     assert results["config"]["method_options"] == {"exemplar_tuning": {"learning_rate": 0.002}}

@@ -134,7 +134,9 @@ def test_exemplar_tuning_mdt_is_minus_the_largest_similarity(setup, pretrained):
     state = method.init(params, jax.random.key(0))
     residuals = jax.random.normal(jax.random.key(1), state.weights["residuals"].shape)
     state = state._replace(weights={"residuals": residuals})
-    feature = method.embed(params, state, split.images[:1])[0]
+    features = method.embed(params, state, data.gather_normalised(split, stream.sample_idx[:16]))
+    feature = features[int(jnp.argmax(jnp.linalg.norm(features, axis=1)))]
+    assert float(jnp.linalg.norm(feature)) > 0
     _, score = method.predict(params, state, feature)
     representations = classifiers.unit_means(state.memory) + residuals
     seen = np.asarray(classifiers.seen(state.memory))
@@ -146,6 +148,34 @@ def test_exemplar_tuning_mdt_is_minus_the_largest_similarity(setup, pretrained):
     _, dot = run("exemplar_tuning", setup, pretrained)
     _, cosine = run("exemplar_tuning", setup, pretrained, mdt_metric="cosine")
     assert dot["auroc"] > 0.8 and cosine["auroc"] < 0.5, (dot["auroc"], cosine["auroc"])
+
+
+def test_imprinting_mdt_measures_to_the_class_means_not_the_trained_rows(setup, pretrained):
+    """Weight Imprinting's MDT is the cosine distance to the normalised class means (one
+    scale over the whole stream); to its rows (``mdt_to="weights"``) the score jumps when
+    training starts and the pooled AUROC falls (paper scale: 0.176)."""
+    split, stream, classes = setup
+    method = fluid.get_method("imprinting", K, IMAGE, filters=FILTERS)
+    params = fluid.prepare_params(method, pretrained["supervised"], split, classes,
+                                  jax.random.key(4))
+    state = method.init(params, jax.random.key(0))
+    rows = jax.random.normal(jax.random.key(1), state.weights["classifier"].shape)
+    state = state._replace(weights={**state.weights, "classifier": rows})
+    features = method.embed(params, state, data.gather_normalised(split, stream.sample_idx[:16]))
+    feature = features[int(jnp.argmax(jnp.linalg.norm(features, axis=1)))]
+    assert float(jnp.linalg.norm(feature)) > 0
+    _, score = method.predict(params, state, feature)
+    seen = np.asarray(classifiers.seen(state.memory))
+    unit = np.asarray(classifiers.normalise(classifiers.unit_means(state.memory)))[seen]
+    f = np.asarray(feature) / np.linalg.norm(np.asarray(feature))
+    assert float(score) == pytest.approx(np.min(np.linalg.norm(unit - f, axis=1)), rel=1e-5)
+    weights = fluid.get_method("imprinting", K, IMAGE, filters=FILTERS, mdt_to="weights")
+    _, to_rows = weights.predict(params, state, feature)
+    assert abs(float(to_rows) - float(score)) > 1e-3  # random rows are not the means
+    _, means = run("imprinting", setup, pretrained)
+    _, rows = run("imprinting", setup, pretrained, mdt_to="weights")
+    assert means["auroc"] > rows["auroc"] and means["auroc"] > 0.8, (means["auroc"],
+                                                                     rows["auroc"])
 
 
 def test_ncm_is_the_paper_euclidean_rule_and_cosine_stays_an_option(setup, pretrained):
@@ -190,3 +220,5 @@ def test_bad_method_options_are_refused():
         fluid.get_method("finetune", K, detector="energy")
     with pytest.raises(UserError, match="mdt_metric='manhattan'; valid"):
         fluid.get_method("exemplar_tuning", K, mdt_metric="manhattan")
+    with pytest.raises(UserError, match="mdt_to='rows'; valid"):
+        fluid.get_method("imprinting", K, mdt_to="rows")

@@ -30,6 +30,7 @@ alphabets (``alphabet_pretrain_mask``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from typing import Any
@@ -219,9 +220,43 @@ def summarise(per_stream: list[dict]) -> dict[str, dict]:
     return summary
 
 
+def _partial_streams(config: FluidConfig, path: str) -> list[dict]:
+    """The streams an interrupted run of the same config finished (``results.json``)."""
+    if not os.path.exists(path):
+        return []
+    stored = results_io.read_json(path)
+    ours = json.loads(json.dumps(config.to_json()))  # tuples as JSON stores them
+    theirs = dict(stored.get("config", {}))
+    done = len(stored.get("streams", []))
+    if {**theirs, "num_streams": 0} != {**ours, "num_streams": 0}:
+        raise UserError(f"{path} holds a run with a different configuration: use a new "
+                        f"--workdir (or delete it) to run this one")
+    if done > config.num_streams:
+        raise UserError(f"num_streams={config.num_streams} but {path} already holds {done} "
+                        f"streams: ask for at least {done}, or use a new --workdir")
+    return list(stored["streams"])
+
+
 def run_experiment(config: FluidConfig, workdir: str) -> dict[str, Any]:
-    """Run every method of ``config`` on ``num_streams`` streams; write and return the results."""
+    """Run every method of ``config`` on ``num_streams`` streams; write and return the results.
+
+    ``results.json`` is rewritten after each stream (``"complete": false`` until
+    the last): the same config run into the same ``workdir`` again resumes after
+    the last finished stream (stream ``i`` depends only on the seed and ``i``, so
+    a larger ``num_streams`` extends a finished run); a complete run only
+    rewrites ``results.txt``.
+    """
     os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, "results.json")
+    streams = _partial_streams(config, path)
+    if len(streams) == config.num_streams:
+        logging.info("%s: every stream already done (a new --workdir runs it again)", path)
+        results = results_io.read_json(path)
+        _write_table(results, config, workdir)
+        return results
+    if streams:
+        logging.info("%s: %d of %d streams already done; resuming", path, len(streams),
+                     config.num_streams)
     started = time.perf_counter()
     split = load(config)
     image_shape = tuple(split.images.shape[1:])
@@ -234,8 +269,11 @@ def run_experiment(config: FluidConfig, workdir: str) -> dict[str, Any]:
         if schedule is not None and config.schedule is None:
             logging.info("%s: the paper's schedule (%s) scaled to %d samples: %s", name,
                          method.schedule.describe(), config.stream.length, schedule.describe())
-    streams = []
-    for index in range(config.num_streams):
+    previous = results_io.read_json(path, {}).get("wall_seconds", 0.0) if streams else 0.0
+    dataset = {"name": split.info.dataset, "split": split.info.split,
+               "num_classes": split.info.num_classes, "num_images": split.info.num_images,
+               "source": split.info.source}
+    for index in range(len(streams), config.num_streams):
         stats, per_method, curves = run_one_stream(config, split, built, index)
         streams.append({"stream": stats, "methods": per_method})
         if index == 0:
@@ -243,21 +281,23 @@ def run_experiment(config: FluidConfig, workdir: str) -> dict[str, Any]:
             report.plot_rolling_accuracy(curves, window,
                                          os.path.join(workdir, "rolling_accuracy.png"),
                                          title=f"FLUID on {split.info.dataset}: rolling accuracy")
-    summary = summarise([s["methods"] for s in streams])
-    results = {
-        "config": config.to_json(),
-        "dataset": {"name": split.info.dataset, "split": split.info.split,
-                    "num_classes": split.info.num_classes, "num_images": split.info.num_images,
-                    "source": split.info.source},
-        "streams": streams,
-        "summary": summary,
-        "wall_seconds": time.perf_counter() - started,
-        "versions": {"cfsl_jax": cfsl_jax.__version__, "jax": jax.__version__,
-                     "backend": jax.default_backend()},
-    }
-    results_io.write_json(os.path.join(workdir, "results.json"), results)
-    text = report.paper_table(summary, dataset=split.info.dataset,
-                              streams=f"{config.num_streams} {config.streams} stream(s)")
+        results = {
+            "config": config.to_json(),
+            "dataset": dataset,
+            "streams": streams,
+            "complete": len(streams) == config.num_streams,
+            "summary": summarise([s["methods"] for s in streams]),
+            "wall_seconds": previous + time.perf_counter() - started,
+            "versions": {"cfsl_jax": cfsl_jax.__version__, "jax": jax.__version__,
+                         "backend": jax.default_backend()},
+        }
+        results_io.write_json(path, results)
+        _write_table(results, config, workdir)
+    return results
+
+
+def _write_table(results: dict, config: FluidConfig, workdir: str) -> None:
+    text = report.paper_table(results["summary"], dataset=results["dataset"]["name"],
+                              streams=f"{len(results['streams'])} {config.streams} stream(s)")
     with open(os.path.join(workdir, "results.txt"), "w") as f:
         f.write(text + "\n")
-    return results

@@ -86,8 +86,18 @@ def _imprint(weights, memory):
                                                _imprinted(weights, memory), 0.0)}
 
 
-def imprinting(num_classes: int, scale: float = 10.0, learn_scale: bool = True) -> Head:
-    """Cosine classifier ``s * cos(f, w_k)``, w_k imprinted with the class mean; s learnable."""
+def imprinting(num_classes: int, scale: float = 10.0, learn_scale: bool = True,
+               mdt_to: str = "means") -> Head:
+    """Cosine classifier ``s * cos(f, w_k)``, w_k imprinted with the class mean; s learnable.
+
+    MDT measures the cosine distance to ``mdt_to``: ``"means"`` the normalised
+    class means the rows are imprinted from (the default: one scale over the whole
+    stream), or ``"weights"`` the rows w_k themselves (the paper's rule for a
+    linear layer, its column vectors). Rows trained at lr 0.1 sit farther from
+    the features than the means of classes seen since the last phase, so with
+    ``"weights"`` the score jumps when training starts and the pooled AUROC
+    inverts though each period ranks well (``docs/fidelity.md``).
+    """
 
     def logits(weights, memory, features):
         s = jnp.exp(weights["log_scale"]) if learn_scale else scale
@@ -97,7 +107,9 @@ def imprinting(num_classes: int, scale: float = 10.0, learn_scale: bool = True) 
         return {"classifier": jnp.zeros((num_classes, dim), jnp.float32),
                 "log_scale": jnp.log(jnp.float32(scale))}
 
-    return Head(init_weights, logits, _imprinted, prepare=_imprint)
+    representations = {"weights": _imprinted,
+                       "means": lambda weights, memory: cls.unit_means(memory)}[mdt_to]
+    return Head(init_weights, logits, representations, prepare=_imprint)
 
 
 def linear(num_classes: int, trains_backbone: bool, known: bool = True,

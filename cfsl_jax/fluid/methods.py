@@ -13,7 +13,7 @@ in samples of a ~90,000-sample sequence (``Schedule.scaled`` for shorter ones).
 | --- | --- | --- | --- |
 | ``ncm`` | ``-||f - m_k||^2`` raw means (``metric="cosine"``: 10 cos to normalised means) | - | supervised |
 | ``exemplar_tuning`` | ``(mean_k(f/|f|) + r_k) . f`` (``similarity="cosine"``) | r, lr 0.1 | supervised |
-| ``imprinting`` | ``s cos(f, w_k)``, s learnable (init 10), w imprinted at the first phase, 10,000 samples | w, s, lr 0.1 | supervised |
+| ``imprinting`` | ``s cos(f, w_k)``, s learnable (init 10), w imprinted at the first phase, 10,000 samples; MDT to the class means (``mdt_to="weights"``) | w, s, lr 0.1 | supervised |
 | ``finetune`` | linear layer, pretrain rows from the pretrained head | head, lr 0.1 | supervised |
 | ``standard`` | linear layer | backbone + head, lr 0.01 | supervised |
 | ``lwf`` | as ``standard`` + distillation to the frozen pretrained model (T=2) | lr 0.01 | supervised |
@@ -122,6 +122,7 @@ def build_method(name: str, spec: Spec, num_classes: int,
 
     def embed(params, state, x):
         chex.assert_rank(x, 4)
+        chex.assert_type(x, float)  # normalised images (data.gather_normalised), not raw uint8
         return embed_with(params, state.weights, x)
 
     def predict(params, state, feature):
@@ -174,8 +175,10 @@ def _exemplar_tuning(k, embed_apply, known=True, similarity="dot", scale=10.0):
     return heads.exemplar_tuning(k, similarity, scale)
 
 
-def _imprinting(k, embed_apply, known=True, scale=10.0, learn_scale=True):
-    return heads.imprinting(k, scale, learn_scale)
+def _imprinting(k, embed_apply, known=True, scale=10.0, learn_scale=True, mdt_to="means"):
+    if mdt_to not in ("weights", "means"):
+        raise UserError(f"mdt_to={mdt_to!r}; valid: ('weights', 'means')")
+    return heads.imprinting(k, scale, learn_scale, mdt_to)
 
 
 def _linear(trains_backbone: bool, penalty: str | None = None):
