@@ -103,12 +103,12 @@ def _on_interrupt(signum, frame) -> None:
     global _stopping
     if not _stopping:
         _stopping = True
-        raise KeyboardInterrupt
+        progress.interrupt(signum, frame)
 
 
 def _init_worker(slots, platform: str, workers: int, jax_options: dict) -> None:
     """Runs first in every worker process, before its jax backend starts."""
-    signal.signal(signal.SIGINT, _on_interrupt)
+    progress.handle_interrupts(_on_interrupt)
     os.environ.update(worker_env(platform, slots.get(), workers))  # read at backend start
     for name, value in jax_options.items():
         jax.config.update(name, value)

@@ -156,6 +156,8 @@ def run(main: Callable[[list[str]], None], interrupted: str = "interrupted: re-r
     doc = sys.modules[main.__module__].__doc__
 
     def guarded(argv):
+        from cfsl_jax import progress
+        progress.handle_interrupts()  # a Ctrl-C is never lost in a callback
         with boundary(interrupted):
             quiet_logs()
             from .options import apply_backend_flags

@@ -300,6 +300,29 @@ def test_progress_lines_give_rate_and_eta(monkeypatch, capsys):
     assert progress.duration(75.3) == "1m15s" and progress.duration(4000) == "1h06m"
 
 
+def test_a_ctrl_c_dropped_in_a_callback_is_raised_at_the_next_progress_update(monkeypatch,
+                                                                                capsys):
+    """Python drops an exception raised in ``__del__`` or a gc callback; the sweep test saw a
+    Ctrl-C lost that way in jax's gc callback (and its traceback printed)."""
+    monkeypatch.setattr(progress, "_interrupted", False)
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        progress.handle_interrupts()
+
+        class Finalised:
+            def __del__(self):
+                signal.raise_signal(signal.SIGINT)  # the handler runs inside __del__
+
+        Finalised()  # dropped at once: its __del__ runs, the KeyboardInterrupt is lost
+        assert progress.interrupted()
+        assert capsys.readouterr().err == ""  # not "Exception ignored in ..."
+        with pytest.raises(KeyboardInterrupt):
+            progress.tracker("train", 10, "steps").update(1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_training_never_goes_15_s_without_a_progress_line(tmp_path, monkeypatch):
     """A real training run under a clock that advances 1 s per reading: with log_every far
     beyond the run, every line is time-based, and no 15 s pass without one."""

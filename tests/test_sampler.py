@@ -2,11 +2,8 @@
 keys.
 
 Each drawn spec is one program (``sample_task`` jitted with the spec static, not ~40 single-op
-programs run eagerly), compiled without XLA's optimisations (``jax_disable_most_optimizations``,
-this module only): the sampler is integer indexing, sorts and top-k of random bits, which
-optimisations cannot change, and compiling at -O0 takes half the time of each of the ~200
-specs the properties draw. Training and evaluation tests run the sampler at full
-optimisation."""
+programs run eagerly), compiled at -O0 like every in-process test (conftest.py): the sampler is
+integer indexing, sorts and top-k of random bits, which optimisations cannot change."""
 
 import collections
 
@@ -36,13 +33,6 @@ def padded_table(num_classes, min_size, max_size, seed=0):
         table[c, :size] = ids[start:start + size]
         start += size
     return table, sizes.astype(np.int32)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def unoptimised_compiles():
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", False)
 
 
 _SAMPLE_TASK = jax.jit(sample_task, static_argnames="spec")

@@ -36,8 +36,8 @@ bias exactly, so the authors' (adapted) conv bias never moves.
 
 Convolutions are ``models.conv.Conv`` with ``impl`` from the learner
 (default "auto", see ``models.conv``), without bias. ``max_pool`` is a
-reshape + max (twice differentiable with elementwise ops only; odd edges are
-dropped, as VALID pooling does).
+reshape + argmax one-hot (twice differentiable with elementwise ops only; odd
+edges are dropped, as VALID pooling does).
 """
 
 from __future__ import annotations
@@ -52,11 +52,21 @@ from cfsl_jax.models.conv4 import BatchStatNorm
 from cfsl_jax.models.norm import PerStepBatchNorm
 
 def max_pool(x: jax.Array, size: int = 2) -> jax.Array:
-    """Non-overlapping size x size max-pool of [n, H, W, C] (VALID: odd edges dropped)."""
+    """Non-overlapping size x size max-pool of [n, H, W, C] (VALID: odd edges dropped).
+
+    The maximum is picked with a one-hot of each window's argmax, so the gradient goes to
+    the window's first maximum, as PyTorch's ``MaxPool2d``. ``jnp.max``'s own gradient
+    divides by the number of window elements equal to the maximum: compiled at -O0
+    (``jax_disable_most_optimizations``) on XLA:CPU, that gave NaN gradients for the MAML++
+    network after one meta-update, while the same program at full optimisation and run op
+    by op was finite. The one-hot has no division.
+    """
     n, h, w, c = x.shape
     ho, wo = h // size, w // size
-    x = x[:, :ho * size, :wo * size]
-    return x.reshape(n, ho, size, wo, size, c).max(axis=(2, 4))
+    windows = (x[:, :ho * size, :wo * size].reshape(n, ho, size, wo, size, c)
+               .transpose(0, 1, 3, 5, 2, 4).reshape(n, ho, wo, c, size * size))
+    first = jax.nn.one_hot(jnp.argmax(windows, axis=-1), size * size, dtype=x.dtype)
+    return jnp.sum(windows * first, axis=-1)
 
 
 def avg_pool(x: jax.Array, size: int = 2) -> jax.Array:
