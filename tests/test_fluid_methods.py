@@ -122,23 +122,30 @@ def test_every_method_learns_the_stream(setup, pretrained, name):
         assert record.train_steps > 0
 
 
+def with_random_weights(name, setup, pretrained, field):
+    """(method, params, a state whose ``weights[field]`` is random, a non-zero stream feature)."""
+    split, stream, classes = setup
+    method = fluid.get_method(name, K, IMAGE, filters=FILTERS)
+    params = fluid.prepare_params(method, pretrained["supervised"], split, classes,
+                                  jax.random.key(4))
+    state = method.init(params, jax.random.key(0))
+    random = jax.random.normal(jax.random.key(1), state.weights[field].shape)
+    state = state._replace(weights={**state.weights, field: random})
+    features = method.embed(params, state, data.gather_normalised(split, stream.sample_idx[:16]))
+    feature = features[int(jnp.argmax(jnp.linalg.norm(features, axis=1)))]
+    assert float(jnp.linalg.norm(feature)) > 0  # ReLU features of a few images can be all 0
+    return method, params, state, feature
+
+
 def test_exemplar_tuning_mdt_is_minus_the_largest_similarity(setup, pretrained):
     """ET's MDT thresholds its own similarity, max_k C_k . f over the seen classes (the
     paper's Figure 5b), not the cosine distance to a normalised C_k: its residuals grow
     through training, so cosine distances drift upwards over the stream while novel classes
     appear early, and the AUROC inverts (0.238 on the small preset, 0.105 at paper scale)."""
-    split, stream, classes = setup
-    method = fluid.get_method("exemplar_tuning", K, IMAGE, filters=FILTERS)
-    params = fluid.prepare_params(method, pretrained["supervised"], split, classes,
-                                  jax.random.key(4))
-    state = method.init(params, jax.random.key(0))
-    residuals = jax.random.normal(jax.random.key(1), state.weights["residuals"].shape)
-    state = state._replace(weights={"residuals": residuals})
-    features = method.embed(params, state, data.gather_normalised(split, stream.sample_idx[:16]))
-    feature = features[int(jnp.argmax(jnp.linalg.norm(features, axis=1)))]
-    assert float(jnp.linalg.norm(feature)) > 0
+    method, params, state, feature = with_random_weights("exemplar_tuning", setup, pretrained,
+                                                         "residuals")
     _, score = method.predict(params, state, feature)
-    representations = classifiers.unit_means(state.memory) + residuals
+    representations = classifiers.unit_means(state.memory) + state.weights["residuals"]
     seen = np.asarray(classifiers.seen(state.memory))
     assert seen.sum() == 4  # the pretrain classes
     expected = -np.max((np.asarray(representations) @ np.asarray(feature))[seen])
@@ -154,16 +161,8 @@ def test_imprinting_mdt_measures_to_the_class_means_not_the_trained_rows(setup, 
     """Weight Imprinting's MDT is the cosine distance to the normalised class means (one
     scale over the whole stream); to its rows (``mdt_to="weights"``) the score jumps when
     training starts and the pooled AUROC falls (paper scale: 0.176)."""
-    split, stream, classes = setup
-    method = fluid.get_method("imprinting", K, IMAGE, filters=FILTERS)
-    params = fluid.prepare_params(method, pretrained["supervised"], split, classes,
-                                  jax.random.key(4))
-    state = method.init(params, jax.random.key(0))
-    rows = jax.random.normal(jax.random.key(1), state.weights["classifier"].shape)
-    state = state._replace(weights={**state.weights, "classifier": rows})
-    features = method.embed(params, state, data.gather_normalised(split, stream.sample_idx[:16]))
-    feature = features[int(jnp.argmax(jnp.linalg.norm(features, axis=1)))]
-    assert float(jnp.linalg.norm(feature)) > 0
+    method, params, state, feature = with_random_weights("imprinting", setup, pretrained,
+                                                         "classifier")
     _, score = method.predict(params, state, feature)
     seen = np.asarray(classifiers.seen(state.memory))
     unit = np.asarray(classifiers.normalise(classifiers.unit_means(state.memory)))[seen]
