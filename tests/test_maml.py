@@ -376,7 +376,8 @@ def test_bad_options_are_refused_naming_the_value(name, option, value):
 # ---- learning on real data -------------------------------------------------------------------
 
 
-def test_maml_low_meta_training_improves_c3_accuracy_on_omniglot(omniglot_splits):
+def test_maml_low_meta_training_improves_c3_accuracy_on_omniglot(omniglot_splits,
+                                                                 full_optimisation):
     spec = TaskSpec.preset("C3")
     learner = get_learner("maml_low", spec, filters=16, inner_steps=2, inner_lr=0.1,
                           multi_step_loss=False)
