@@ -220,10 +220,10 @@ def summarise(per_stream: list[dict]) -> dict[str, dict]:
     return summary
 
 
-def _partial_streams(config: FluidConfig, path: str) -> list[dict]:
-    """The streams an interrupted run of the same config finished (``results.json``)."""
+def _stored_run(config: FluidConfig, path: str) -> dict:
+    """What an earlier run of the same config left in ``path`` (``{}`` if nothing)."""
     if not os.path.exists(path):
-        return []
+        return {}
     stored = results_io.read_json(path)
     ours = json.loads(json.dumps(config.to_json()))  # tuples as JSON stores them
     theirs = dict(stored.get("config", {}))
@@ -234,7 +234,7 @@ def _partial_streams(config: FluidConfig, path: str) -> list[dict]:
     if done > config.num_streams:
         raise UserError(f"num_streams={config.num_streams} but {path} already holds {done} "
                         f"streams: ask for at least {done}, or use a new --workdir")
-    return list(stored["streams"])
+    return stored
 
 
 def run_experiment(config: FluidConfig, workdir: str) -> dict[str, Any]:
@@ -248,12 +248,12 @@ def run_experiment(config: FluidConfig, workdir: str) -> dict[str, Any]:
     """
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, "results.json")
-    streams = _partial_streams(config, path)
+    stored = _stored_run(config, path)
+    streams = list(stored.get("streams", []))
     if len(streams) == config.num_streams:
         logging.info("%s: every stream already done (a new --workdir runs it again)", path)
-        results = results_io.read_json(path)
-        _write_table(results, config, workdir)
-        return results
+        _write_table(stored, config, workdir)
+        return stored
     if streams:
         logging.info("%s: %d of %d streams already done; resuming", path, len(streams),
                      config.num_streams)
@@ -269,7 +269,7 @@ def run_experiment(config: FluidConfig, workdir: str) -> dict[str, Any]:
         if schedule is not None and config.schedule is None:
             logging.info("%s: the paper's schedule (%s) scaled to %d samples: %s", name,
                          method.schedule.describe(), config.stream.length, schedule.describe())
-    previous = results_io.read_json(path, {}).get("wall_seconds", 0.0) if streams else 0.0
+    previous = stored.get("wall_seconds", 0.0)
     dataset = {"name": split.info.dataset, "split": split.info.split,
                "num_classes": split.info.num_classes, "num_images": split.info.num_images,
                "source": split.info.source}
