@@ -85,11 +85,12 @@ def default_workers(platform: str, devices: int) -> int:
     return 1  # TPU: one process owns the host's chips
 
 
-def worker_env(platform: str, slot: int, workers: int) -> dict[str, str]:
-    """Environment variables of worker ``slot``: on GPU, the one GPU it may see."""
+def worker_env(platform: str, slot: int, devices: int) -> dict[str, str]:
+    """Environment variables of worker ``slot``: on GPU, the one GPU it may see (workers share
+    the ``devices`` GPUs round-robin when there are more workers than GPUs)."""
     if platform in ("gpu", "cuda", "rocm"):
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        ids = visible.split(",") if visible else [str(i) for i in range(workers)]
+        ids = visible.split(",") if visible else [str(i) for i in range(max(devices, 1))]
         return {"CUDA_VISIBLE_DEVICES": ids[slot % len(ids)]}
     return {}
 
@@ -106,10 +107,10 @@ def _on_interrupt(signum, frame) -> None:
         progress.interrupt(signum, frame)
 
 
-def _init_worker(slots, platform: str, workers: int, jax_options: dict) -> None:
+def _init_worker(slots, platform: str, devices: int, jax_options: dict) -> None:
     """Runs first in every worker process, before its jax backend starts."""
     progress.handle_interrupts(_on_interrupt)
-    os.environ.update(worker_env(platform, slots.get(), workers))  # read at backend start
+    os.environ.update(worker_env(platform, slots.get(), devices))  # read at backend start
     for name, value in jax_options.items():
         jax.config.update(name, value)
 
@@ -227,7 +228,7 @@ def run_sweep(configs: Sequence[train.TrainConfig], sweep_dir: str, workers: int
         log(f"{workers} worker process(es) on {platform}")
         pool = concurrent.futures.ProcessPoolExecutor(
             workers, mp_context=context, initializer=_init_worker,
-            initargs=(slots, platform, workers,
+            initargs=(slots, platform, devices,
                       {**_jax_options(sweep_dir), **(jax_options or {})}))
         try:
             sources = {(c.dataset, c.data_dir, c.manual_dir, json.dumps(c.dataset_options,

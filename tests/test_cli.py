@@ -16,6 +16,7 @@ import subprocess
 import sys
 import zipfile
 
+import jax
 import pytest
 
 from cfsl_jax import memory, progress, runs, train
@@ -246,8 +247,14 @@ def test_ctrl_c_checkpoints_training_and_says_how_to_resume(tmp_path):
     assert os.listdir(os.path.join(workdir, "checkpoints", "latest")) == [str(step)]
 
 
-def test_out_of_memory_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+def test_cpu_memory_limit_is_the_ram_available_without_the_arguments(monkeypatch):
     monkeypatch.setattr(memory, "available_ram", lambda: 1024)
+    assert memory.device_limit(jax.devices("cpu")[0]) == (1024, False)
+
+
+def test_out_of_memory_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    # 1 KiB on whatever backend runs the test: host RAM on CPU, the device's limit elsewhere.
+    monkeypatch.setattr(memory, "device_limit", lambda device: (1024, device.platform != "cpu"))
     workdir = str(tmp_path / "run")
     config = train.TrainConfig(
         learner_options={"filters": 8}, dataset_options={"num_classes": 60,
@@ -256,7 +263,7 @@ def test_out_of_memory_is_refused_before_anything_is_written(tmp_path, monkeypat
         val_tasks=4, test_tasks=4, eval_batch=4, keep_best=1)
     with pytest.raises(UserError, match=r"one meta-training step of protonets on B2\(.*\) needs "
                                         r"\d+\.\d GiB per device \(XLA's estimate\), more than the "
-                                        r"0\.0 GiB of RAM available; lower --meta_batch \(now 2\)"):
+                                        r"0\.0 GiB (of RAM available|on .+); lower --meta_batch \(now 2\)"):
         train.train_and_evaluate(config, workdir)
     assert not os.path.exists(workdir)
 

@@ -265,3 +265,17 @@ def test_figure4_numbers_follow_the_shapes(tmp_path):
     np.testing.assert_allclose(macs[2] - macs[1], 2 * (macs[1] - macs[0]), rtol=1e-3)
     path = figures.plot_cost_curves(curves, str(tmp_path / "figure4.png"))
     assert os.path.getsize(path) > 0
+
+
+def test_gpu_workers_share_the_gpus_that_exist(monkeypatch):
+    # More workers than GPUs: each worker sees one GPU that exists, round-robin (a worker given
+    # a GPU index past the last one fails CUDA's start and falls back to the CPU).
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert [sweep.worker_env("gpu", slot, 1) for slot in range(3)] == [
+        {"CUDA_VISIBLE_DEVICES": "0"}] * 3
+    assert [sweep.worker_env("cuda", slot, 2)["CUDA_VISIBLE_DEVICES"] for slot in range(3)] == [
+        "0", "1", "0"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert [sweep.worker_env("gpu", slot, 2)["CUDA_VISIBLE_DEVICES"] for slot in range(3)] == [
+        "4", "6", "4"]
+    assert sweep.worker_env("cpu", 1, 1) == {}
