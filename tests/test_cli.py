@@ -157,6 +157,8 @@ def test_train_mistakes_are_one_line_with_status_2(tmp_path, omniglot_dir, data_
     assert_error(out["val split too small"], "--task=B10 cannot be sampled from the val split of "
                                              "omniglot/small: ")
     assert "50 distinct classes, but the split has 31" in out["val split too small"][2]
+    with open(os.path.join(REPO, "README.md")) as f:  # the README's example is the real line
+        assert out["val split too small"][2].strip() in " ".join(f.read().split())
     assert_error(out["nc too large for val"], "cannot be sampled from the val split of synthetic")
     assert "250 distinct classes, but the split has 211" in out["nc too large for val"][2]
     assert_error(out["no archives"], empty)
