@@ -11,9 +11,15 @@
 Lines are plain ``print``s to ``sys.stdout`` (looked up at each call), flushed at once, so
 they show in a terminal, in a log file and in a Jupyter/Colab cell alike (absl's INFO lines
 do not reach a notebook). A tracker prints when ``INTERVAL_S`` seconds passed since its last
-line, on its first update and on its last; a stage that runs long (an XLA compilation)
-prints ``still ...`` every ``HEARTBEAT_S`` seconds from a background thread, so a user
-never waits a minute in silence. ``CFSL_PROGRESS=0`` silences every line; ``PREFIX`` (e.g. a sweep run's name) starts every
+line, on its first update and on its last; while one update takes longer than that (a
+chunk of evaluation tasks, a slow step), a background thread repeats the last count with
+the seconds since, every ``INTERVAL_S``, for as long as the function that made the tracker
+runs: lines are driven by time, not by a count. A tracker's rate and ETA are those of its
+steady state: the first update that counts items (whose time includes compiling the
+program) is left out, and its seconds are shown apart (``first N steps: 12.0s, not in the rate``); until a
+second update gives a steady rate, no ETA is shown. A stage that runs long (an XLA
+compilation) prints ``still ...`` every ``HEARTBEAT_S`` seconds from a background thread,
+so a user never waits a minute in silence. ``CFSL_PROGRESS=0`` silences every line; ``PREFIX`` (e.g. a sweep run's name) starts every
 line.
 
 ``clock`` (seconds, monotonic) is a module attribute so that tests can replace it.
@@ -36,6 +42,7 @@ from typing import Any, Callable, Iterator
 
 INTERVAL_S = 10.0  # the most seconds between two lines of one tracker
 HEARTBEAT_S = 10.0  # seconds between "still ..." lines of a long stage
+FIRST_SHOWN_S = 1.0  # a first update that took longer has its seconds on the line
 PREFIX = ""  # put before every line (a sweep worker: the run's name)
 
 clock: Callable[[], float] = time.monotonic
@@ -106,23 +113,55 @@ class Tracker:
         self.printed = not first_line
         self.quiet_if_quick = quiet_if_quick
         self.lines = 0  # lines printed so far
+        self.warm: tuple[float, int] | None = None  # (time, done) of the first counting update
+        self.first_shown = False  # the first update's seconds were printed
+        self.done = start  # the last update's count
+        # the heartbeat's own clock (real time, so that tests may replace ``clock``)
+        self._line_at = self._updated_at = time.monotonic()
+        self._owner = _caller_frame()  # the heartbeat stops when this frame returns
+        self._thread_id = threading.get_ident()
+        self._beating = False
 
     def line(self, done: int, **values: Any) -> str:
-        elapsed = max(clock() - self.started, 1e-9)
-        rate = (done - self.start_done) / elapsed
+        now = clock()
+        elapsed = max(now - self.started, 1e-9)
+        steady = self.warm is not None and done > self.warm[1]
+        rate = ((done - self.warm[1]) / max(now - self.warm[0], 1e-9) if steady
+                else (done - self.start_done) / elapsed)
         unit = f" {self.unit}" if self.unit else ""
         parts = [f"[{self.what}] {done}/{self.total}{unit}"]
         if self.total:
             parts[0] += f" ({100 * done / self.total:.0f}%)"
-        if done > self.start_done:
+        if done > self.start_done and (steady or done >= self.total):
             parts.append(f"{rate:.3g}{unit or ' items'}/s" if rate >= 0.1 else
                          f"{1 / max(rate, 1e-9):.3g}s each")
         parts += [f"{name} {_value(value)}" for name, value in values.items()]
+        if self.warm is not None and not self.first_shown and done < self.total:
+            self.first_shown = True
+            if self.warm[0] - self.started >= FIRST_SHOWN_S:  # e.g. it compiled a program
+                parts.append(f"first {self.warm[1] - self.start_done}{unit}: "
+                             f"{duration(self.warm[0] - self.started)}, not in the rate")
         if done >= self.total:
             parts.append(f"done in {duration(elapsed)}")
-        elif done > self.start_done:
+        elif steady:
             parts.append(f"ETA {duration((self.total - done) / max(rate, 1e-9))}")
         return ", ".join(parts)
+
+    def _beat(self) -> None:
+        """Repeat the last count every ``interval`` while no update prints and the function
+        that made the tracker still runs (see the module doc)."""
+        while True:
+            time.sleep(min(self.interval, 1.0))
+            if self.done >= self.total or not _on_stack(self._owner, self._thread_id):
+                self._owner = None
+                return
+            now = time.monotonic()
+            if now - self._line_at >= self.interval:
+                say(f"[{self.what}] {self.done}/{self.total}"
+                    + (f" {self.unit}" if self.unit else "")
+                    + f", still working ({duration(now - self._updated_at)} since the last "
+                      f"count)")
+                self._line_at = now
 
     def due(self) -> bool:
         """Whether the next ``update`` prints (to sync a device value only when it does)."""
@@ -134,13 +173,38 @@ class Tracker:
         if _interrupted:
             raise KeyboardInterrupt
         now = clock()
+        if self.warm is None and done > self.start_done:
+            self.warm = (now, done)
+        self.done, self._updated_at = done, time.monotonic()
+        if not self._beating and self._owner is not None and done < self.total:
+            self._beating = True
+            threading.Thread(target=self._beat, daemon=True).start()
         due = not self.printed or now - self.last >= self.interval
         last = done >= self.total and not (self.quiet_if_quick and self.lines == 0)
         if force or due or last:
             say(self.line(done, **values))
             self.last, self.printed, self.lines = now, True, self.lines + 1
+            self._line_at = time.monotonic()
             return True
         return False
+
+
+def _caller_frame():
+    """The first frame outside this module: the function a tracker belongs to."""
+    frame = sys._getframe(1)  # pylint: disable=protected-access
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    return frame
+
+
+def _on_stack(frame, thread_id: int) -> bool:
+    """Whether ``frame`` is still running in thread ``thread_id``."""
+    current = sys._current_frames().get(thread_id)  # pylint: disable=protected-access
+    while current is not None:
+        if current is frame:
+            return True
+        current = current.f_back
+    return False
 
 
 def tracker(what: str, total: int, unit: str = "", start: int = 0,

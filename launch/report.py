@@ -62,6 +62,9 @@ def figure4(out_dir: str) -> str:
         curves, os.path.join(out_dir, "figure4.png"),
         title=f"ATM and MACs per task against NSS (type {FLAGS.task_type})")
     print(f"Figure 4: {path} (numbers: {os.path.join(out_dir, 'figure4.csv')})")
+    for key, what in (("atm", "ATM"), ("macs_per_task", "MACs")):
+        for names in figures.coinciding(curves, key):
+            print(f"  {what}: {' = '.join(names)} at every NSS (their lines coincide)")
     return path
 
 

@@ -287,18 +287,19 @@ def test_progress_lines_give_rate_and_eta(monkeypatch, capsys):
     now = [0.0]
     monkeypatch.setattr(progress, "clock", lambda: now[0])
     bar = progress.tracker("train", 100, "steps")
-    now[0] = 2.0
+    now[0] = 8.0  # the first 10 steps include compiling
     assert bar.update(10, loss=1.5)  # the first update prints
-    now[0] = 5.0
+    now[0] = 10.0
     assert not bar.update(20)  # under INTERVAL_S since the last line
-    now[0] = 12.0
+    now[0] = 18.0
     assert bar.update(60, acc=0.25)
-    now[0] = 20.0
+    now[0] = 26.0
     assert bar.update(100)  # the last update prints
     lines = capsys.readouterr().out.splitlines()
-    assert lines == ["[train] 10/100 steps (10%), 5 steps/s, loss 1.5, ETA 18.0s",
+    assert lines == ["[train] 10/100 steps (10%), loss 1.5, "
+                     "first 10 steps: 8.0s, not in the rate",
                      "[train] 60/100 steps (60%), 5 steps/s, acc 0.25, ETA 8.0s",
-                     "[train] 100/100 steps (100%), 5 steps/s, done in 20.0s"]
+                     "[train] 100/100 steps (100%), 5 steps/s, done in 26.0s"]
     assert progress.duration(75.3) == "1m15s" and progress.duration(4000) == "1h06m"
 
 

@@ -265,3 +265,15 @@ def test_figure4_numbers_follow_the_shapes(tmp_path):
     np.testing.assert_allclose(macs[2] - macs[1], 2 * (macs[1] - macs[0]), rtol=1e-3)
     path = figures.plot_cost_curves(curves, str(tmp_path / "figure4.png"))
     assert os.path.getsize(path) > 0
+
+
+def test_figure4_says_which_learners_lines_coincide(tmp_path):
+    def curve(atm, macs):
+        return [{"nss": n, "atm": atm / n, "macs_per_task": macs * n} for n in (1, 10)]
+
+    curves = {"init_tune": curve(2.0, 5.0), "pretrain_tune": curve(2.0, 5.0),
+              "ewc_init": curve(4.0, 5.0), "protonets": curve(1.0, 1.0)}
+    assert figures.coinciding(curves, "atm") == [["init_tune", "pretrain_tune"]]
+    assert figures.coinciding(curves, "macs_per_task") == [["init_tune", "pretrain_tune",
+                                                            "ewc_init"]]
+    assert os.path.getsize(figures.plot_cost_curves(curves, str(tmp_path / "f4.png"))) > 0
