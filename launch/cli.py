@@ -68,6 +68,9 @@ def user_message(error: BaseException) -> str:
         return f"{error.filename} exists and is a file, not a folder: give another path"
     if isinstance(error, flags.Error):
         text = str(error)
+        unreadable = re.search(r"Unable to open flagfile: \[Errno \d+\] ([^:]*): '(.*)'", text)
+        if unreadable:
+            return f"--flagfile={unreadable.group(2)}: {unreadable.group(1).lower()}"
         text = re.sub(r"^flag (--\w+)=(.*?): (Flag --\w+ must have a value other than None\.)",
                       r"\1 is required", text)
         return text

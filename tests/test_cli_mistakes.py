@@ -103,9 +103,11 @@ def test_train_refuses_a_manual_dir_that_does_not_exist(tmp_path):
         "manual_dir": ["--dataset=omniglot", f"--manual_dir={missing}",
                        f"--workdir={tmp_path / 'w'}"],
         "manual_dir is a file": ["--dataset=omniglot", f"--manual_dir={__file__}",
-                                 f"--workdir={tmp_path / 'w'}"]})
+                                 f"--workdir={tmp_path / 'w'}"],
+        "flagfile": [f"--flagfile={missing}/flags.txt"]})
     assert_error(out["manual_dir"], f"--manual_dir={missing} does not exist")
     assert_error(out["manual_dir is a file"], f"--manual_dir={__file__} is a file")
+    assert_error(out["flagfile"], f"--flagfile={missing}/flags.txt: no such file or directory")
     assert os.listdir(tmp_path) == []
 
 

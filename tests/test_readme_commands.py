@@ -113,6 +113,10 @@ def materialise(name: str, argv: list[str], folder: str) -> list[str]:
         elif flag == "paper_results":
             with open(value, "w") as f:
                 json.dump({"source": "test", "values": {}}, f)
+        elif flag == "flagfile":  # a run's flags.txt
+            value = os.path.join(folder, "flags.txt")
+            with open(value, "w") as f:
+                f.write(f"--learner=protonets\n--task=b3\n--workdir={folder}/w\n")
         elif flag == "manual_dir" and not os.path.exists(value):
             os.makedirs(value)
         result.append(f"--{flag}={value}")
@@ -135,3 +139,26 @@ def test_every_command_shown_in_the_docs_is_valid_as_written(name, tmp_path):
             if code != 0 or "valid: nothing was run" not in stdout:
                 failures.append(f"{doc}: {name} {' '.join(argv)}: exit {code}: {stderr.strip()}")
     assert not failures, "\n".join(failures)
+
+
+def test_the_constraints_pin_the_versions_the_readme_names():
+    with open(os.path.join(REPO, "README.md")) as f:
+        named = re.search(r"Tested with jax (\S+) \(jaxlib (\S+)\), flax (\S+), optax (\S+) and "
+                          r"orbax\s+(\S+) on CPU", f.read()).groups()
+    with open(os.path.join(REPO, "constraints.txt")) as f:
+        pins = dict(line.strip().split("==") for line in f if "==" in line)
+    assert [pins[p] for p in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint")] == list(
+        named)
+    with open(os.path.join(REPO, ".ci", "run")) as f:
+        assert 'pip install --quiet -c constraints.txt -e ".[dev]"' in f.read()
+
+
+def test_the_readme_lists_every_flag_of_launch_train():
+    with command_module("train"):
+        defined = {flag for flag in flags.FLAGS
+                   if any(module.endswith(("launch.train", "launch.options", "launch.cli"))
+                          for module in [flags.FLAGS.find_module_defining_flag(flag) or ""])}
+    row = next(listed + [t[2:].partition("=")[0] for t in argv]
+               for doc, name, argv, listed in shown_commands()
+               if name == "train" and listed and doc == "README.md")
+    assert sorted(defined - set(row)) == []
