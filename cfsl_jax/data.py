@@ -156,7 +156,8 @@ def _tfds_scope(data_dir: str) -> Iterator[None]:
     from tensorflow_datasets.core.utils import tqdm_utils
     folder = tempfile.mkdtemp(prefix=".cfsl-tmp-", dir=data_dir if os.path.isdir(data_dir)
                               else None)
-    previous_tempdir, previous_bars = tempfile.tempdir, tqdm_utils._active  # pylint: disable=protected-access
+    previous_tempdir = tempfile.tempdir
+    previous_bars = tqdm_utils._active  # pylint: disable=protected-access
     tempfile.tempdir = folder
     tqdm_utils.display_progress_bar(False)
     try:
@@ -271,7 +272,8 @@ def _prepare(builder, resolved: str, data_dir: str, manual_dir: str | None,
         os.path.join(data_dir, "downloads", "manual"))
     config = tfds.download.DownloadConfig(manual_dir=manual_dir) if manual_dir else None
     # TFDS prints "Downloading and preparing dataset ..." even when nothing downloads.
-    builder._log_download_bytes = builder._log_download_done = lambda: None  # pylint: disable=protected-access
+    builder._log_download_bytes = lambda: None  # pylint: disable=protected-access
+    builder._log_download_done = lambda: None  # pylint: disable=protected-access
     try:
         with progress.stage(f"preparing {resolved} in {data_dir} (once)"):
             builder.download_and_prepare(download_config=config)

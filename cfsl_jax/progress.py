@@ -16,8 +16,8 @@ chunk of evaluation tasks, a slow step), a background thread repeats the last co
 the seconds since, every ``INTERVAL_S``, for as long as the function that made the tracker
 runs: lines are driven by time, not by a count. A tracker's rate and ETA are those of its
 steady state: the first update that counts items (whose time includes compiling the
-program) is left out, and its seconds are shown apart (``first N steps: 12.0s, not in the rate``); until a
-second update gives a steady rate, no ETA is shown. A stage that runs long (an XLA
+program) is left out, and its seconds are shown apart (``first N steps: 12.0s, not in
+the rate``); until a second update gives a steady rate, no ETA is shown. A stage that runs long (an XLA
 compilation) prints ``still ...`` every ``HEARTBEAT_S`` seconds from a background thread,
 so a user never waits a minute in silence. ``CFSL_PROGRESS=0`` silences every line; ``PREFIX`` (e.g. a sweep run's name) starts every
 line.

@@ -1,4 +1,5 @@
-"""List flags that take comma lists and repeats alike: ``--figure=a,b`` == ``--figure=a --figure=b``.
+"""List flags that take comma lists and repeats alike: ``--figure=a,b`` is
+``--figure=a --figure=b``.
 
     learners = define_list("learners", [], "Learners.")
     figure = define_list("figure", ["accuracy_nss"], "Figures.", enum_values=["accuracy_nss",

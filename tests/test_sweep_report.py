@@ -200,6 +200,16 @@ def test_report_compares_with_the_shipped_paper_numbers(tmp_path):
     full = open(paths["markdown"]["omniglot/full"]).read()  # the paper's own images
     assert "| protonets | B3 | 93.00 | 95.30 ± 0.12 | -2.30 |" in full
     assert "indicative" not in full
+    assert "pretraining" not in full  # no run of the sweep pretrains
+    result = json.loads((tmp_path / "sweep" / "omniglot-full" / "B3" / "seed0" /
+                         "results.json").read_text())
+    pretrained = tmp_path / "sweep" / "omniglot-full" / "pretrain_tune"
+    pretrained.mkdir()
+    (pretrained / "results.json").write_text(json.dumps({**result, "learner": "pretrain_tune"}))
+    paths = report.write_report(str(tmp_path / "sweep"), str(tmp_path / "report"),
+                                figure3=False)
+    assert ("(pretraining: the same schedule on the images of training tasks)."
+            in open(paths["markdown"]["omniglot/full"]).read())
 
 
 def test_dry_run_lists_every_run_with_its_status(killed_and_resumed):
