@@ -275,7 +275,7 @@ def _prepare(builder, resolved: str, data_dir: str, manual_dir: str | None,
     builder._log_download_bytes = lambda: None  # pylint: disable=protected-access
     builder._log_download_done = lambda: None  # pylint: disable=protected-access
     try:
-        with progress.stage(f"preparing {resolved} in {data_dir} (once)"):
+        with progress.stage(f"[data] preparing {resolved} in {data_dir} (once)"):
             builder.download_and_prepare(download_config=config)
     except BaseException:
         for path in sorted(set(created), key=len, reverse=True):  # deepest first

@@ -246,6 +246,11 @@ def test_ctrl_c_checkpoints_training_and_says_how_to_resume(tmp_path):
     assert last.startswith("interrupted at step ") and last.endswith(
         f"checkpointed at step {step} in {workdir}: re-run the same command to resume"), last
     assert os.listdir(os.path.join(workdir, "checkpoints", "latest")) == [str(step)]
+    with open(os.path.join(workdir, "flags.txt")) as f:  # --flagfile=W/flags.txt resumes it
+        written = f.read().splitlines()
+    assert f"--workdir={os.path.realpath(workdir)}" in written
+    assert {"--epochs=100", "--log_every=1", "--task=b2", "--learner_option=filters=8"} <= set(
+        written)
 
 
 def test_out_of_memory_is_refused_before_anything_is_written(tmp_path, monkeypatch):
