@@ -46,6 +46,9 @@ FIRST_SHOWN_S = 1.0  # a first update that took longer has its seconds on the li
 PREFIX = ""  # put before every line (a sweep worker: the run's name)
 
 clock: Callable[[], float] = time.monotonic
+_trackers: list["Tracker"] = []  # made and not yet finished, oldest first (heartbeats)
+_stages: list[str] = []  # stages running (their own "still ..." lines)
+_lock = threading.Lock()
 _interrupted = False  # a SIGINT arrived (handle_interrupts)
 
 
@@ -121,6 +124,9 @@ class Tracker:
         self._owner = _caller_frame()  # the heartbeat stops when this frame returns
         self._thread_id = threading.get_ident()
         self._beating = False
+        with _lock:  # drop the finished, the returned and those this one replaces
+            _trackers[:] = [t for t in _trackers if t._owner is not self._owner and t._running()]
+            _trackers.append(self)
 
     def line(self, done: int, **values: Any) -> str:
         now = clock()
@@ -147,16 +153,25 @@ class Tracker:
             parts.append(f"ETA {duration((self.total - done) / max(rate, 1e-9))}")
         return ", ".join(parts)
 
+    def _running(self) -> bool:
+        return (self._owner is not None and self.done < self.total
+                and _on_stack(self._owner, self._thread_id))
+
     def _beat(self) -> None:
         """Repeat the last count every ``interval`` while no update prints and the function
-        that made the tracker still runs (see the module doc)."""
+        that made the tracker still runs (see the module doc); not while a newer tracker of
+        the same thread runs (an evaluation inside training) or a stage prints its own."""
         while True:
             time.sleep(min(self.interval, 1.0))
-            if self.done >= self.total or not _on_stack(self._owner, self._thread_id):
-                self._owner = None
-                return
+            with _lock:
+                if self not in _trackers or not self._running():  # replaced, done or returned
+                    if self in _trackers:
+                        _trackers.remove(self)
+                    return
+                newer = _trackers[_trackers.index(self) + 1:]
+                inner = any(t._thread_id == self._thread_id and t._running() for t in newer)
             now = time.monotonic()
-            if now - self._line_at >= self.interval:
+            if not inner and not _stages and now - self._line_at >= self.interval:
                 say(f"[{self.what}] {self.done}/{self.total}"
                     + (f" {self.unit}" if self.unit else "")
                     + f", still working ({duration(now - self._updated_at)} since the last "
@@ -240,9 +255,11 @@ def stage(what: str, heartbeat: float | None = None) -> Iterator[None]:
 
     thread = threading.Thread(target=beat, daemon=True)
     thread.start()
+    _stages.append(what)
     try:
         yield
     finally:
+        _stages.remove(what)
         stop.set()
         thread.join()
     say(f"{what}: done in {duration(clock() - started)}")

@@ -28,6 +28,29 @@ def test_a_slow_update_is_covered_by_lines_until_its_function_returns(monkeypatc
     assert after == []
 
 
+def test_only_the_innermost_running_tracker_beats(capsys):
+    def validate():
+        bar = progress.tracker("val", 100, "tasks", interval=0.25)
+        bar.update(10)
+        time.sleep(0.9)
+
+    def train():
+        bar = progress.tracker("train", 10, "steps", interval=0.25)
+        bar.update(1)
+        validate()  # the training tracker keeps quiet while the validation one runs
+        bar = progress.tracker("train", 10, "steps", start=1, interval=0.25)  # replaces it
+        bar.update(2)
+        time.sleep(0.9)
+
+    train()
+    still = [line for line in capsys.readouterr().out.splitlines() if "still working" in line]
+    assert [line.split(",")[0] for line in still] == (
+        ["[val] 10/100 tasks"] * len([s for s in still if s.startswith("[val]")])
+        + ["[train] 2/10 steps"] * len([s for s in still if s.startswith("[train]")]))
+    assert {line.split(",")[0] for line in still} == {"[val] 10/100 tasks", "[train] 2/10 steps"}
+    assert len(still) <= 8
+
+
 def test_a_command_says_it_started_before_it_imports_jax():
     started = time.monotonic()
     process = subprocess.Popen([sys.executable, "-m", "launch.verify", "--workdir=/nonexistent"],
