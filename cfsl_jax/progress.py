@@ -12,9 +12,9 @@ Lines are plain ``print``s to ``sys.stdout`` (looked up at each call), flushed a
 they show in a terminal, in a log file and in a Jupyter/Colab cell alike (absl's INFO lines
 do not reach a notebook). A tracker prints when ``INTERVAL_S`` seconds passed since its last
 line, on its first update and on its last; while one update takes longer than that (a
-chunk of evaluation tasks, a slow step), a background thread repeats the last count with
-the seconds since, every ``INTERVAL_S``, for as long as the function that made the tracker
-runs: lines are driven by time, not by a count. A tracker's rate and ETA are those of its
+first step that compiles, a chunk of evaluation tasks), a background thread repeats the last
+count with the seconds since, every ``INTERVAL_S``, for as long as the function that made
+the tracker runs: lines are driven by time, not by a count. A tracker's rate and ETA are those of its
 steady state: the first update that counts items (whose time includes compiling the
 program) is left out, and its seconds are shown apart (``first N steps: 12.0s, not in
 the rate``); until a second update gives a steady rate, no ETA is shown. A stage that runs long (an XLA
@@ -123,10 +123,11 @@ class Tracker:
         self._line_at = self._updated_at = time.monotonic()
         self._owner = _caller_frame()  # the heartbeat stops when this frame returns
         self._thread_id = threading.get_ident()
-        self._beating = False
         with _lock:  # drop the finished, the returned and those this one replaces
             _trackers[:] = [t for t in _trackers if t._owner is not self._owner and t._running()]
             _trackers.append(self)
+        if self._owner is not None and self.done < self.total:  # the first update may compile
+            threading.Thread(target=self._beat, daemon=True).start()
 
     def line(self, done: int, **values: Any) -> str:
         now = clock()
@@ -174,8 +175,8 @@ class Tracker:
             if not inner and not _stages and now - self._line_at >= self.interval:
                 say(f"[{self.what}] {self.done}/{self.total}"
                     + (f" {self.unit}" if self.unit else "")
-                    + f", still working ({duration(now - self._updated_at)} since the last "
-                      f"count)")
+                    + f", still working ({duration(now - self._updated_at)} since "
+                      + ("the last count)" if self.warm else "the start)"))
                 self._line_at = now
 
     def due(self) -> bool:
@@ -191,9 +192,6 @@ class Tracker:
         if self.warm is None and done > self.start_done:
             self.warm = (now, done)
         self.done, self._updated_at = done, time.monotonic()
-        if not self._beating and self._owner is not None and done < self.total:
-            self._beating = True
-            threading.Thread(target=self._beat, daemon=True).start()
         due = not self.printed or now - self.last >= self.interval
         last = done >= self.total and not (self.quiet_if_quick and self.lines == 0)
         if force or due or last:

@@ -10,12 +10,12 @@ def _command_name() -> str | None:
     """``train`` when this process runs a launch command, else None (an import)."""
     import os
     import sys
-    argv = list(getattr(sys, "orig_argv", sys.argv))
-    if "-m" in argv[:-1]:
+    argv = list(getattr(sys, "orig_argv", []))  # as the process was started (not a spawned
+    if "-m" in argv[:-1]:                        # worker's copy of its parent's sys.argv)
         module = argv[argv.index("-m") + 1]
         package, _, name = module.rpartition(".")
         return name if package.endswith("launch") and name else None
-    script = os.path.basename(sys.argv[0]) if sys.argv else ""
+    script = os.path.basename(argv[1]) if len(argv) > 1 else ""
     return script[len("cfsl-"):].replace("-", "_") if script.startswith("cfsl-") else None
 
 
