@@ -13,7 +13,7 @@ they show in a terminal, in a log file and in a Jupyter/Colab cell alike (absl's
 do not reach a notebook). A tracker prints when ``INTERVAL_S`` seconds passed since its last
 line, on its first update and on its last; while one update takes longer than that (a
 first step that compiles, a chunk of evaluation tasks), a background thread repeats the last
-count with the seconds since, every ``INTERVAL_S``, for as long as the function that made
+count with the seconds since, every ``HEARTBEAT_S``, for as long as the function that made
 the tracker runs: lines are driven by time, not by a count. A tracker's rate and ETA are those of its
 steady state: the first update that counts items (whose time includes compiling the
 program) is left out, and its seconds are shown apart (``first N steps: 12.0s, not in
@@ -41,7 +41,7 @@ import time
 from typing import Any, Callable, Iterator
 
 INTERVAL_S = 10.0  # the most seconds between two lines of one tracker
-HEARTBEAT_S = 10.0  # seconds between "still ..." lines of a long stage
+HEARTBEAT_S = 10.0  # seconds between "still ..." lines of a long stage or a slow update
 FIRST_SHOWN_S = 1.0  # a first update that took longer has its seconds on the line
 PREFIX = ""  # put before every line (a sweep worker: the run's name)
 
@@ -121,6 +121,7 @@ class Tracker:
         self.done = start  # the last update's count
         # the heartbeat's own clock (real time, so that tests may replace ``clock``)
         self._line_at = self._updated_at = time.monotonic()
+        self._beat_every = HEARTBEAT_S
         self._owner = _caller_frame()  # the heartbeat stops when this frame returns
         self._thread_id = threading.get_ident()
         with _lock:  # drop the finished, the returned and those this one replaces
@@ -163,7 +164,7 @@ class Tracker:
         that made the tracker still runs (see the module doc); not while a newer tracker of
         the same thread runs (an evaluation inside training) or a stage prints its own."""
         while True:
-            time.sleep(min(self.interval, 1.0))
+            time.sleep(min(self._beat_every, 1.0))
             with _lock:
                 if self not in _trackers or not self._running():  # replaced, done or returned
                     if self in _trackers:
@@ -172,7 +173,7 @@ class Tracker:
                 newer = _trackers[_trackers.index(self) + 1:]
                 inner = any(t._thread_id == self._thread_id and t._running() for t in newer)
             now = time.monotonic()
-            if not inner and not _stages and now - self._line_at >= self.interval:
+            if not inner and not _stages and now - self._line_at >= self._beat_every:
                 say(f"[{self.what}] {self.done}/{self.total}"
                     + (f" {self.unit}" if self.unit else "")
                     + f", still working ({duration(now - self._updated_at)} since "

@@ -12,6 +12,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_a_slow_update_is_covered_by_lines_until_its_function_returns(monkeypatch, capsys):
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.25)
+
     def phase():
         bar = progress.tracker("eval", 600, "tasks", interval=0.25)
         bar.update(100)
@@ -28,7 +30,8 @@ def test_a_slow_update_is_covered_by_lines_until_its_function_returns(monkeypatc
     assert after == []
 
 
-def test_only_the_innermost_running_tracker_beats(capsys):
+def test_only_the_innermost_running_tracker_beats(monkeypatch, capsys):
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.25)
     def validate():
         bar = progress.tracker("val", 100, "tasks", interval=0.25)
         bar.update(10)
