@@ -215,7 +215,7 @@ def test_report_compares_with_the_shipped_paper_numbers(tmp_path):
 def test_dry_run_lists_every_run_with_its_status(killed_and_resumed):
     sweep_dir = killed_and_resumed[0]
     result = subprocess.run([sys.executable, "-m", "launch.sweep", f"--workdir={sweep_dir}",
-                             "--dry_run", *TINY_FLAGS, "--seeds=0,1,2"], cwd=REPO,
+                             "--dry_run", *TINY_FLAGS, "--seeds=2"], cwd=REPO,  # 0,1 + 2
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
