@@ -126,9 +126,12 @@ class Tracker:
         self._thread_id = threading.get_ident()
         with _lock:  # drop the finished, the returned and those this one replaces
             _trackers[:] = [t for t in _trackers if t._owner is not self._owner and t._running()]
-            _trackers.append(self)
-        if self._owner is not None and self.done < self.total:  # the first update may compile
+            if self._running():
+                _trackers.append(self)
+        if self._running():  # beats from now: its first update may compile a program
             threading.Thread(target=self._beat, daemon=True).start()
+        else:
+            self._owner = None
 
     def line(self, done: int, **values: Any) -> str:
         now = clock()
@@ -169,6 +172,7 @@ class Tracker:
                 if self not in _trackers or not self._running():  # replaced, done or returned
                     if self in _trackers:
                         _trackers.remove(self)
+                    self._owner = None  # its frame's locals are not kept alive
                     return
                 newer = _trackers[_trackers.index(self) + 1:]
                 inner = any(t._thread_id == self._thread_id and t._running() for t in newer)
