@@ -216,6 +216,18 @@ def flagfile_text() -> str:
     return "\n".join(lines) + "\n"
 
 
+@contextlib.contextmanager
+def flags_recorded(folder: str) -> Iterator[None]:
+    """Inside: a run in ``folder``; when it finishes or is interrupted (not when it is
+    refused: a workdir of another run keeps its own flags), ``write_flagfile(folder)``."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        write_flagfile(folder)
+        raise
+    write_flagfile(folder)
+
+
 def write_flagfile(folder: str) -> None:
     """``folder/flags.txt`` (the first host only): ``--flagfile=folder/flags.txt`` re-runs the
     command that wrote it from any folder."""

@@ -32,7 +32,7 @@ from cfsl_jax.fluid.protocol import Schedule
 from cfsl_jax.fluid.sequences import ORDERS
 
 from .checks import absolute, check_data_flags, check_output_dir
-from .cli import write_flagfile
+from .cli import flags_recorded
 from .flag_types import define_list
 from .options import define_backend_flags, define_data_flags, parse_options
 
@@ -164,19 +164,15 @@ def main(argv) -> None:
     if FLAGS.study == "update_strategy":
         if FLAGS.study_method not in config.method_options and FLAGS.study_method in METHODS:
             config = dataclasses.replace(config, methods=(FLAGS.study_method,), method_options={})
-        try:
+        with flags_recorded(FLAGS.workdir):
             cells = study.run_update_strategy(config, FLAGS.workdir, FLAGS.study_method,
                                               [int(u) for u in FLAGS.study_frequencies],
                                               [int(e) for e in FLAGS.study_epochs])
-        finally:
-            write_flagfile(FLAGS.workdir)
         print(study.table(cells))
         print(f"written to {FLAGS.workdir}: update_strategy.json, update_strategy.png")
         return
-    try:
+    with flags_recorded(FLAGS.workdir):
         results = run_experiment(config, FLAGS.workdir)
-    finally:
-        write_flagfile(FLAGS.workdir)
     with open(f"{FLAGS.workdir}/results.txt") as f:
         print(f.read())
     print(f"wall time {results['wall_seconds']:.0f} s; written to {FLAGS.workdir}: "

@@ -138,7 +138,10 @@ def main(argv) -> None:
         return
     try:
         outcomes = sweep.run_sweep(configs, FLAGS.workdir, workers=FLAGS.workers)
-    finally:
+    except KeyboardInterrupt:
+        cli.write_flagfile(FLAGS.workdir)
+        raise
+    if not any(o.status == "conflict" for o in outcomes):  # not another sweep's folder
         cli.write_flagfile(FLAGS.workdir)
     print(f"sweep {FLAGS.workdir}: {sweep.summary(outcomes)}")
     if FLAGS.report and any(o.status in ("skipped", "finished") for o in outcomes):

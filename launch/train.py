@@ -137,12 +137,8 @@ def main(argv) -> None:
     del argv  # cli.run refuses extra arguments
     config = check()
     mesh = mesh_from_flags()
-    try:
+    with cli.flags_recorded(FLAGS.workdir):
         train.train_and_evaluate(config, FLAGS.workdir, mesh=mesh, retest=FLAGS.retest)
-    except KeyboardInterrupt:
-        cli.write_flagfile(FLAGS.workdir)
-        raise
-    cli.write_flagfile(FLAGS.workdir)
 
 
 def run() -> None:
