@@ -34,11 +34,12 @@ with the TFDS data source API (no TensorFlow). Records are ordered by
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
 import shutil
-from typing import Any
+from typing import Any, Iterator
 
 import chex
 import flax.struct
@@ -68,6 +69,12 @@ class SplitInfo:
     image_shape: tuple[int, ...]
     class_names: tuple[str, ...]
     source: str
+
+    @property
+    def variant(self) -> str:
+        """The dataset the images came from: ``omniglot/small`` for a plain ``omniglot``."""
+        return self.source.split(" prepared in ")[0] if " prepared in " in self.source \
+            else self.dataset
 
 
 @flax.struct.dataclass
@@ -129,13 +136,36 @@ def load_split(name: str, split: str, data_dir: str | None = None,
         data_dir = os.path.abspath(data_dir or default_data_dir())
         manual_dir = os.path.abspath(manual_dir) if manual_dir else None
         class_split = options.get("class_split", "ordered")
-        if class_split == "ordered":
-            images, labels, names, source = _tfds_split(name, split, data_dir, manual_dir,
-                                                        download)
-        else:
-            images, labels, names, source = _authors_split(name, split, data_dir, manual_dir,
-                                                           download, class_split)
+        with _tfds_scope(data_dir):
+            if class_split == "ordered":
+                images, labels, names, source = _tfds_split(name, split, data_dir, manual_dir,
+                                                            download)
+            else:
+                images, labels, names, source = _authors_split(name, split, data_dir,
+                                                               manual_dir, download, class_split)
     return _to_split(name, split, images, labels, names, source)
+
+
+@contextlib.contextmanager
+def _tfds_scope(data_dir: str) -> Iterator[None]:
+    """Inside: TFDS's temporary folders go into a folder of our own under ``data_dir`` (under
+    ``$TMPDIR`` while ``data_dir`` does not exist yet), removed at the end, and its tqdm bars
+    are off (our progress lines say what happens)."""
+    import tempfile
+
+    from tensorflow_datasets.core.utils import tqdm_utils
+    folder = tempfile.mkdtemp(prefix=".cfsl-tmp-", dir=data_dir if os.path.isdir(data_dir)
+                              else None)
+    previous_tempdir = tempfile.tempdir
+    previous_bars = tqdm_utils._active  # pylint: disable=protected-access
+    tempfile.tempdir = folder
+    tqdm_utils.display_progress_bar(False)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = previous_tempdir
+        tqdm_utils.display_progress_bar(previous_bars)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _to_split(name, split, images: np.ndarray, labels: np.ndarray, names: tuple[str, ...],
@@ -193,6 +223,9 @@ def _omniglot_config(name: str, data_dir: str, manual_dir: str | None) -> str:
             return config
     if manual_dir:
         from cfsl_jax.datasets.errors import DatasetNotFoundError
+        if not os.path.isdir(manual_dir):
+            raise DatasetNotFoundError(f"the Omniglot folder {manual_dir} does not exist (and no "
+                                       f"omniglot is prepared in {data_dir})")
         raise DatasetNotFoundError(
             f"no Omniglot zips in {manual_dir} (expected {' and '.join(CONFIGS['full'].zip_names)} "
             f"for omniglot/full, or {' and '.join(CONFIGS['small'].zip_names)} for "
@@ -238,8 +271,11 @@ def _prepare(builder, resolved: str, data_dir: str, manual_dir: str | None,
     created = _missing_ancestors(builder.data_path) + _missing_ancestors(
         os.path.join(data_dir, "downloads", "manual"))
     config = tfds.download.DownloadConfig(manual_dir=manual_dir) if manual_dir else None
+    # TFDS prints "Downloading and preparing dataset ..." even when nothing downloads.
+    builder._log_download_bytes = lambda: None  # pylint: disable=protected-access
+    builder._log_download_done = lambda: None  # pylint: disable=protected-access
     try:
-        with progress.stage(f"preparing {resolved} in {data_dir} (once)"):
+        with progress.stage(f"[data] preparing {resolved} in {data_dir} (once)"):
             builder.download_and_prepare(download_config=config)
     except BaseException:
         for path in sorted(set(created), key=len, reverse=True):  # deepest first

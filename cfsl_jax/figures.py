@@ -124,6 +124,16 @@ def write_cost_curves_csv(curves: Mapping[str, Sequence[Mapping[str, float]]], p
                 writer.writerow({"learner": name, **{k: point[k] for k in COST_FIELDS}})
 
 
+def coinciding(curves: Mapping[str, Sequence[Mapping[str, float]]], key: str
+               ) -> list[list[str]]:
+    """Groups (2 or more) of learners whose ``key`` values are equal at every NSS: lines
+    drawn on top of each other."""
+    groups: dict[tuple, list[str]] = {}
+    for name, points in curves.items():
+        groups.setdefault(tuple((p["nss"], float(p[key])) for p in points), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
 def plot_cost_curves(curves: Mapping[str, Sequence[Mapping[str, float]]], path: str,
                      title: str = "ATM and MACs against NSS") -> str:
     """Figure 4: ATM and MACs per task against NSS (log-log), one line per learner; a PNG."""
@@ -132,8 +142,12 @@ def plot_cost_curves(curves: Mapping[str, Sequence[Mapping[str, float]]], path: 
         nss = [p["nss"] for p in points]
         atm_axis.plot(nss, [p["atm"] for p in points], label=name, **_style(index))
         macs_axis.plot(nss, [p["macs_per_task"] for p in points], label=name, **_style(index))
-    for axis, label in ((atm_axis, "ATM (state bytes / support bytes)"),
-                        (macs_axis, "MACs per task")):
+    for axis, label, key in ((atm_axis, "ATM (state bytes / support bytes)", "atm"),
+                             (macs_axis, "MACs per task", "macs_per_task")):
+        same = coinciding(curves, key)
+        if same:  # every learner is drawn (its own marker); say which lines lie on each other
+            axis.text(0.02, 0.98, "same curve: " + "; ".join(" = ".join(g) for g in same),
+                      transform=axis.transAxes, va="top", fontsize=7, wrap=True)
         axis.set_xscale("log")
         axis.set_yscale("log")
         axis.set_xlabel("NSS (support sets per task)")

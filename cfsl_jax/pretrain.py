@@ -238,7 +238,7 @@ def pretrain_on_tasks(config, learner: Learner, params: Params, splits: dict[str
     if restored is not None:
         start, trainable, opt_state = restored
         state = PretrainState(trainable, opt_state)
-        logging.info("pretraining: resuming from step %d", start)
+        progress.say(f"[pretrain] resuming from step {start}")
     classes = image_classes(train_split.class_table)
     hyper = dict(learner=learner, num_classes=num_classes, tasks=config.meta_batch,
                  learning_rate=config.learning_rate, weight_decay=config.weight_decay)
@@ -275,8 +275,8 @@ def pretrain_on_tasks(config, learner: Learner, params: Params, splits: dict[str
                             "val_ce": val["ce_mean"], "train_loss": float(losses.mean())})
             results.write_json(history_path, history)
             ckpt.save_latest(step + 1, state.params, state.opt_state)
-            logging.info("pretrain epoch %d: val acc %.4f ce %.4f", epoch, val["acc_mean"],
-                         val["ce_mean"])
+            progress.say(f"[pretrain] epoch {epoch}: val acc {val['acc_mean']:.4f} ce "
+                         f"{val['ce_mean']:.4f}")
             clock = time.perf_counter()  # steps/s of the next line: training steps only
         elif config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
             ckpt.save_latest(step + 1, state.params, state.opt_state)

@@ -11,9 +11,15 @@
 Lines are plain ``print``s to ``sys.stdout`` (looked up at each call), flushed at once, so
 they show in a terminal, in a log file and in a Jupyter/Colab cell alike (absl's INFO lines
 do not reach a notebook). A tracker prints when ``INTERVAL_S`` seconds passed since its last
-line, on its first update and on its last; a stage that runs long (an XLA compilation)
-prints ``still ...`` every ``HEARTBEAT_S`` seconds from a background thread, so a user
-never waits a minute in silence. ``CFSL_PROGRESS=0`` silences every line; ``PREFIX`` (e.g. a sweep run's name) starts every
+line, on its first update and on its last; while one update takes longer than that (a
+first step that compiles, a chunk of evaluation tasks), a background thread repeats the last
+count with the seconds since, every ``HEARTBEAT_S``, for as long as the function that made
+the tracker runs: lines are driven by time, not by a count. A tracker's rate and ETA are those of its
+steady state: the first update that counts items (whose time includes compiling the
+program) is left out, and its seconds are shown apart (``first N steps: 12.0s, not in
+the rate``); until a second update gives a steady rate, no ETA is shown. A stage that runs long (an XLA
+compilation) prints ``still ...`` every ``HEARTBEAT_S`` seconds from a background thread,
+so a user never waits a minute in silence. ``CFSL_PROGRESS=0`` silences every line; ``PREFIX`` (e.g. a sweep run's name) starts every
 line.
 
 ``clock`` (seconds, monotonic) is a module attribute so that tests can replace it.
@@ -35,10 +41,14 @@ import time
 from typing import Any, Callable, Iterator
 
 INTERVAL_S = 10.0  # the most seconds between two lines of one tracker
-HEARTBEAT_S = 10.0  # seconds between "still ..." lines of a long stage
+HEARTBEAT_S = 10.0  # seconds between "still ..." lines of a long stage or a slow update
+FIRST_SHOWN_S = 1.0  # a first update that took longer has its seconds on the line
 PREFIX = ""  # put before every line (a sweep worker: the run's name)
 
 clock: Callable[[], float] = time.monotonic
+_trackers: list["Tracker"] = []  # made and not yet finished, oldest first (heartbeats)
+_stages: list[str] = []  # stages running (their own "still ..." lines)
+_lock = threading.Lock()
 _interrupted = False  # a SIGINT arrived (handle_interrupts)
 
 
@@ -106,23 +116,73 @@ class Tracker:
         self.printed = not first_line
         self.quiet_if_quick = quiet_if_quick
         self.lines = 0  # lines printed so far
+        self.warm: tuple[float, int] | None = None  # (time, done) of the first counting update
+        self.first_shown = False  # the first update's seconds were printed
+        self.done = start  # the last update's count
+        # the heartbeat's own clock (real time, so that tests may replace ``clock``)
+        self._line_at = self._updated_at = time.monotonic()
+        self._beat_every = HEARTBEAT_S
+        self._owner = _caller_frame()  # the heartbeat stops when this frame returns
+        self._thread_id = threading.get_ident()
+        with _lock:  # drop the finished, the returned and those this one replaces
+            _trackers[:] = [t for t in _trackers if t._owner is not self._owner and t._running()]
+            if self._running():
+                _trackers.append(self)
+        if self._running():  # beats from now: its first update may compile a program
+            threading.Thread(target=self._beat, daemon=True).start()
+        else:
+            self._owner = None
 
     def line(self, done: int, **values: Any) -> str:
-        elapsed = max(clock() - self.started, 1e-9)
-        rate = (done - self.start_done) / elapsed
+        now = clock()
+        elapsed = max(now - self.started, 1e-9)
+        steady = self.warm is not None and done > self.warm[1]
+        rate = ((done - self.warm[1]) / max(now - self.warm[0], 1e-9) if steady
+                else (done - self.start_done) / elapsed)
         unit = f" {self.unit}" if self.unit else ""
         parts = [f"[{self.what}] {done}/{self.total}{unit}"]
         if self.total:
             parts[0] += f" ({100 * done / self.total:.0f}%)"
-        if done > self.start_done:
+        if done > self.start_done and (steady or done >= self.total):
             parts.append(f"{rate:.3g}{unit or ' items'}/s" if rate >= 0.1 else
                          f"{1 / max(rate, 1e-9):.3g}s each")
         parts += [f"{name} {_value(value)}" for name, value in values.items()]
+        if self.warm is not None and not self.first_shown and done < self.total:
+            self.first_shown = True
+            if self.warm[0] - self.started >= FIRST_SHOWN_S:  # e.g. it compiled a program
+                parts.append(f"first {self.warm[1] - self.start_done}{unit}: "
+                             f"{duration(self.warm[0] - self.started)}, not in the rate")
         if done >= self.total:
             parts.append(f"done in {duration(elapsed)}")
-        elif done > self.start_done:
+        elif steady:
             parts.append(f"ETA {duration((self.total - done) / max(rate, 1e-9))}")
         return ", ".join(parts)
+
+    def _running(self) -> bool:
+        return (self._owner is not None and self.done < self.total
+                and _on_stack(self._owner, self._thread_id))
+
+    def _beat(self) -> None:
+        """Repeat the last count every ``interval`` while no update prints and the function
+        that made the tracker still runs (see the module doc); not while a newer tracker of
+        the same thread runs (an evaluation inside training) or a stage prints its own."""
+        while True:
+            time.sleep(min(self._beat_every, 1.0))
+            with _lock:
+                if self not in _trackers or not self._running():  # replaced, done or returned
+                    if self in _trackers:
+                        _trackers.remove(self)
+                    self._owner = None  # its frame's locals are not kept alive
+                    return
+                newer = _trackers[_trackers.index(self) + 1:]
+                inner = any(t._thread_id == self._thread_id and t._running() for t in newer)
+            now = time.monotonic()
+            if not inner and not _stages and now - self._line_at >= self._beat_every:
+                say(f"[{self.what}] {self.done}/{self.total}"
+                    + (f" {self.unit}" if self.unit else "")
+                    + f", still working ({duration(now - self._updated_at)} since "
+                      + ("the last count)" if self.warm else "the start)"))
+                self._line_at = now
 
     def due(self) -> bool:
         """Whether the next ``update`` prints (to sync a device value only when it does)."""
@@ -134,13 +194,35 @@ class Tracker:
         if _interrupted:
             raise KeyboardInterrupt
         now = clock()
+        if self.warm is None and done > self.start_done:
+            self.warm = (now, done)
+        self.done, self._updated_at = done, time.monotonic()
         due = not self.printed or now - self.last >= self.interval
         last = done >= self.total and not (self.quiet_if_quick and self.lines == 0)
         if force or due or last:
             say(self.line(done, **values))
             self.last, self.printed, self.lines = now, True, self.lines + 1
+            self._line_at = time.monotonic()
             return True
         return False
+
+
+def _caller_frame():
+    """The first frame outside this module: the function a tracker belongs to."""
+    frame = sys._getframe(1)  # pylint: disable=protected-access
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    return frame
+
+
+def _on_stack(frame, thread_id: int) -> bool:
+    """Whether ``frame`` is still running in thread ``thread_id``."""
+    current = sys._current_frames().get(thread_id)  # pylint: disable=protected-access
+    while current is not None:
+        if current is frame:
+            return True
+        current = current.f_back
+    return False
 
 
 def tracker(what: str, total: int, unit: str = "", start: int = 0,
@@ -176,9 +258,11 @@ def stage(what: str, heartbeat: float | None = None) -> Iterator[None]:
 
     thread = threading.Thread(target=beat, daemon=True)
     thread.start()
+    _stages.append(what)
     try:
         yield
     finally:
+        _stages.remove(what)
         stop.set()
         thread.join()
     say(f"{what}: done in {duration(clock() - started)}")

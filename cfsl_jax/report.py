@@ -27,6 +27,7 @@ Rules:
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import os
 from typing import Any, Iterable, NamedTuple, Sequence
@@ -113,6 +114,16 @@ def _pretraining(budget: dict) -> str:
     if budget.get("pretrain_data", "uniform") == "tasks":
         return "pretraining: the same schedule on the images of training tasks"
     return f"pretraining: {_count(budget['pretrain_steps'], 'step')} of uniformly drawn images"
+
+
+@functools.lru_cache(maxsize=None)
+def _pretrains(learner: str) -> bool:
+    """Whether ``learner`` is pretrained (Pretrain+Tune, EWC-Pretrain): only then does a
+    report say how."""
+    from cfsl_jax.learners import LEARNERS, get_learner
+    from cfsl_jax.spec import TaskSpec
+    return learner in LEARNERS and get_learner(learner, TaskSpec.preset("B3")).training == \
+        "pretrain"
 
 
 def _count(number: int, noun: str) -> str:
@@ -236,7 +247,9 @@ def dataset_markdown(results: Sequence[dict], dataset: str, paper: dict) -> str:
              f"{_count(budget['test_tasks'], 'test task')} ({spread}). Budget per run: "
              f"{_count(budget['epochs'], 'epoch')} x "
              f"{_count(budget['iters_per_epoch'], 'iteration')}, meta-batch "
-             f"{budget['meta_batch']} ({_pretraining(budget)})."]
+             f"{budget['meta_batch']}"
+             + (f" ({_pretraining(budget)})." if any(_pretrains(r["learner"]) for r in runs)
+                else ".")]
     for metric, (_, title, _, _) in METRICS.items():
         parts += [f"## {title}", markdown(table(aggregate(runs, metric), dataset, metric))]
     parts.append(f"## Test accuracy vs the paper ({paper.get('table', 'table')}, "

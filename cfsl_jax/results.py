@@ -69,12 +69,17 @@ def split_sizes(splits) -> dict[str, dict[str, int]]:
 
 
 def record(config, learner, splits, report: dict[str, Any], workdir: str,
-           wall_seconds: float, best_epochs: list[int]) -> dict[str, Any]:
-    """Write workdir/results.json and workdir/results.csv, print the table; return the dict."""
+           wall_seconds: float, best_epochs: list[int],
+           run_stats: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write workdir/results.json and workdir/results.csv, print the table; return the dict.
+
+    ``dataset`` is the variant the splits came from (``omniglot/small``, not ``omniglot``);
+    ``run_stats`` (a re-test: the training run's compile statistics) replace this process's
+    ``backend.compile_stats()``."""
     spec = learner.spec
     out = {
         "learner": learner.name,
-        "dataset": config.dataset,
+        "dataset": splits["test"].info.variant,
         "spec": dataclasses.asdict(spec),
         "spec_name": spec.name,
         "seed": config.seed,
@@ -83,7 +88,7 @@ def record(config, learner, splits, report: dict[str, Any], workdir: str,
         "package_version": cfsl_jax.__version__,
         "jax_version": jax.__version__,
         "backend": jax.default_backend(),
-        **backend.compile_stats(),  # compile seconds of this process, cache, precision
+        **(backend.compile_stats() if run_stats is None else run_stats),  # compile s, cache
         "devices": report.get("devices", 1),
         "best_epochs": best_epochs,
         "wall_seconds": wall_seconds,

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from cfsl_jax import checkpoints, data, results, seeding
+from cfsl_jax import backend, checkpoints, data, results, seeding
 from cfsl_jax.errors import UserError
 from cfsl_jax.evaluate import evaluate
 from cfsl_jax.learners import COMPUTE_DTYPES, get_learner
@@ -167,7 +167,9 @@ def config_differences(saved: dict, config: TrainConfig) -> list[str]:
                   if saved.get(k) != current.get(k) and k not in _NOT_IDENTITY)
 
 
-_NOT_IDENTITY = ("download",)  # config fields that do not change what a run computes
+# Config fields that do not change what a run computes (where the files are read from: the
+# dataset variant and split sizes are recorded in results.json and checked by verify).
+_NOT_IDENTITY = ("download", "data_dir", "manual_dir")
 
 
 def check_workdir_config(workdir: str, config: TrainConfig, create: bool = True) -> None:
@@ -254,5 +256,7 @@ def evaluate_run(workdir: str, num_tasks: int | None = None,
     if "macs_per_meta_step" in stored.get("test", {}):
         report["macs_per_meta_step"] = stored["test"]["macs_per_meta_step"]
     wall = stored.get("wall_seconds", time.perf_counter() - started)
+    report["retest_compile_seconds"] = backend.compile_stats()["compile_seconds"]
+    kept = {k: stored[k] for k in backend.compile_stats() if k in stored} or None
     return results.record(config, learner, splits, report, workdir, wall_seconds=wall,
-                          best_epochs=best)
+                          best_epochs=best, run_stats=kept)

@@ -29,7 +29,6 @@ import shutil
 import time
 from typing import Any
 
-from absl import logging
 import jax
 import jax.numpy as jnp
 import optax
@@ -117,16 +116,16 @@ def meta_train(config: TrainConfig, learner: Learner, params: Any, splits, workd
     mesh = mesh or parallel.make_mesh()
     if config.meta_batch % mesh.size:
         extra = parallel.padded(config.meta_batch, mesh) - config.meta_batch
-        logging.warning("meta_batch %d over %d devices: %d padding task(s) per step are "
-                        "computed and dropped; a multiple of %d (or --num_devices) avoids it",
-                        config.meta_batch, mesh.size, extra, mesh.size)
+        progress.say(f"[train] note: meta_batch {config.meta_batch} over {mesh.size} devices: "
+                     f"{extra} padding task(s) per step are computed and dropped; a multiple of "
+                     f"{mesh.size} (or --num_devices) avoids it")
     optimizer = make_optimizer(config)
     opt_state = optimizer.init(params)
     start = 0
     restored = ckpt.restore_latest(params, opt_state)
     if restored is not None:
         start, params, opt_state = restored
-        logging.info("resuming from step %d", start)
+        progress.say(f"[train] resuming from step {start}")
     params, opt_state = parallel.replicate((params, opt_state), mesh)
     split = parallel.place_split(splits["train"], mesh)
     history_path = os.path.join(workdir, "val_history.json")

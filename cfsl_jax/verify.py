@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from cfsl_jax import progress, results, train
@@ -11,19 +12,29 @@ from cfsl_jax.evaluate import task_fingerprint
 CHECKED_METRICS = ("acc_mean", "acc_std", "ce_mean", "ce_std")
 
 
-def verify(workdir: str, metrics: bool = True) -> list[str]:
-    """Differences between ``workdir/results.json`` and a recomputation (empty list: MATCH).
-
-    Recomputes the test tasks' fingerprint from (split, spec, seed) and, when
-    ``metrics`` and the run has finished, the test metrics from its
-    checkpoints (equal bit for bit on the same backend).
-    """
+def load(workdir: str, **paths: str | None) -> tuple[train.TrainConfig, dict]:
+    """(config, recorded results) of a finished run; ``paths`` (``data_dir``, ``manual_dir``)
+    given replace the recorded ones (a run recorded before paths were made absolute, verified
+    from another folder)."""
     config = train.load_config(workdir)
     path = os.path.join(workdir, "results.json")
     if not os.path.isfile(path):
         raise UserError(f"--workdir={workdir} holds no finished run (no results.json): finish "
                         f"it first (re-run its launch.train command)")
-    recorded = results.read_json(path)
+    given = {name: os.path.abspath(value) for name, value in paths.items() if value}
+    return dataclasses.replace(config, **given), results.read_json(path)
+
+
+def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
+           manual_dir: str | None = None) -> list[str]:
+    """Differences between ``workdir/results.json`` and a recomputation (empty list: MATCH).
+
+    Recomputes the test tasks' fingerprint from (split, spec, seed) and, when
+    ``metrics`` and the run has finished, the test metrics from its
+    checkpoints (equal bit for bit on the same backend). ``data_dir`` / ``manual_dir``
+    replace the recorded folders where given.
+    """
+    config, recorded = load(workdir, data_dir=data_dir, manual_dir=manual_dir)
     learner, splits = train.build(config)
     differences = []
     sizes = results.split_sizes(splits)

@@ -10,6 +10,12 @@
 - ``--help`` (``-h``, ``--helpshort``) prints the command's docstring and every flag of the
   ``launch`` modules it uses, with their help and defaults, and exits 0; ``--helpfull`` adds
   absl's and jax's flags.
+- ``--validate_only`` runs the command's ``check`` (flags, paths, configs: what a mistake
+  would be refused for) and exits 0 without doing any work or writing anything.
+- absl's log lines (``I1125 ... train.py:129] ...``) are debug detail, shown with
+  ``--verbose``; the project's own lines are ``cfsl_jax.progress`` prints.
+- ``write_flagfile(folder)`` writes the flags a command was given (paths made absolute) as
+  ``folder/flags.txt``: ``--flagfile=folder/flags.txt`` runs the same command again.
 """
 
 from __future__ import annotations
@@ -26,12 +32,19 @@ from absl import app, flags
 from cfsl_jax.datasets.errors import CorruptDatasetError, DatasetNotFoundError
 from cfsl_jax.errors import UserError
 
-flags.DEFINE_bool("verbose", False, "Show the traceback of every error (also: CFSL_VERBOSE=1).")
+flags.DEFINE_bool("verbose", False, "Show the traceback of every error and absl's debug log "
+                  "lines (also: CFSL_VERBOSE=1).")
+flags.DEFINE_bool("validate_only", False, "Check the flags, paths and configuration as a run "
+                  "would, print 'valid', and exit 0 without doing any work or writing anything.")
 
 FLAGS = flags.FLAGS
 USER_ERRORS = (UserError, app.UsageError, flags.Error, DatasetNotFoundError, CorruptDatasetError,
                FileExistsError, NotADirectoryError)
 EXIT_USER_ERROR, EXIT_INTERRUPTED = 2, 130
+FLAGFILE = "flags.txt"  # a run's flags, written into its workdir (write_flagfile)
+PATH_FLAGS = ("workdir", "sweep_dir", "out_dir", "out", "data_dir", "manual_dir",
+              "paper_results", "compilation_cache_dir", "compilation_cache")
+_NOT_RECORDED = ("validate_only", "verbose", "retest", "dry_run")
 _HELP = ("--help", "-h", "-?", "--helpshort", "--help=true", "--helpshort=true")
 _HELPFULL = ("--helpfull", "--helpfull=true")
 _OUT_OF_MEMORY = ("RESOURCE_EXHAUSTED", "Out of memory")
@@ -55,6 +68,9 @@ def user_message(error: BaseException) -> str:
         return f"{error.filename} exists and is a file, not a folder: give another path"
     if isinstance(error, flags.Error):
         text = str(error)
+        unreadable = re.search(r"Unable to open flagfile: \[Errno \d+\] ([^:]*): '(.*)'", text)
+        if unreadable:
+            return f"--flagfile={unreadable.group(2)}: {unreadable.group(1).lower()}"
         text = re.sub(r"^flag (--\w+)=(.*?): (Flag --\w+ must have a value other than None\.)",
                       r"\1 is required", text)
         return text
@@ -151,8 +167,10 @@ def user_input() -> Iterator[None]:
 
 
 def run(main: Callable[[list[str]], None], interrupted: str = "interrupted: re-run the same "
-        "command to continue where it stopped") -> None:
-    """``app.run(main)`` inside the error boundary, with the teaching ``--help``."""
+        "command to continue where it stopped", check: Callable[[], object] | None = None) -> None:
+    """``app.run(main)`` inside the error boundary, with the teaching ``--help``; ``check``
+    (the command's validation, which ``main`` runs first too) is all ``--validate_only``
+    runs."""
     doc = sys.modules[main.__module__].__doc__
 
     def guarded(argv):
@@ -160,6 +178,11 @@ def run(main: Callable[[list[str]], None], interrupted: str = "interrupted: re-r
         progress.handle_interrupts()  # a Ctrl-C is never lost in a callback
         with boundary(interrupted):
             quiet_logs()
+            if FLAGS.validate_only:
+                if check is not None:
+                    check()
+                print("valid: nothing was run (--validate_only)", flush=True)
+                return
             from .options import apply_backend_flags
             apply_backend_flags()
             main(argv)
@@ -168,5 +191,47 @@ def run(main: Callable[[list[str]], None], interrupted: str = "interrupted: re-r
 
 
 def quiet_logs() -> None:
+    """absl's INFO lines only with --verbose; never the per-call INFO chatter of libraries."""
+    from absl import logging
+
     from .options import quiet_third_party_logs
     quiet_third_party_logs()
+    if not verbose():
+        logging.set_verbosity(logging.WARNING)
+
+
+def flagfile_text() -> str:
+    """The flags given to this command (launch modules' flags), one per line, path flags made
+    absolute, as absl's ``--flagfile`` reads them."""
+    from .checks import absolute
+    lines = []
+    for module in _listed_modules():
+        for flag in FLAGS.get_flags_for_module(module):
+            if not flag.present or flag.name in _NOT_RECORDED:
+                continue
+            if flag.name in PATH_FLAGS and isinstance(flag.value, str):
+                lines.append(f"--{flag.name}={absolute(flag.value)}")
+            else:
+                lines.append(flag.serialize())
+    return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def flags_recorded(folder: str) -> Iterator[None]:
+    """Inside: a run in ``folder``; when it finishes or is interrupted (not when it is
+    refused: a workdir of another run keeps its own flags), ``write_flagfile(folder)``."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        write_flagfile(folder)
+        raise
+    write_flagfile(folder)
+
+
+def write_flagfile(folder: str) -> None:
+    """``folder/flags.txt`` (the first host only): ``--flagfile=folder/flags.txt`` re-runs the
+    command that wrote it from any folder."""
+    from cfsl_jax import results
+    if results.is_primary() and os.path.isdir(folder):
+        with open(os.path.join(folder, FLAGFILE), "w") as f:
+            f.write(flagfile_text())

@@ -21,18 +21,20 @@ from cfsl_jax import train
 from cfsl_jax.learners import get_learner
 
 from . import cli
+from .checks import check_data_flags
 from . import train as train_cli  # noqa: F401  (defines the shared flags)
 
 FLAGS = flags.FLAGS
 
 
-def main(argv) -> None:
-    del argv
+def check() -> train.TrainConfig | None:
+    """None for a workdir holding a run, else the config of a learner that needs no training
+    (checked; nothing is created)."""
     workdir = FLAGS.workdir
-    mesh = train_cli.mesh_from_flags()
+    check_data_flags()
     if os.path.exists(os.path.join(workdir, "config.json")):
-        train.evaluate_run(workdir, num_tasks=None, mesh=mesh)
-        return
+        train.load_config(workdir)
+        return None
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise cli.UserError(f"--workdir={workdir} is a file, not a folder")
     if not FLAGS["learner"].present and not os.path.exists(workdir):
@@ -48,11 +50,21 @@ def main(argv) -> None:
     if learner.training == "meta":
         raise cli.UserError(f"--learner={config.learner} is meta-trained: run launch.train "
                             f"first, or give the --workdir of a finished run")
-    train.train_and_evaluate(config, workdir, mesh=mesh, retest=FLAGS.retest)
+    return config
+
+
+def main(argv) -> None:
+    del argv
+    config = check()
+    mesh = train_cli.mesh_from_flags()
+    if config is None:
+        train.evaluate_run(FLAGS.workdir, num_tasks=None, mesh=mesh)
+    else:
+        train.train_and_evaluate(config, FLAGS.workdir, mesh=mesh, retest=FLAGS.retest)
 
 
 def run() -> None:
-    cli.run(main)
+    cli.run(main, check=check)
 
 
 if __name__ == "__main__":

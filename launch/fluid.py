@@ -31,18 +31,20 @@ from cfsl_jax.fluid.methods import METHODS
 from cfsl_jax.fluid.protocol import Schedule
 from cfsl_jax.fluid.sequences import ORDERS
 
-from .options import (apply_backend_flags, define_backend_flags, define_data_flags,
-                      parse_options, quiet_third_party_logs)
+from .checks import absolute, check_data_flags, check_output_dir
+from .cli import flags_recorded
+from .flag_types import define_list
+from .options import define_backend_flags, define_data_flags, parse_options
 
 flags.DEFINE_enum("preset", "paper", sorted(PRESETS), "Stream scale preset.")
 flags.DEFINE_enum("study", None, ["update_strategy"], "Run a study instead of the table.")
 flags.DEFINE_string("study_method", "finetune", "Method of the update-strategy study.")
-flags.DEFINE_list("study_frequencies", [str(u) for u in study.FREQUENCIES],
+define_list("study_frequencies", [str(u) for u in study.FREQUENCIES],
                   "U values (samples of a 90,000-sample sequence) of the study.")
-flags.DEFINE_list("study_epochs", [str(e) for e in study.EPOCHS], "E values of the study.")
+define_list("study_epochs", [str(e) for e in study.EPOCHS], "E values of the study.")
 flags.DEFINE_enum("dataset", "synthetic", DATASETS, "Dataset.")
 flags.DEFINE_string("split", "train", "Split the stream and pretraining data come from.")
-flags.DEFINE_list("method", list(METHODS), f"Methods to run: {list(METHODS)}.")
+define_list("method", list(METHODS), f"Methods to run: {list(METHODS)}.")
 flags.DEFINE_enum("streams", "test", STREAM_KINDS, "Test streams, or validation for tuning.")
 flags.DEFINE_integer("num_streams", None, "Streams (default: the preset's).")
 flags.DEFINE_integer("stream_classes", None, "K: classes in the stream.")
@@ -95,7 +97,7 @@ def config_from_flags():
         dataset=FLAGS.dataset, split=FLAGS.split, methods=tuple(FLAGS.method), stream=stream,
         schedule=schedule, streams=FLAGS.streams, seed=FLAGS.seed, filters=FLAGS.filters,
         window=FLAGS.window, method_options=method_options(FLAGS.method_option),
-        data_dir=FLAGS.data_dir, manual_dir=FLAGS.manual_dir)
+        data_dir=absolute(FLAGS.data_dir), manual_dir=absolute(FLAGS.manual_dir))
     if FLAGS.dataset_option:
         overrides["dataset_options"] = {**base["dataset_options"],
                                         **parse_options(FLAGS.dataset_option, "dataset_option")}
@@ -105,25 +107,72 @@ def config_from_flags():
     return preset(FLAGS.preset, **overrides)
 
 
+def check_stream_flags() -> None:
+    """The stream flags against each other and the preset, named as typed."""
+    stream = PRESETS[FLAGS.preset]["stream"]
+    given = {flag: getattr(FLAGS, flag) for flag in _STREAM_FLAGS if getattr(FLAGS, flag)
+             is not None}
+    classes = given.get("stream_classes", stream.num_classes)
+    length = given.get("stream_length", stream.length)
+    if isinstance(classes, int) and classes >= 1 and length < classes:
+        if "stream_length" not in given:
+            raise UserError(f"--stream_classes={classes} needs a stream of at least {classes} "
+                            f"samples (one per class), but --preset={FLAGS.preset}'s is {length}: "
+                            f"give --stream_length >= {classes} too")
+        if "stream_classes" not in given:
+            raise UserError(f"--stream_length={length} is shorter than --preset={FLAGS.preset}'s "
+                            f"{classes} stream classes (one sample each at least): give "
+                            f"--stream_classes <= {length} too")
+        raise UserError(f"--stream_classes={classes} is more than --stream_length={length}: "
+                        f"every class needs at least one sample in the stream")
+    if FLAGS.dataset == "synthetic" and "stream_classes" in given:
+        from cfsl_jax.datasets.omniglot import split_class_counts
+        options = {**PRESETS[FLAGS.preset]["dataset_options"],
+                   **parse_options(FLAGS.dataset_option, "dataset_option")}
+        total = options.get("num_classes", 1623)
+        limit = (split_class_counts(total).get(FLAGS.split) if isinstance(total, int)
+                 and total >= 3 else None)
+        if limit is not None and classes > limit:
+            raise UserError(f"--stream_classes={classes} is more than the {limit} classes of "
+                            f"the {FLAGS.split} split (--preset={FLAGS.preset}'s synthetic set; "
+                            f"--dataset_option=num_classes=N makes it larger)")
+
+
+def flag_words(message: str) -> str:
+    """``length=5 is invalid`` -> ``--stream_length=5 is invalid``: a stream field as its flag."""
+    import re
+    fields = {field: flag for flag, field in _STREAM_FLAGS.items()}
+    return re.sub(r"\b(" + "|".join(fields) + r")=",
+                  lambda m: f"--{fields[m.group(1)]}=", message)
+
+
+def check():
+    """The run's FluidConfig, every flag checked (nothing is created)."""
+    check_data_flags()
+    check_output_dir("workdir", FLAGS.workdir)
+    check_stream_flags()
+    try:
+        return config_from_flags()
+    except ValueError as error:  # UserError included: one line, no traceback
+        raise app.UsageError(flag_words(str(error))) from error
+
+
 def main(argv) -> None:
-    quiet_third_party_logs()
-    apply_backend_flags()
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    try:
-        config = config_from_flags()
-    except ValueError as error:  # UserError included: one line, no traceback
-        raise app.UsageError(str(error)) from error
+    config = check()
     if FLAGS.study == "update_strategy":
         if FLAGS.study_method not in config.method_options and FLAGS.study_method in METHODS:
             config = dataclasses.replace(config, methods=(FLAGS.study_method,), method_options={})
-        cells = study.run_update_strategy(config, FLAGS.workdir, FLAGS.study_method,
-                                          [int(u) for u in FLAGS.study_frequencies],
-                                          [int(e) for e in FLAGS.study_epochs])
+        with flags_recorded(FLAGS.workdir):
+            cells = study.run_update_strategy(config, FLAGS.workdir, FLAGS.study_method,
+                                              [int(u) for u in FLAGS.study_frequencies],
+                                              [int(e) for e in FLAGS.study_epochs])
         print(study.table(cells))
         print(f"written to {FLAGS.workdir}: update_strategy.json, update_strategy.png")
         return
-    results = run_experiment(config, FLAGS.workdir)
+    with flags_recorded(FLAGS.workdir):
+        results = run_experiment(config, FLAGS.workdir)
     with open(f"{FLAGS.workdir}/results.txt") as f:
         print(f.read())
     print(f"wall time {results['wall_seconds']:.0f} s; written to {FLAGS.workdir}: "
@@ -132,7 +181,7 @@ def main(argv) -> None:
 
 def run() -> None:
     from .cli import run as run_guarded  # the shared error boundary and --help (launch/cli.py)
-    run_guarded(main)
+    run_guarded(main, check=check)
 
 
 if __name__ == "__main__":

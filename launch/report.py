@@ -24,19 +24,20 @@ from cfsl_jax import figures, report
 from cfsl_jax.learners import LEARNERS
 
 from . import cli
+from .checks import check_input_dir, check_input_file, check_output_dir
+from .flag_types import define_list
 
 flags.DEFINE_string("sweep_dir", None, "Sweep directory (launch.sweep --workdir).")
 flags.DEFINE_string("out_dir", None, "Where to write (default: SWEEP_DIR/report or ./cfsl_report).")
-flags.DEFINE_multi_enum("figure", ["accuracy_nss"], ["accuracy_nss", "atm_macs"],
-                        "Figures: accuracy_nss (Figure 3, needs --sweep_dir), atm_macs "
-                        "(Figure 4, no training). Repeatable.")
+define_list("figure", ["accuracy_nss"], "Figures: accuracy_nss (Figure 3, needs --sweep_dir), "
+            "atm_macs (Figure 4, no training).", enum_values=["accuracy_nss", "atm_macs"])
 flags.DEFINE_string("paper_results", None, "JSON file with the paper's numbers (default: the "
                     "table shipped in cfsl_jax/paper_results.py).")
-flags.DEFINE_list("learners", [], f"Figure 4 learners (default: all of {','.join(LEARNERS)} "
-                  "that build).")
-flags.DEFINE_list("nss", [str(n) for n in figures.FIGURE4_NSS], "Figure 4 NSS values.")
+define_list("learners", [], f"Figure 4 learners (default: all of {','.join(LEARNERS)} "
+            "that build).")
+define_list("nss", [str(n) for n in figures.FIGURE4_NSS], "Figure 4 NSS values.")
 flags.DEFINE_enum("task_type", "C", ["A", "B", "C", "D"], "Figure 4 task type.")
-flags.DEFINE_list("image_shape", ["28", "28", "1"], "Figure 4 image shape H,W,C.")
+define_list("image_shape", ["28", "28", "1"], "Figure 4 image shape H,W,C.")
 flags.DEFINE_string("compilation_cache", None, "Persistent XLA cache for Figure 4 (default: "
                     "OUT_DIR/xla_cache; '' for none).")
 
@@ -61,14 +62,41 @@ def figure4(out_dir: str) -> str:
         curves, os.path.join(out_dir, "figure4.png"),
         title=f"ATM and MACs per task against NSS (type {FLAGS.task_type})")
     print(f"Figure 4: {path} (numbers: {os.path.join(out_dir, 'figure4.csv')})")
+    for key, what in (("atm", "ATM"), ("macs_per_task", "MACs")):
+        for names in figures.coinciding(curves, key):
+            print(f"  {what}: {' = '.join(names)} at every NSS (their lines coincide)")
     return path
+
+
+def check() -> None:
+    """What to write is given, every input exists and parses, --out_dir can be created."""
+    if not FLAGS.sweep_dir and "atm_macs" not in FLAGS.figure:
+        raise app.UsageError("give --sweep_dir (tables, Figure 3) or --figure=atm_macs")
+    if FLAGS.sweep_dir:
+        check_input_dir("sweep_dir", FLAGS.sweep_dir, holding="results.json")
+    if FLAGS.paper_results:
+        check_input_file("paper_results", FLAGS.paper_results)
+        try:
+            report.load_paper_table(FLAGS.paper_results)
+        except ValueError as error:  # json.JSONDecodeError included
+            raise cli.UserError(f"--paper_results={FLAGS.paper_results}: {error}") from None
+    check_output_dir("out_dir", FLAGS.out_dir)
+    for flag, values in (("nss", FLAGS.nss), ("image_shape", FLAGS.image_shape)):
+        if not all(v.isdigit() and int(v) > 0 for v in values):
+            raise cli.UserError(f"--{flag}={','.join(values)}: every value must be a positive "
+                                f"integer")
+    if len(FLAGS.image_shape) != 3:
+        raise cli.UserError(f"--image_shape={','.join(FLAGS.image_shape)}: give H,W,C")
+    unknown = [name for name in FLAGS.learners if name not in LEARNERS]
+    if unknown:
+        raise cli.UserError(f"--learners={','.join(FLAGS.learners)}: unknown {unknown}; valid: "
+                            f"{', '.join(LEARNERS)}")
 
 
 def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if not FLAGS.sweep_dir and "atm_macs" not in FLAGS.figure:
-        raise app.UsageError("give --sweep_dir (tables, Figure 3) or --figure=atm_macs")
+    check()
     default = os.path.join(FLAGS.sweep_dir, "report") if FLAGS.sweep_dir else "cfsl_report"
     out_dir = FLAGS.out_dir or default
     os.makedirs(out_dir, exist_ok=True)
@@ -89,7 +117,7 @@ def main(argv) -> None:
 
 
 def run() -> None:
-    cli.run(main)
+    cli.run(main, check=check)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
     python -m launch.show_task --dataset=synthetic --task=D8 --seed=0 --out=task.png
     python -m launch.show_task --dataset=omniglot --manual_dir=../shared/data/omniglot --task=B3
 
-One row per support set (labelled with its class group), then the target set
-with each image framed in its class group's colour.
+The support sets are packed several to a row (the first image of each says
+S<n> g<group>: its support set and class group), then the target set follows in
+rows; every image is framed in its class group's colour and titled with its label.
+The summary names each class group's classes. --out must be in a folder that exists.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from cfsl_jax import visualize
 from cfsl_jax.data import DATASETS, SPLITS
 
 from . import cli
+from .checks import check_data_flags, check_output_file
 from .options import define_data_flags, parse_options
 
 _DATASET = flags.DEFINE_enum("dataset", "synthetic", DATASETS, "Dataset.")
@@ -28,8 +31,19 @@ define_data_flags()
 FLAGS = flags.FLAGS
 
 
+def check() -> None:
+    """The task parses, the data folders exist, --out can be written."""
+    from cfsl_jax.spec import TaskSpec
+    check_data_flags()
+    check_output_file("out", _OUT.value)
+    with cli.user_input():
+        TaskSpec.parse(_TASK.value.strip().upper())
+        parse_options(FLAGS.dataset_option, "dataset_option")
+
+
 def main(argv) -> None:
     del argv
+    check()
     with cli.user_input():
         summary = visualize.show_task(
             dataset=_DATASET.value, split=_SPLIT.value, task=_TASK.value.strip().upper(),
@@ -41,7 +55,7 @@ def main(argv) -> None:
 
 
 def run() -> None:
-    cli.run(main)
+    cli.run(main, check=check)
 
 
 if __name__ == "__main__":

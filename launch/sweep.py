@@ -34,14 +34,16 @@ from cfsl_jax.learners import LEARNERS
 from cfsl_jax.spec import PAPER_GRID
 
 from . import cli
+from .checks import check_data_flags, check_output_dir
+from .flag_types import define_list
 from . import train as train_cli  # noqa: F401  (defines the per-run flags; --workdir)
 from .options import check_learner_options, flag_names, learner_option_names
 
-flags.DEFINE_list("learners", [], f"Learners (default: all of {','.join(LEARNERS)} that build).")
-flags.DEFINE_list("cells", list(PAPER_GRID), "Task cells: paper cells (B3, D8, ...) or "
+define_list("learners", [], f"Learners (default: all of {','.join(LEARNERS)} that build).")
+define_list("cells", list(PAPER_GRID), "Task cells: paper cells (B3, D8, ...) or "
                   "TYPE+NSS; any case.")
-flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds.")
-flags.DEFINE_list("datasets", [], "Datasets (default: --dataset).")
+define_list("seeds", ["0", "1", "2"], "Seeds.")
+define_list("datasets", [], "Datasets (default: --dataset).")
 flags.DEFINE_integer("workers", None, "Worker processes (default: one per GPU, one on TPU, one "
                      "per CPU core; 0: run in this process).")
 flags.DEFINE_bool("dry_run", False, "List the runs and their status; run nothing.")
@@ -79,11 +81,33 @@ def check_options(learners, cell_spec, common: dict, per_learner: dict[str, dict
                                 f"valid: {', '.join(valid)}")
 
 
-def main(argv) -> None:
-    del argv
+def check_lists() -> None:
+    """Each list flag's items, named by the flag as typed (a bad cell is ``--cells``')."""
+    from cfsl_jax.data import DATASETS
+    from cfsl_jax.spec import TaskSpec
+    for cell in FLAGS.cells:
+        try:
+            TaskSpec.parse(cell.strip().upper())
+        except ValueError as error:
+            raise cli.UserError(f"--cells={','.join(FLAGS.cells)}: {error}") from None
+    bad = [seed for seed in FLAGS.seeds if not seed.lstrip("-").isdigit()]
+    if bad:
+        raise cli.UserError(f"--seeds={','.join(FLAGS.seeds)}: {bad} not integers")
+    for flag, valid in (("learners", LEARNERS), ("datasets", DATASETS)):
+        unknown = [name for name in FLAGS[flag].value if name not in valid]
+        if unknown:
+            raise cli.UserError(f"--{flag}={','.join(FLAGS[flag].value)}: unknown {unknown}; "
+                                f"valid: {', '.join(valid)}")
+
+
+def check():
+    """(the run configs, the learners skipped with their reasons), every flag checked."""
     for singular, plural in _SINGULAR.items():
         if FLAGS[singular].present:
             raise cli.UserError(f"--{singular} is one run's flag; a sweep takes --{plural}")
+    check_data_flags()
+    check_output_dir("workdir", FLAGS.workdir)
+    check_lists()
     try:
         base = train_cli._config_from_flags()
         base.check()
@@ -92,12 +116,17 @@ def main(argv) -> None:
         cells = [cell.strip().upper() for cell in FLAGS.cells]
         check_options(FLAGS.learners or LEARNERS, dataclasses.replace(base, task=cells[0]).spec
                       if cells else base.spec, common, per_learner)
-        configs, skipped = sweep.grid(
+        return sweep.grid(
             base, learners=FLAGS.learners or None, cells=cells,
             seeds=[int(seed) for seed in FLAGS.seeds], datasets=FLAGS.datasets or None,
             learner_options=per_learner)
     except ValueError as error:
         raise cli.UserError(flag_names(str(error))) from None
+
+
+def main(argv) -> None:
+    del argv
+    configs, skipped = check()
     for name, reason in skipped.items():
         print(f"skipping learner {name}: it does not build ({reason})")
     if FLAGS.dry_run:
@@ -107,7 +136,13 @@ def main(argv) -> None:
         counts = sweep.summary([sweep.Outcome(run, state, 0.0, "") for run, state, _ in planned])
         print(f"{len(planned)} runs: {counts}")
         return
-    outcomes = sweep.run_sweep(configs, FLAGS.workdir, workers=FLAGS.workers)
+    try:
+        outcomes = sweep.run_sweep(configs, FLAGS.workdir, workers=FLAGS.workers)
+    except KeyboardInterrupt:
+        cli.write_flagfile(FLAGS.workdir)
+        raise
+    if not any(o.status == "conflict" for o in outcomes):  # not another sweep's folder
+        cli.write_flagfile(FLAGS.workdir)
     print(f"sweep {FLAGS.workdir}: {sweep.summary(outcomes)}")
     if FLAGS.report and any(o.status in ("skipped", "finished") for o in outcomes):
         paths = report.write_report(FLAGS.workdir)
@@ -123,7 +158,8 @@ def main(argv) -> None:
 
 
 def run() -> None:
-    cli.run(main, interrupted="sweep interrupted: re-run the same command to continue")
+    cli.run(main, interrupted="sweep interrupted: re-run the same command to continue",
+            check=check)
 
 
 if __name__ == "__main__":

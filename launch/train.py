@@ -22,6 +22,7 @@ from cfsl_jax.pretrain import PRETRAIN_DATA
 from cfsl_jax.spec import LABEL_OFFSETS, TARGET_MODES
 
 from . import cli
+from .checks import absolute, check_data_flags, check_output_dir
 from .options import (check_learner_options, define_backend_flags, define_data_flags,
                       flag_names, parse_options)
 
@@ -112,8 +113,8 @@ def _plain_config_from_flags() -> train.TrainConfig:
         val_tasks=FLAGS.val_tasks, test_tasks=FLAGS.eval_tasks, eval_batch=FLAGS.eval_batch,
         keep_best=FLAGS.keep_best, checkpoint_every=FLAGS.checkpoint_every,
         pretrain_steps=FLAGS.pretrain_steps, pretrain_data=FLAGS.pretrain_data,
-        log_every=FLAGS.log_every, data_dir=FLAGS.data_dir,
-        manual_dir=FLAGS.manual_dir, download=FLAGS.download)
+        log_every=FLAGS.log_every, data_dir=absolute(FLAGS.data_dir),
+        manual_dir=absolute(FLAGS.manual_dir), download=FLAGS.download)
 
 
 def mesh_from_flags():
@@ -123,15 +124,25 @@ def mesh_from_flags():
         return parallel.make_mesh(FLAGS.num_devices)
 
 
+def check() -> train.TrainConfig:
+    """The run's config, its paths and its workdir checked (nothing is created)."""
+    check_data_flags()
+    check_output_dir("workdir", FLAGS.workdir)
+    config = config_from_flags()
+    train.check_workdir_config(FLAGS.workdir, config, create=False)
+    return config
+
+
 def main(argv) -> None:
     del argv  # cli.run refuses extra arguments
-    config = config_from_flags()
+    config = check()
     mesh = mesh_from_flags()
-    train.train_and_evaluate(config, FLAGS.workdir, mesh=mesh, retest=FLAGS.retest)
+    with cli.flags_recorded(FLAGS.workdir):
+        train.train_and_evaluate(config, FLAGS.workdir, mesh=mesh, retest=FLAGS.retest)
 
 
 def run() -> None:
-    cli.run(main)
+    cli.run(main, check=check)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
     python -m launch.verify --workdir=/tmp/pn
 
 Exit status: 0 MATCH, 1 DIFFERS, 2 a mistake (no such run). Progress lines show
-the test tasks done and the ETA.
+the test tasks done and the ETA. A run records its --data_dir and --manual_dir as
+absolute paths, so it verifies from any folder; --data_dir / --manual_dir replace
+them (a run recorded with relative paths, verified from another folder).
 """
 
 from __future__ import annotations
@@ -12,19 +14,32 @@ import sys
 
 from absl import flags
 
-from cfsl_jax.verify import verify
+from cfsl_jax.verify import load, verify
 
 from . import cli
+from .checks import check_data_flags
 from .options import define_backend_flags
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A finished run's directory.", required=True)
 _METRICS = flags.DEFINE_bool("metrics", True, "Also recompute the test metrics.")
+_DATA_DIR = flags.DEFINE_string("data_dir", None, "Where the run's dataset is prepared "
+                                "(default: the folder the run recorded).")
+_MANUAL_DIR = flags.DEFINE_string("manual_dir", None, "Folder with the dataset's archives "
+                                  "(default: the folder the run recorded).")
 define_backend_flags()
+
+
+def check() -> None:
+    """The workdir holds a finished run; the folders given exist."""
+    check_data_flags()
+    load(_WORKDIR.value)
 
 
 def main(argv) -> None:
     del argv
-    differences = verify(_WORKDIR.value, metrics=_METRICS.value)
+    check()
+    differences = verify(_WORKDIR.value, metrics=_METRICS.value, data_dir=_DATA_DIR.value,
+                         manual_dir=_MANUAL_DIR.value)
     if differences:
         print("DIFFERS")
         for line in differences:
@@ -34,7 +49,7 @@ def main(argv) -> None:
 
 
 def run() -> None:
-    cli.run(main)
+    cli.run(main, check=check)
 
 
 if __name__ == "__main__":

@@ -158,6 +158,8 @@ def test_train_mistakes_are_one_line_with_status_2(tmp_path, omniglot_dir, data_
     assert_error(out["val split too small"], "--task=B10 cannot be sampled from the val split of "
                                              "omniglot/small: ")
     assert "50 distinct classes, but the split has 31" in out["val split too small"][2]
+    with open(os.path.join(REPO, "README.md")) as f:  # the README's example is the real line
+        assert out["val split too small"][2].strip() in " ".join(f.read().split())
     assert_error(out["nc too large for val"], "cannot be sampled from the val split of synthetic")
     assert "250 distinct classes, but the split has 211" in out["nc too large for val"][2]
     assert_error(out["no archives"], empty)
@@ -245,6 +247,11 @@ def test_ctrl_c_checkpoints_training_and_says_how_to_resume(tmp_path):
     assert last.startswith("interrupted at step ") and last.endswith(
         f"checkpointed at step {step} in {workdir}: re-run the same command to resume"), last
     assert os.listdir(os.path.join(workdir, "checkpoints", "latest")) == [str(step)]
+    with open(os.path.join(workdir, "flags.txt")) as f:  # --flagfile=W/flags.txt resumes it
+        written = f.read().splitlines()
+    assert f"--workdir={os.path.realpath(workdir)}" in written
+    assert {"--epochs=100", "--log_every=1", "--task=b2", "--learner_option=filters=8"} <= set(
+        written)
 
 
 def test_cpu_memory_limit_is_the_ram_available_without_the_arguments(monkeypatch):
@@ -292,18 +299,19 @@ def test_progress_lines_give_rate_and_eta(monkeypatch, capsys):
     now = [0.0]
     monkeypatch.setattr(progress, "clock", lambda: now[0])
     bar = progress.tracker("train", 100, "steps")
-    now[0] = 2.0
+    now[0] = 8.0  # the first 10 steps include compiling
     assert bar.update(10, loss=1.5)  # the first update prints
-    now[0] = 5.0
+    now[0] = 10.0
     assert not bar.update(20)  # under INTERVAL_S since the last line
-    now[0] = 12.0
+    now[0] = 18.0
     assert bar.update(60, acc=0.25)
-    now[0] = 20.0
+    now[0] = 26.0
     assert bar.update(100)  # the last update prints
     lines = capsys.readouterr().out.splitlines()
-    assert lines == ["[train] 10/100 steps (10%), 5 steps/s, loss 1.5, ETA 18.0s",
+    assert lines == ["[train] 10/100 steps (10%), loss 1.5, "
+                     "first 10 steps: 8.0s, not in the rate",
                      "[train] 60/100 steps (60%), 5 steps/s, acc 0.25, ETA 8.0s",
-                     "[train] 100/100 steps (100%), 5 steps/s, done in 20.0s"]
+                     "[train] 100/100 steps (100%), 5 steps/s, done in 26.0s"]
     assert progress.duration(75.3) == "1m15s" and progress.duration(4000) == "1h06m"
 
 

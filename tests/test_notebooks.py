@@ -30,8 +30,8 @@ def settings(name: str, out_dir: str) -> dict:
     """Tiny values for the notebook's parameters."""
     common = {"DATASET_OPTIONS": TINY.dataset_options, "SPEC_OVERRIDES": TINY.spec_overrides,
               "LEARNER_OPTIONS": TINY.learner_options, "BUDGET": BUDGET}
-    if name == "quickstart":
-        return {**common, "TASK": "B2", "WORKDIR": out_dir}
+    if name == "quickstart":  # no WORKDIR: the notebook makes a fresh folder of its own
+        return {**common, "TASK": "B2"}
     if name == "reproduce_table1":
         return {**common, "SWEEP_DIR": out_dir, "WORKERS": 2,
                 "LEARNERS": ["protonets", "init_tune"], "CELLS": ["B2", "C2"], "SEEDS": [0],
@@ -111,20 +111,42 @@ def test_on_colab_the_install_cell_asks_for_the_repository(tmp_path):
     assert text.startswith("cfsl_jax ")
 
 
+FOLDERS = {"quickstart": "WORKDIR", "reproduce_table1": "SWEEP_DIR", "atm_macs": "OUT_DIR"}
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_a_notebook_writes_into_a_fresh_folder_of_its_own(name):
+    """No notebook hard-codes a folder (the quickstart's /tmp/cfsl_quickstart was the README
+    command's workdir): by default each makes a new temporary folder and prints it."""
+    notebook = load(name)
+    code = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "code")
+    parameters = next(cell.source for cell in notebook.cells
+                      if "parameters" in cell.metadata.get("tags", []))
+    assert "/tmp" not in code
+    assert f"{FOLDERS[name]} = None" in parameters
+    assert f"{FOLDERS[name]} = tempfile.mkdtemp(prefix=" in code
+    assert f'print("writing under", {FOLDERS[name]})' in code
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_runs_top_to_bottom(name, tmp_path):
+def test_notebook_runs_top_to_bottom(name, tmp_path, monkeypatch):
     notebook = load(name)
     position = next(i for i, cell in enumerate(notebook.cells)
                     if "parameters" in cell.metadata.get("tags", []))
     out_dir = str(tmp_path / "out")
     notebook.cells.insert(position + 1, injected_cell(name, out_dir))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the kernel's temporary folders
     NotebookClient(notebook, timeout=600, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
     text = "\n".join(output.get("text", "") for cell in notebook.cells
                      for output in cell.get("outputs", []))
     if name == "quickstart":
+        fresh = [f for f in os.listdir(tmp_path) if f.startswith("cfsl_quickstart_")]
+        assert len(fresh) == 1 and f"writing under {tmp_path / fresh[0]}" in text
+        out_dir = str(tmp_path / fresh[0])
         assert "chance level 0.167; ProtoNets" in text
+        assert "  group 0: classes synthetic/glyph" in text  # the task's classes by name
         assert any(line.startswith("[train] ") and " steps (" in line
                    for line in text.splitlines())  # progress lines render in the notebook
         assert os.path.exists(os.path.join(out_dir, "results.json"))

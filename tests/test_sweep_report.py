@@ -200,12 +200,22 @@ def test_report_compares_with_the_shipped_paper_numbers(tmp_path):
     full = open(paths["markdown"]["omniglot/full"]).read()  # the paper's own images
     assert "| protonets | B3 | 93.00 | 95.30 ± 0.12 | -2.30 |" in full
     assert "indicative" not in full
+    assert "pretraining" not in full  # no run of the sweep pretrains
+    result = json.loads((tmp_path / "sweep" / "omniglot-full" / "B3" / "seed0" /
+                         "results.json").read_text())
+    pretrained = tmp_path / "sweep" / "omniglot-full" / "pretrain_tune"
+    pretrained.mkdir()
+    (pretrained / "results.json").write_text(json.dumps({**result, "learner": "pretrain_tune"}))
+    paths = report.write_report(str(tmp_path / "sweep"), str(tmp_path / "report"),
+                                figure3=False)
+    assert ("(pretraining: the same schedule on the images of training tasks)."
+            in open(paths["markdown"]["omniglot/full"]).read())
 
 
 def test_dry_run_lists_every_run_with_its_status(killed_and_resumed):
     sweep_dir = killed_and_resumed[0]
     result = subprocess.run([sys.executable, "-m", "launch.sweep", f"--workdir={sweep_dir}",
-                             "--dry_run", *TINY_FLAGS, "--seeds=0,1,2"], cwd=REPO,
+                             "--dry_run", *TINY_FLAGS, "--seeds=2"], cwd=REPO,  # 0,1 + 2
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -279,3 +289,15 @@ def test_gpu_workers_share_the_gpus_that_exist(monkeypatch):
     assert [sweep.worker_env("gpu", slot, 2)["CUDA_VISIBLE_DEVICES"] for slot in range(3)] == [
         "4", "6", "4"]
     assert sweep.worker_env("cpu", 1, 1) == {}
+
+
+def test_figure4_says_which_learners_lines_coincide(tmp_path):
+    def curve(atm, macs):
+        return [{"nss": n, "atm": atm / n, "macs_per_task": macs * n} for n in (1, 10)]
+
+    curves = {"init_tune": curve(2.0, 5.0), "pretrain_tune": curve(2.0, 5.0),
+              "ewc_init": curve(4.0, 5.0), "protonets": curve(1.0, 1.0)}
+    assert figures.coinciding(curves, "atm") == [["init_tune", "pretrain_tune"]]
+    assert figures.coinciding(curves, "macs_per_task") == [["init_tune", "pretrain_tune",
+                                                            "ewc_init"]]
+    assert os.path.getsize(figures.plot_cost_curves(curves, str(tmp_path / "f4.png"))) > 0

@@ -68,6 +68,12 @@ def test_results_record_reproducibility_facts_and_verify_matches(tmp_path):
         assert np.isfinite(test[field]), field
     assert open(os.path.join(workdir, "results.csv")).readline().startswith("learner,dataset")
     assert verify(workdir) == []
+    # A re-test keeps the training run's wall time and compile statistics.
+    again = train.evaluate_run(workdir)
+    assert again["test"]["acc_mean"] == test["acc_mean"]
+    for field in ("wall_seconds", "compile_seconds", "compilation_cache_hits"):
+        assert again[field] == saved[field], field
+    assert again["test"]["retest_compile_seconds"] >= 0
     # A results.json that does not match its tasks is caught.
     saved["task_fingerprint"] = "0" * 64
     saved["test"]["acc_mean"] = 0.0

@@ -38,10 +38,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
 
 import cfsl_jax
-from cfsl_jax import data, results as results_io, seeding
+from cfsl_jax import data, progress, results as results_io, seeding
 from cfsl_jax.errors import UserError
 from cfsl_jax.fluid import methods as fluid_methods
 from cfsl_jax.fluid import report
@@ -162,7 +161,7 @@ def run_one_stream(config: FluidConfig, split: data.Split, built: dict, index: i
         stream_key(config, index), split.class_table,
         split.class_sizes, config.stream, pretrain_mask=mask)
     stats = describe(stream, classes)
-    logging.info("%s stream %d: %s", config.streams, index, stats)
+    progress.say(f"[FLUID] {config.streams} stream {index}: {stats}")
     image_shape = tuple(split.images.shape[1:])
     init = next(iter(built.values())).init_params(seeding.purpose_key(config.seed, "init"),
                                                   jnp.zeros((1, *image_shape), jnp.float32))
@@ -194,9 +193,9 @@ def run_one_stream(config: FluidConfig, split: data.Split, built: dict, index: i
                             "schedule": schedule.describe() if schedule else None,
                             "train_steps": record.train_steps, "seconds": record.seconds,
                             "pretrain_seconds": pretrain_seconds}
-        logging.info("%s: accuracy %.4f auroc %s (%.1f s; schedule %s)", name,
-                     result["accuracy"], report.auroc_text(result["auroc"]), record.seconds,
-                     per_method[name]["schedule"])
+        progress.say(f"[FLUID] {name}: accuracy {result['accuracy']:.4f} auroc "
+                     f"{report.auroc_text(result['auroc'])} ({record.seconds:.1f} s; schedule "
+                     f"{per_method[name]['schedule']})")
     return stats, per_method, curves
 
 
@@ -251,12 +250,12 @@ def run_experiment(config: FluidConfig, workdir: str) -> dict[str, Any]:
     stored = _stored_run(config, path)
     streams = list(stored.get("streams", []))
     if len(streams) == config.num_streams:
-        logging.info("%s: every stream already done (a new --workdir runs it again)", path)
+        progress.say(f"[FLUID] {path}: every stream already done (a new --workdir runs it again)")
         _write_table(stored, config, workdir)
         return stored
     if streams:
-        logging.info("%s: %d of %d streams already done; resuming", path, len(streams),
-                     config.num_streams)
+        progress.say(f"[FLUID] {path}: {len(streams)} of {config.num_streams} streams already "
+                     f"done; resuming")
     started = time.perf_counter()
     split = load(config)
     image_shape = tuple(split.images.shape[1:])
@@ -267,8 +266,8 @@ def run_experiment(config: FluidConfig, workdir: str) -> dict[str, Any]:
     for name, method in built.items():
         schedule = schedule_for(method, config)
         if schedule is not None and config.schedule is None:
-            logging.info("%s: the paper's schedule (%s) scaled to %d samples: %s", name,
-                         method.schedule.describe(), config.stream.length, schedule.describe())
+            progress.say(f"[FLUID] {name}: the paper's schedule ({method.schedule.describe()}) "
+                         f"scaled to {config.stream.length} samples: {schedule.describe()}")
     previous = stored.get("wall_seconds", 0.0)
     dataset = {"name": split.info.dataset, "split": split.info.split,
                "num_classes": split.info.num_classes, "num_images": split.info.num_images,

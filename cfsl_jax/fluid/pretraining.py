@@ -27,7 +27,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from absl import logging
 
 from cfsl_jax import data, pretrain as supervised, progress
 from cfsl_jax.data import Split
@@ -150,7 +149,8 @@ def pretrain_model(method: Method, params: Params, split: Split, classes: Stream
     from cfsl_jax.fluid import meta_pretraining  # one concept per module
 
     if classes.pretrain_table.shape[0] == 0 or not (classes.pretrain_table >= 0).any():
-        logging.warning("no pretraining data (no pretrain classes): the backbone stays random")
+        progress.say("[FLUID pretraining] no pretraining data (no pretrain classes): the "
+                     "backbone stays random")
         return params
     pre = pretrain_split(split, classes)
     sup_key, meta_key, head_key = jax.random.split(key, 3)

@@ -17,9 +17,8 @@ import os
 
 import jax
 import jax.numpy as jnp
-from absl import logging
 
-from cfsl_jax import results as results_io, seeding
+from cfsl_jax import progress, results as results_io, seeding
 from cfsl_jax.errors import UserError
 from cfsl_jax.fluid import methods as fluid_methods
 from cfsl_jax.fluid import report
@@ -72,8 +71,8 @@ def run_update_strategy(config: FluidConfig, workdir: str, method_name: str = "f
                           "mean_per_class_accuracy": metrics["mean_per_class_accuracy"],
                           "gmacs": record.macs["total_uncached"] / 1e9,
                           "train_steps": record.train_steps, "seconds": record.seconds})
-            logging.info("U=%d E=%d: accuracy %.4f, %.3g GMACs", every, e,
-                         metrics["accuracy"], cells[-1]["gmacs"])
+            progress.say(f"[FLUID study] U={every} E={e}: accuracy {metrics['accuracy']:.4f}, "
+                         f"{cells[-1]['gmacs']:.3g} GMACs")
     results_io.write_json(os.path.join(workdir, "update_strategy.json"),
                           {"method": method_name, "config": config.to_json(), "cells": cells})
     report.plot_update_strategy(cells, os.path.join(workdir, "update_strategy.png"),

@@ -1,0 +1,85 @@
+"""Up-front checks of the paths a command is given: a mistake is one ``UserError`` line naming the
+flag as typed, raised before any work and before anything is created.
+
+    check_data_flags()                          # --manual_dir / --data_dir, where defined
+    check_output_file("out", "task.png")        # its folder must exist; not a folder itself
+    check_input_dir("sweep_dir", path, holding="results.json")
+    absolute("../shared/data/omniglot")         # what a run records (URLs kept as given)
+"""
+
+from __future__ import annotations
+
+import os
+
+from absl import flags
+
+from cfsl_jax.errors import UserError
+
+FLAGS = flags.FLAGS
+
+
+def absolute(path: str | None) -> str | None:
+    """``path`` made absolute (``~`` expanded, symlinks resolved); None, '' and URLs
+    (``gs://...``) as given."""
+    if not path or "://" in path:
+        return path
+    return os.path.realpath(os.path.expanduser(path))
+
+
+def check_input_dir(flag: str, path: str, holding: str | None = None) -> None:
+    """``--flag=path`` must be an existing folder (holding a file named ``holding`` somewhere
+    below it, when given)."""
+    if not os.path.exists(path):
+        raise UserError(f"--{flag}={path} does not exist")
+    if not os.path.isdir(path):
+        raise UserError(f"--{flag}={path} is a file, not a folder")
+    if holding is not None:
+        for _, dirs, files in os.walk(path):
+            dirs[:] = [d for d in dirs if d not in ("checkpoints", "xla_cache")]
+            if holding in files:
+                return
+        raise UserError(f"--{flag}={path} holds no {holding} (nothing finished there yet)")
+
+
+def check_input_file(flag: str, path: str) -> None:
+    if not os.path.isfile(path):
+        raise UserError(f"--{flag}={path} " + ("is a folder, not a file" if os.path.isdir(path)
+                                               else "does not exist"))
+
+
+def check_output_file(flag: str, path: str) -> None:
+    """``--flag=path`` is a file to write: its folder must exist, and it must not be a folder."""
+    if not path:
+        raise UserError(f"--{flag} is empty: give a file to write")
+    if os.path.isdir(path):
+        raise UserError(f"--{flag}={path} is a folder: give a file name")
+    folder = os.path.dirname(os.path.abspath(os.path.expanduser(path)))
+    if not os.path.isdir(folder):
+        raise UserError(f"--{flag}={path}: the folder {folder} does not exist (create it first)")
+
+
+def check_output_dir(flag: str, path: str | None) -> None:
+    """``--flag=path`` is a folder to write into (created when missing): it must not be a
+    file, nor lie below one."""
+    if not path or "://" in path:
+        return
+    probe = os.path.abspath(os.path.expanduser(path))
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        where = "" if probe == os.path.abspath(os.path.expanduser(path)) else f": {probe}"
+        raise UserError(f"--{flag}={path}{where} is a file, not a folder")
+
+
+def check_data_flags() -> None:
+    """--manual_dir must be an existing folder; --data_dir must not be a file (where the
+    command defines them)."""
+    if "manual_dir" in FLAGS and FLAGS.manual_dir:
+        path = FLAGS.manual_dir
+        if not os.path.exists(os.path.expanduser(path)):
+            raise UserError(f"--manual_dir={path} does not exist: give the folder that holds "
+                            f"the dataset's archives")
+        if not os.path.isdir(os.path.expanduser(path)):
+            raise UserError(f"--manual_dir={path} is a file: give the folder that holds it")
+    if "data_dir" in FLAGS:
+        check_output_dir("data_dir", FLAGS.data_dir)

@@ -1,0 +1,153 @@
+"""A newcomer's mistakes are refused up front: one ``error:`` line naming the flag as typed (and
+the value or limit), exit status 2, nothing created. Run in this process (``launch_inprocess``):
+every one of them is refused before a command imports its data or compiles anything. Also:
+list flags take comma lists and repeats alike, and a command's flags as a ``--flagfile``.
+"""
+
+import os
+
+import pytest
+from absl import flags
+
+from launch_inprocess import command_module, run_in_process
+from test_cli import assert_error
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def outcomes(name: str, cases: dict[str, list[str]]) -> dict[str, tuple[int, str, str]]:
+    with command_module(name) as module:
+        return {case: run_in_process(module, name, argv) for case, argv in cases.items()}
+
+
+def test_show_task_refuses_an_out_file_in_a_missing_folder(tmp_path):
+    missing = tmp_path / "no" / "such"
+    out = outcomes("show_task", {
+        "missing folder": [f"--out={missing / 'task.png'}"],
+        "out is a folder": [f"--out={tmp_path}"],
+        "manual_dir": ["--dataset=omniglot/small", f"--manual_dir={missing}"]})
+    assert_error(out["missing folder"], f"--out={missing / 'task.png'}: the folder {missing} "
+                                        f"does not exist")
+    assert_error(out["out is a folder"], f"--out={tmp_path} is a folder")
+    assert_error(out["manual_dir"], f"--manual_dir={missing} does not exist")
+    assert os.listdir(tmp_path) == []
+
+
+def test_report_refuses_a_missing_or_empty_sweep_dir_and_creates_nothing(tmp_path):
+    empty, typo = tmp_path / "empty", tmp_path / "swep"
+    empty.mkdir()
+    (tmp_path / "table.json").write_text("{\"values\": {}}")
+    out = outcomes("report", {
+        "mistyped": [f"--sweep_dir={typo}"],
+        "empty": [f"--sweep_dir={empty}"],
+        "paper file": ["--figure=atm_macs", f"--paper_results={tmp_path / 'nope.json'}"],
+        "paper layout": ["--figure=atm_macs", f"--paper_results={tmp_path / 'table.json'}"],
+        "figure": ["--figure=atm_macs,accuracy", f"--sweep_dir={empty}"],
+        "nss": ["--figure=atm_macs", "--nss=1,ten"],
+        "learners": ["--figure=atm_macs", "--learners=protonets", "--learners=protonet"]})
+    assert_error(out["mistyped"], f"--sweep_dir={typo} does not exist")
+    assert_error(out["empty"], f"--sweep_dir={empty} holds no results.json")
+    assert_error(out["paper file"], f"--paper_results={tmp_path / 'nope.json'} does not exist")
+    assert_error(out["paper layout"], "a paper table needs the keys ['source']")
+    assert_error(out["figure"], "flag --figure=atm_macs,accuracy: value should be one of "
+                                "<accuracy_nss|atm_macs>")
+    assert_error(out["nss"], "--nss=1,ten: every value must be a positive integer")
+    assert_error(out["learners"], "--learners=protonets,protonet: unknown ['protonet']")
+    assert sorted(os.listdir(tmp_path)) == ["empty", "table.json"]
+    assert os.listdir(empty) == []
+
+
+def test_sweep_names_the_list_flag_of_a_bad_item(tmp_path):
+    workdir = tmp_path / "sweep"
+    out = outcomes("sweep", {
+        "cells": [f"--workdir={workdir}", "--cells=B3,X7"],
+        "cells repeated": [f"--workdir={workdir}", "--cells=B3", "--cells=x7"],
+        "seeds": [f"--workdir={workdir}", "--seeds=0,one"],
+        "datasets": [f"--workdir={workdir}", "--datasets=synthetic,omniglott"],
+        "manual_dir": [f"--workdir={workdir}", f"--manual_dir={tmp_path / 'zips'}"]})
+    assert_error(out["cells"], "--cells=B3,X7: cannot parse task 'X7'")
+    assert_error(out["cells repeated"], "--cells=B3,x7: cannot parse task 'X7'")
+    assert_error(out["seeds"], "--seeds=0,one: ['one'] not integers")
+    assert_error(out["datasets"], "--datasets=synthetic,omniglott: unknown ['omniglott']")
+    assert_error(out["manual_dir"], f"--manual_dir={tmp_path / 'zips'} does not exist")
+    assert os.listdir(tmp_path) == []
+
+
+def test_fluid_names_the_stream_flag_and_its_limit(tmp_path):
+    workdir = tmp_path / "fluid"
+    out = outcomes("fluid", {
+        "classes over the preset's length": ["--preset=small", "--stream_classes=5000",
+                                             f"--workdir={workdir}"],
+        "length under the preset's classes": ["--preset=small", "--stream_length=10",
+                                              f"--workdir={workdir}"],
+        "both": ["--preset=small", "--stream_classes=50", "--stream_length=20",
+                 f"--workdir={workdir}"],
+        "split": ["--preset=small", "--stream_classes=100", "--stream_length=5000",
+                  f"--workdir={workdir}"],
+        "zipf": ["--preset=small", "--zipf_s=-1", f"--workdir={workdir}"]})
+    assert_error(out["classes over the preset's length"],
+                 "--stream_classes=5000 needs a stream of at least 5000 samples (one per class), "
+                 "but --preset=small's is 1200: give --stream_length >= 5000 too")
+    assert_error(out["length under the preset's classes"],
+                 "--stream_length=10 is shorter than --preset=small's 40 stream classes")
+    assert_error(out["both"], "--stream_classes=50 is more than --stream_length=20")
+    assert_error(out["split"], "--stream_classes=100 is more than the 59 classes of the train "
+                               "split")
+    assert_error(out["zipf"], "--zipf_s=-1.0 is invalid: must be in [0, 100)")
+    assert os.listdir(tmp_path) == []
+
+
+def test_train_refuses_a_manual_dir_that_does_not_exist(tmp_path):
+    missing = tmp_path / "omniglot"
+    out = outcomes("train", {
+        "manual_dir": ["--dataset=omniglot", f"--manual_dir={missing}",
+                       f"--workdir={tmp_path / 'w'}"],
+        "manual_dir is a file": ["--dataset=omniglot", f"--manual_dir={__file__}",
+                                 f"--workdir={tmp_path / 'w'}"],
+        "flagfile": [f"--flagfile={missing}/flags.txt"]})
+    assert_error(out["manual_dir"], f"--manual_dir={missing} does not exist")
+    assert_error(out["manual_dir is a file"], f"--manual_dir={__file__} is a file")
+    assert_error(out["flagfile"], f"--flagfile={missing}/flags.txt: no such file or directory")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_missing_manual_dir_is_named_by_the_data_layer_too(tmp_path):
+    from cfsl_jax import data
+    from cfsl_jax.datasets.errors import DatasetNotFoundError
+    with pytest.raises(DatasetNotFoundError, match="the Omniglot folder .*/nope does not exist"):
+        data.load_split("omniglot", "val", data_dir=str(tmp_path / "data"),
+                        manual_dir=str(tmp_path / "nope"))
+    assert os.listdir(tmp_path) == []
+
+
+def test_list_flags_take_comma_lists_and_repeats_alike():
+    with command_module("report"):
+        flags.FLAGS(["cfsl-report", "--figure=accuracy_nss,atm_macs", "--nss=1,2",
+                     "--nss=4", "--learners", "protonets, init_tune"])
+        assert flags.FLAGS.figure == ["accuracy_nss", "atm_macs"]
+        assert flags.FLAGS.nss == ["1", "2", "4"]
+        assert flags.FLAGS.learners == ["protonets", "init_tune"]
+        flags.FLAGS.unparse_flags()
+        flags.FLAGS(["cfsl-report"])
+        assert flags.FLAGS.figure == ["accuracy_nss"] and len(flags.FLAGS.nss) == 10
+
+
+def test_a_runs_flags_as_a_flagfile_run_it_again_from_any_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with command_module("train") as module:
+        cli = module.cli
+        flags.FLAGS(["cfsl-train", "--learner=init_tune", "--task=b3", "--workdir=runs/w",
+                     "--manual_dir=zips", "--learner_option=inner_steps=2",
+                     "--learner_option=filters=8", "--nooverwrite", "--validate_only"])
+        text = cli.flagfile_text()
+        assert set(text.splitlines()) == {
+            "--learner=init_tune", "--task=b3", f"--workdir={tmp_path}/runs/w",
+            f"--manual_dir={tmp_path}/zips", "--learner_option=inner_steps=2",
+            "--learner_option=filters=8", "--nooverwrite"}
+        (tmp_path / "flags.txt").write_text(text)
+        flags.FLAGS.unparse_flags()
+        monkeypatch.chdir("/")
+        flags.FLAGS(["cfsl-train", f"--flagfile={tmp_path / 'flags.txt'}"])
+        assert flags.FLAGS.workdir == f"{tmp_path}/runs/w"
+        assert flags.FLAGS.learner_option == ["inner_steps=2", "filters=8"]
+        assert flags.FLAGS.overwrite is False and flags.FLAGS.learner == "init_tune"

@@ -1,0 +1,68 @@
+"""Progress lines driven by time: a slow update is covered by "still working" lines for as long
+as the function that made the tracker runs, and a command's first line comes before JAX loads."""
+
+import os
+import subprocess
+import sys
+import time
+
+from cfsl_jax import progress
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_a_slow_update_is_covered_by_lines_until_its_function_returns(monkeypatch, capsys):
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.25)
+
+    def phase():
+        bar = progress.tracker("eval", 600, "tasks", interval=0.25)
+        bar.update(100)
+        time.sleep(1.4)  # one chunk of tasks that takes many intervals
+
+    phase()
+    during = capsys.readouterr().out.splitlines()
+    time.sleep(1.2)  # the phase is over: the heartbeat has stopped
+    after = capsys.readouterr().out.splitlines()
+    still = [line for line in during if "still working" in line]
+    assert during[0] == "[eval] 100/600 tasks (17%)"
+    assert 3 <= len(still) <= 6, during
+    assert all(line.startswith("[eval] 100/600 tasks, still working (") for line in still)
+    assert after == []
+
+
+def test_only_the_innermost_running_tracker_beats(monkeypatch, capsys):
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.25)
+    def validate():
+        bar = progress.tracker("val", 100, "tasks", interval=0.25)
+        bar.update(10)
+        time.sleep(0.9)
+
+    def train():
+        bar = progress.tracker("train", 10, "steps", interval=0.25)
+        bar.update(1)
+        validate()  # the training tracker keeps quiet while the validation one runs
+        bar = progress.tracker("train", 10, "steps", start=1, interval=0.25)  # replaces it
+        bar.update(2)
+        time.sleep(0.9)
+
+    train()
+    still = [line for line in capsys.readouterr().out.splitlines() if "still working" in line]
+    assert [line.split(",")[0] for line in still] == (
+        ["[val] 10/100 tasks"] * len([s for s in still if s.startswith("[val]")])
+        + ["[train] 2/10 steps"] * len([s for s in still if s.startswith("[train]")]))
+    assert {line.split(",")[0] for line in still} == {"[val] 10/100 tasks", "[train] 2/10 steps"}
+    assert len(still) <= 8
+
+
+def test_a_command_says_it_started_before_it_imports_jax():
+    started = time.monotonic()
+    process = subprocess.Popen([sys.executable, "-m", "launch.verify", "--workdir=/nonexistent"],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    first = process.stdout.readline()
+    first_after = time.monotonic() - started
+    _, stderr = process.communicate()
+    finished_after = time.monotonic() - started
+    assert first == "[verify] starting\n"
+    assert stderr.strip() == "error: --workdir=/nonexistent does not exist"
+    assert first_after < 3.0 and first_after < finished_after / 2, (first_after, finished_after)
