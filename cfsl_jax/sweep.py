@@ -53,8 +53,8 @@ import jax
 from cfsl_jax import data, progress, train
 from cfsl_jax.errors import UserError
 from cfsl_jax.sweep_plan import (  # noqa: F401  (re-exported: planning a sweep)
-    STATUSES, Outcome, Run, check_learners, grid, impossible, plan, run_dir, safe_name, status,
-    summary)
+    STATUSES, Outcome, Run, check_learners, grid, impossible, parse_shard, plan, run_dir,
+    safe_name, shard, status, summary)
 
 
 # jax options a worker copies from the process that starts the sweep.
@@ -157,7 +157,7 @@ def execute(config_json: dict, workdir: str) -> tuple[str, float, str]:
     return "finished", time.perf_counter() - started, f"test acc {out['test']['acc_mean']:.4f}"
 
 
-def _jax_options(sweep_dir: str) -> dict[str, Any]:
+def worker_jax_options(sweep_dir: str) -> dict[str, Any]:
     """This process's compilation options, with a cache in the sweep dir if it has none."""
     options = {name: jax.config.values[name] for name in INHERITED_JAX_OPTIONS
                if jax.config.values.get(name) is not None}
@@ -228,7 +228,7 @@ def run_sweep(configs: Sequence[train.TrainConfig], sweep_dir: str, workers: int
         pool = concurrent.futures.ProcessPoolExecutor(
             workers, mp_context=context, initializer=_init_worker,
             initargs=(slots, platform, workers,
-                      {**_jax_options(sweep_dir), **(jax_options or {})}))
+                      {**worker_jax_options(sweep_dir), **(jax_options or {})}))
         try:
             sources = {(c.dataset, c.data_dir, c.manual_dir, json.dumps(c.dataset_options,
                                                                         sort_keys=True)): c

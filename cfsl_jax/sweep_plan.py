@@ -186,6 +186,29 @@ def impossible(config: train.TrainConfig, cache: dict) -> str:
     return ""
 
 
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"2/3"`` -> ``(2, 3)``: shard K of N, 1 <= K <= N; UserError for anything else."""
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
+    if not match:
+        raise UserError(f"--shard={text}: not K/N (e.g. --shard=1/2 and --shard=2/2 split the "
+                        f"runs in two)")
+    k, n = int(match.group(1)), int(match.group(2))
+    if not 1 <= k <= n:
+        raise UserError(f"--shard={text}: K must be 1 to N={n}" if n else
+                        f"--shard={text}: N must be >= 1")
+    return k, n
+
+
+def shard(configs: Sequence[train.TrainConfig], k: int, n: int) -> list[train.TrainConfig]:
+    """Shard ``k`` of ``n`` (1-based) of the sweep's runs: every n-th run of the plan's order from
+    the k-th. Disjoint, together the whole plan, and the same for the same command (done runs
+    count too, so that shards started at different times agree); round-robin spreads each
+    learner's runs over the shards."""
+    if not 1 <= k <= n:
+        raise ValueError(f"shard {k}/{n}: k must be 1 to n")
+    return list(configs[k - 1::n])
+
+
 def summary(outcomes: Sequence[Outcome]) -> str:
     """One line with the count of each outcome status."""
     counts: dict[str, int] = {}

@@ -1,0 +1,372 @@
+"""Sweeps on SLURM: the runs of a plan that are not done, as one job array (submitit).
+
+    from cfsl_jax import slurm, sweep
+    options = slurm.SlurmOptions(partition="gpu", gpus_per_job=1, timeout_min=240)
+    slurm.check_cluster(options)                        # sbatch on PATH, the partition exists
+    submitted = slurm.submit(configs, "/shared/sweep", options)
+    states = slurm.wait(configs, "/shared/sweep")       # progress lines until none is queued
+
+Rules:
+
+- Each job runs exactly what a worker of the local pool runs for one run
+  (``sweep.execute``, with the same jax options and compilation cache), so a
+  run's results are the same on either launcher.
+- ``<sweep_dir>/slurm/`` holds submitit's job files and one log per job
+  (``<job id>_0_log.out``, stdout and stderr), and ``jobs.json``: the job id of
+  every run submitted (by its workdir, relative to the sweep dir).
+- A run is **done** (its ``results.json`` exists), **queued** or **running**
+  (its recorded job is in ``squeue``), **failed** (its job left the queue
+  without results) or **new** (never submitted). States come from ``squeue``
+  and the files, never from ``sacct``, which clusters without accounting lack.
+- ``submit`` submits the runs that are new or failed, never one that is queued
+  or running: the same command twice submits nothing the second time.
+- Preemption and time limits: SLURM signals a job (SIGUSR2, 90 s before its
+  time limit, or ``scancel --signal=USR2``); submitit's handler requeues it and
+  raises ``SystemExit``, on which the training loop checkpoints the step
+  reached; the requeued job resumes the run from it. Up to ``max_timeouts``
+  requeues after a time limit (preemptions are not counted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import os
+import re
+import shutil
+import subprocess
+import time
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+from cfsl_jax import progress, results, train
+from cfsl_jax.errors import UserError
+from cfsl_jax.sweep_plan import Run, run_dir, status
+
+SLURM_DIR = "slurm"
+JOBS_FILE = "jobs.json"
+RUN_STATES: tuple[str, ...] = ("done", "running", "queued", "failed", "new", "conflict")
+QUEUED = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "SPECIAL_EXIT")
+# sbatch options the launcher sets itself (a dedicated flag, or submitit's own).
+OWNED_OPTIONS: dict[str, str] = {
+    "partition": "--slurm_partition", "time": "--slurm_timeout_min",
+    "cpus-per-task": "--slurm_cpus_per_job", "gpus-per-node": "--slurm_gpus_per_job",
+    "mem": "--slurm_mem_gb", "account": "--slurm_account", "qos": "--slurm_qos",
+    "array": "--slurm_max_parallel", "job-name": "", "output": "", "error": "", "signal": "",
+    "open-mode": "", "wckey": ""}
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmOptions:
+    """The sbatch settings of every job of a sweep."""
+
+    partition: str | None = None  # None: the cluster's default partition
+    max_parallel: int = 256  # jobs of the array running at once (--array=0-N%P)
+    timeout_min: int = 240
+    max_timeouts: int = 10  # requeues after reaching timeout_min
+    cpus_per_job: int = 1
+    gpus_per_job: int = 0
+    mem_gb: float | None = None
+    account: str | None = None
+    qos: str | None = None
+    setup: tuple[str, ...] = ()  # shell lines run before each job
+    options: tuple[tuple[str, str], ...] = ()  # other sbatch options (key without dashes, value)
+    job_name: str = "cfsl"
+
+    def check(self) -> None:
+        for name in ("max_parallel", "timeout_min", "cpus_per_job"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--slurm_{name}={getattr(self, name)}: must be >= 1")
+        for name in ("max_timeouts", "gpus_per_job"):
+            if getattr(self, name) < 0:
+                raise UserError(f"--slurm_{name}={getattr(self, name)}: must be >= 0")
+        if self.mem_gb is not None and not self.mem_gb > 0:
+            raise UserError(f"--slurm_mem_gb={self.mem_gb}: must be > 0")
+        for key, _ in self.options:
+            owner = OWNED_OPTIONS.get(key)
+            if owner is not None:
+                raise UserError(f"--slurm_option={key}=...: the launcher sets --{key} itself"
+                                + (f"; use {owner}" if owner else ""))
+
+    def executor_parameters(self) -> dict[str, Any]:
+        """``submitit.AutoExecutor.update_parameters`` keyword arguments."""
+        parameters: dict[str, Any] = dict(
+            name=self.job_name, timeout_min=self.timeout_min, cpus_per_task=self.cpus_per_job,
+            slurm_array_parallelism=self.max_parallel, stderr_to_stdout=True)
+        if self.gpus_per_job:
+            parameters["gpus_per_node"] = self.gpus_per_job
+        if self.mem_gb is not None:
+            parameters["mem_gb"] = self.mem_gb
+        for name in ("partition", "account", "qos"):
+            if getattr(self, name) is not None:
+                parameters[f"slurm_{name}"] = getattr(self, name)
+        if self.setup:
+            parameters["slurm_setup"] = list(self.setup)
+        if self.options:
+            parameters["slurm_additional_parameters"] = dict(self.options)
+        return parameters
+
+
+def parse_option(text: str) -> tuple[str, str]:
+    """``"constraint=a100"`` -> ``("constraint", "a100")``: an sbatch option without its dashes
+    (``_`` and ``-`` alike) and its value; UserError for anything else."""
+    key, sep, value = text.partition("=")
+    key = key.strip().lstrip("-").replace("_", "-")
+    if not sep or not re.fullmatch(r"[a-z][a-z0-9-]*", key) or not value.strip():
+        raise UserError(f"--slurm_option={text!r} is not KEY=VALUE with an sbatch option as KEY "
+                        f"(e.g. --slurm_option=constraint=a100)")
+    return key, value.strip()
+
+
+def _command(args: Sequence[str]) -> str:
+    """The stdout of a SLURM command; RuntimeError with its stderr if it fails."""
+    result = subprocess.run(list(args), capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed: {result.stderr.strip() or result.stdout}")
+    return result.stdout
+
+
+def check_cluster(options: SlurmOptions, which: Callable[[str], str | None] = shutil.which,
+                  command: Callable[[Sequence[str]], str] = _command) -> None:
+    """UserError, before anything is submitted, when submitit or SLURM's commands are missing or
+    the partition is not one ``sinfo`` lists."""
+    options.check()
+    try:
+        import submitit  # noqa: F401
+    except ImportError:
+        raise UserError("--launcher=slurm needs submitit: pip install 'cfsl_jax[slurm]'") from None
+    missing = [tool for tool in ("sbatch", "squeue", "scancel", "sinfo", "srun")
+               if which(tool) is None]
+    if missing:
+        raise UserError(f"--launcher=slurm: {', '.join(missing)} not found on PATH (run it on a "
+                        f"machine that submits SLURM jobs, e.g. a login node)")
+    if options.partition is not None:
+        partitions = sorted({line.strip().rstrip("*")
+                             for line in command(["sinfo", "-h", "-o", "%P"]).split()})
+        if options.partition not in partitions:
+            raise UserError(f"--slurm_partition={options.partition}: no such partition; sinfo "
+                            f"lists {', '.join(partitions) or 'none'}")
+
+
+def queue(command: Callable[[Sequence[str]], str] = _command) -> dict[str, str]:
+    """``{job id: state}`` of this user's jobs in ``squeue``, one entry per array element
+    (``"123_4": "RUNNING"``)."""
+    out = command(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i|%T"])
+    jobs = {}
+    for line in out.splitlines():
+        job, sep, state = line.strip().partition("|")
+        if sep:
+            jobs[job] = state
+    return jobs
+
+
+# -- the sweep's records -------------------------------------------------------------------------
+
+def slurm_dir(sweep_dir: str) -> str:
+    return os.path.join(sweep_dir, SLURM_DIR)
+
+
+def read_jobs(sweep_dir: str) -> dict[str, str]:
+    """``{run workdir relative to the sweep dir: job id}`` of every run submitted."""
+    return results.read_json(os.path.join(slurm_dir(sweep_dir), JOBS_FILE), default={}) or {}
+
+
+def _key(sweep_dir: str, run: Run) -> str:
+    return os.path.relpath(run.workdir, sweep_dir)
+
+
+def log_path(sweep_dir: str, job_id: str) -> str:
+    """The log (stdout and stderr) of a job: ``<sweep_dir>/slurm/<job id>_0_log.out``."""
+    return os.path.join(slurm_dir(sweep_dir), f"{job_id}_0_log.out")
+
+
+def log_tail(path: str, lines: int = 12) -> str:
+    """The last ``lines`` lines of a log ("" if there is none)."""
+    if not os.path.isfile(path):
+        return ""
+    with open(path, errors="replace") as f:
+        return "".join(f.readlines()[-lines:]).rstrip()
+
+
+class RunState(NamedTuple):
+    run: Run
+    state: str  # one of RUN_STATES
+    job: str  # the run's latest job id ("" if none)
+
+
+def states(runs: Sequence[Run], sweep_dir: str, queued: Mapping[str, str]) -> list[RunState]:
+    """Each run's state, from ``queued`` (``queue()``, read before the files: a job that ends
+    in between has written its results already) and the run's files."""
+    jobs = read_jobs(sweep_dir)
+    out = []
+    for run in runs:
+        job = jobs.get(_key(sweep_dir, run), "")
+        found, _ = status(run)
+        if found in ("done", "conflict"):
+            state = found
+        elif job in queued:
+            state = "queued" if queued[job] in QUEUED else "running"
+        else:
+            state = "failed" if job else "new"
+        out.append(RunState(run, state, job))
+    return out
+
+
+def counts(run_states: Sequence[RunState]) -> dict[str, int]:
+    found = {name: 0 for name in RUN_STATES}
+    for item in run_states:
+        found[item.state] += 1
+    return found
+
+
+def progress_line(run_states: Sequence[RunState], elapsed: float, finished_since: int) -> str:
+    """``"slurm: 3 done, 2 running, 1 queued, 0 failed of 8; ETA 4m10s"``; the ETA divides the
+    runs left by the rate at which runs finished while waiting."""
+    found = counts(run_states)
+    left = found["running"] + found["queued"]
+    eta = (progress.duration(elapsed / finished_since * left) if finished_since and left
+           else "unknown" if left else "0s")
+    return (f"slurm: {found['done']} done, {found['running']} running, {found['queued']} "
+            f"queued, {found['failed']} failed of {len(run_states)}; ETA {eta}")
+
+
+# -- a job ---------------------------------------------------------------------------------------
+
+class RunJob:
+    """One run in a SLURM job: ``sweep.execute`` with the sweep's jax options. Checkpointable
+    (submitit's ``checkpoint``): on preemption or timeout the job is requeued with the same
+    arguments, and the run resumes from the checkpoint its training loop wrote."""
+
+    def __init__(self, jax_options: Mapping[str, Any]):
+        self.jax_options = dict(jax_options)
+
+    def __call__(self, config_json: dict, workdir: str) -> str:
+        import jax
+
+        from cfsl_jax import sweep
+        for name, value in self.jax_options.items():
+            jax.config.update(name, value)
+        state, seconds, detail = sweep.execute(config_json, workdir)
+        print(f"{state} in {seconds:.1f}s: {detail}", flush=True)
+        if state == "interrupted":
+            raise SystemExit(f"interrupted: {detail}")
+        if state != "finished":
+            raise RuntimeError(f"the run {workdir} failed: {detail.strip().splitlines()[-1]}")
+        return detail
+
+    def checkpoint(self, *args: Any, **kwargs: Any):
+        import submitit
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
+
+
+# -- submitting, waiting, cancelling -------------------------------------------------------------
+
+def make_executor(sweep_dir: str, options: SlurmOptions, cluster: str = "slurm"):
+    """A submitit executor writing under ``<sweep_dir>/slurm`` (``cluster="debug"``: in this
+    process, for tests)."""
+    import submitit
+    executor = submitit.AutoExecutor(folder=slurm_dir(sweep_dir), cluster=cluster,
+                                     slurm_max_num_timeout=options.max_timeouts)
+    executor.update_parameters(**options.executor_parameters())
+    return executor
+
+
+class Submitted(NamedTuple):
+    runs: list[RunState]  # every run's state before submitting
+    jobs: dict[str, str]  # run name -> job id of the runs submitted now
+    jobs_objects: list  # submitit jobs submitted now (debug executors run them on .result())
+
+
+def submit(configs: Sequence[train.TrainConfig], sweep_dir: str, options: SlurmOptions,
+           jax_options: Mapping[str, Any], executor=None,
+           queued: Mapping[str, str] | None = None,
+           log: Callable[[str], None] = print) -> Submitted:
+    """Submit the runs that are new or failed as one job array; returns what it did."""
+    runs = [Run(config, run_dir(sweep_dir, config)) for config in configs]
+    before = states(runs, sweep_dir, queue() if queued is None else queued)
+    todo = [item for item in before if item.state in ("new", "failed")]
+    for item in before:
+        if item.state == "failed":
+            tail = log_tail(log_path(sweep_dir, item.job), 5)
+            log(f"resubmitting {item.run.name}: its job {item.job} ended without results"
+                + (f"; its log ends:\n{_indent(tail)}" if tail else ""))
+        elif item.state == "conflict":
+            log(f"conflict: {status(item.run)[1]}")
+    found = counts(before)
+    if not todo:
+        log(f"slurm: submitted nothing: {found['done']} done, {found['running']} running, "
+            f"{found['queued']} queued, {found['conflict']} conflicting of {len(runs)}")
+        return Submitted(before, {}, [])
+    _prepare_datasets([item.run.config for item in todo], log)
+    executor = executor or make_executor(sweep_dir, options)
+    job_runner = RunJob(jax_options)
+    jobs = executor.map_array(job_runner, [item.run.config.to_json() for item in todo],
+                              [item.run.workdir for item in todo])
+    recorded = read_jobs(sweep_dir)
+    recorded.update({_key(sweep_dir, item.run): job.job_id for item, job in zip(todo, jobs)})
+    results.write_json(os.path.join(slurm_dir(sweep_dir), JOBS_FILE), recorded)
+    ids = [job.job_id for job in jobs]
+    array = ids[0].split("_")[0] if len(set(i.split("_")[0] for i in ids)) == 1 else ", ".join(ids)
+    log(f"slurm: submitted {len(todo)} run(s) as job array {array} ({found['new']} new, "
+        f"{found['failed']} failed before); {found['running'] + found['queued']} already queued "
+        f"or running, {found['done']} done; logs in {slurm_dir(sweep_dir)}")
+    return Submitted(before, {item.run.name: job.job_id for item, job in zip(todo, jobs)},
+                     list(jobs))
+
+
+def _prepare_datasets(configs: Sequence[train.TrainConfig], log: Callable[[str], None]) -> None:
+    """Load (preparing on first use) each dataset on disk here, once, so that the jobs never
+    prepare the same TFDS dataset at the same time (synthetic data is made by each run)."""
+    from cfsl_jax import sweep
+    sources = {(c.dataset, c.data_dir, c.manual_dir, repr(sorted(c.dataset_options.items()))): c
+               for c in configs if c.dataset != "synthetic"}
+    for config in sources.values():
+        log(f"loading (preparing on first use) {config.dataset} ...")
+        error = sweep.prepare_data(config.to_json())
+        if error:
+            raise UserError(f"--dataset={config.dataset}: {error}")
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"    {line}" for line in text.splitlines())
+
+
+def wait(configs: Sequence[train.TrainConfig], sweep_dir: str, interval: float = 10.0,
+         queue_fn: Callable[[], Mapping[str, str]] = queue, log: Callable[[str], None] = print,
+         clock: Callable[[], float] = time.monotonic,
+         sleep: Callable[[float], None] = time.sleep) -> list[RunState]:
+    """Poll until no run of the sweep is queued or running, printing a progress line each
+    ``interval`` seconds and a failed run's name with its last log lines; returns the states."""
+    runs = [Run(config, run_dir(sweep_dir, config)) for config in configs]
+    started = clock()
+    done_before = None
+    reported: set[str] = set()
+    while True:
+        current = states(runs, sweep_dir, queue_fn())
+        done = counts(current)["done"]
+        done_before = done if done_before is None else done_before
+        for item in current:
+            if item.state == "failed" and item.run.name not in reported:
+                reported.add(item.run.name)
+                tail = log_tail(log_path(sweep_dir, item.job))
+                log(f"failed: {item.run.name} (job {item.job}, log "
+                    f"{log_path(sweep_dir, item.job)})" + (f":\n{_indent(tail)}" if tail else ""))
+        log(progress_line(current, clock() - started, done - done_before))
+        found = counts(current)
+        if not found["running"] and not found["queued"]:
+            return current
+        sleep(interval)
+
+
+def cancel(configs: Sequence[train.TrainConfig], sweep_dir: str,
+           queued: Mapping[str, str] | None = None,
+           command: Callable[[Sequence[str]], str] = _command,
+           log: Callable[[str], None] = print) -> list[str]:
+    """``scancel`` the sweep's jobs that are queued or running; returns their ids."""
+    runs = [Run(config, run_dir(sweep_dir, config)) for config in configs]
+    current = states(runs, sweep_dir, queue() if queued is None else queued)
+    ids = [item.job for item in current if item.state in ("queued", "running")]
+    if ids:
+        command(["scancel", *ids])
+    log(f"slurm: cancelled {len(ids)} job(s)" + (f": {' '.join(ids)}" if ids else "")
+        + "; the same command without --cancel submits them again (runs resume)")
+    return ids
