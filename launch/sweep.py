@@ -91,6 +91,9 @@ def check_options(learners, cell_spec, common: dict, per_learner: dict[str, dict
 
 def main(argv) -> None:
     del argv
+    if "://" in FLAGS.workdir:
+        raise cli.UserError(f"--workdir={FLAGS.workdir}: a sweep needs a POSIX path (a local or "
+                            f"shared filesystem); URLs such as gs:// are not supported")
     for singular, plural in _SINGULAR.items():
         if FLAGS[singular].present:
             raise cli.UserError(f"--{singular} is one run's flag; a sweep takes --{plural}")
