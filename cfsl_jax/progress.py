@@ -18,11 +18,8 @@ line.
 
 ``clock`` (seconds, monotonic) is a module attribute so that tests can replace it.
 
-Ctrl-C: ``handle_interrupts()`` (the commands and sweep workers call it) notes a SIGINT
-before raising ``KeyboardInterrupt``. Python drops an exception raised while a
-garbage-collector callback or ``__del__`` runs (it prints "Exception ignored in ..."), so
-a Ctrl-C that lands there would be lost; with the note, the next ``Tracker.update`` raises
-it again, and the dropped one prints nothing.
+A stop signal (``cfsl_jax.stops``) that Python dropped in a callback is raised again by the
+next ``Tracker.update``.
 """
 
 from __future__ import annotations
@@ -34,38 +31,13 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
+from cfsl_jax import stops
+
 INTERVAL_S = 10.0  # the most seconds between two lines of one tracker
 HEARTBEAT_S = 10.0  # seconds between "still ..." lines of a long stage
 PREFIX = ""  # put before every line (a sweep worker: the run's name)
 
 clock: Callable[[], float] = time.monotonic
-_interrupted = False  # a SIGINT arrived (handle_interrupts)
-
-
-def interrupt(signum: int | None = None, frame: Any = None) -> None:
-    """The SIGINT handler of ``handle_interrupts``: note it, then raise KeyboardInterrupt."""
-    global _interrupted
-    _interrupted = True
-    raise KeyboardInterrupt
-
-
-def interrupted() -> bool:
-    return _interrupted
-
-
-def handle_interrupts(handler: Callable[[int, Any], None] = interrupt) -> None:
-    """Install ``handler`` for SIGINT (it must call ``interrupt`` or set the note itself), and
-    keep KeyboardInterrupts that Python drops in callbacks off stderr (module doc)."""
-    import signal
-
-    signal.signal(signal.SIGINT, handler)
-    previous = sys.unraisablehook
-
-    def hook(unraisable):
-        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
-            previous(unraisable)
-
-    sys.unraisablehook = hook
 
 
 def enabled() -> bool:
@@ -129,10 +101,9 @@ class Tracker:
         return not self.printed or clock() - self.last >= self.interval
 
     def update(self, done: int, force: bool = False, **values: Any) -> bool:
-        """Print a line if it is time (or ``force``, or the first or last update); raise
-        KeyboardInterrupt if a Ctrl-C was noted and lost (module doc)."""
-        if _interrupted:
-            raise KeyboardInterrupt
+        """Print a line if it is time (or ``force``, or the first or last update); raise a stop
+        signal that was noted and lost (module doc)."""
+        stops.raise_pending()
         now = clock()
         due = not self.printed or now - self.last >= self.interval
         last = done >= self.total and not (self.quiet_if_quick and self.lines == 0)

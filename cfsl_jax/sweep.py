@@ -50,7 +50,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 
-from cfsl_jax import data, progress, train
+from cfsl_jax import data, progress, stops, train
 from cfsl_jax.errors import UserError
 from cfsl_jax.sweep_plan import (  # noqa: F401  (re-exported: planning a sweep)
     STATUSES, Outcome, Run, check_learners, grid, impossible, parse_shard, plan, run_dir,
@@ -103,12 +103,12 @@ def _on_interrupt(signum, frame) -> None:
     global _stopping
     if not _stopping:
         _stopping = True
-        progress.interrupt(signum, frame)
+        stops.handle(signum, frame)
 
 
 def _init_worker(slots, platform: str, workers: int, jax_options: dict) -> None:
     """Runs first in every worker process, before its jax backend starts."""
-    progress.handle_interrupts(_on_interrupt)
+    stops.install(_on_interrupt)
     os.environ.update(worker_env(platform, slots.get(), workers))  # read at backend start
     for name, value in jax_options.items():
         jax.config.update(name, value)

@@ -18,7 +18,7 @@ import zipfile
 
 import pytest
 
-from cfsl_jax import memory, progress, runs, train
+from cfsl_jax import memory, progress, runs, stops, train
 from cfsl_jax.errors import UserError
 from conftest import interruptible_module
 
@@ -222,7 +222,8 @@ def test_help_of_python_m_lists_every_flag_from_any_folder():
         assert flag in result.stdout, flag
 
 
-def test_ctrl_c_checkpoints_training_and_says_how_to_resume(tmp_path):
+def test_sigterm_checkpoints_training_and_says_how_to_resume(tmp_path):
+    """SLURM's stop: SIGTERM (a command stopped by a signal exits with 128 + its number)."""
     workdir = str(tmp_path / "run")
     process = subprocess.Popen(
         interruptible_module("launch.train", *TINY_ARGS, "--epochs=100", "--log_every=1",
@@ -232,16 +233,16 @@ def test_ctrl_c_checkpoints_training_and_says_how_to_resume(tmp_path):
         for line in process.stdout:  # wait until meta-training runs
             if line.startswith("[train] ") and " steps " in line:
                 break
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=300)
     finally:
         if process.poll() is None:
             process.kill()
-    assert process.returncode == 130, stderr
+    assert process.returncode == 143, stderr
     assert "Traceback" not in stderr
     last = stderr.strip().splitlines()[-1]
-    step = int(last.split()[3])
-    assert last.startswith("interrupted at step ") and last.endswith(
+    step = int(last.split()[5])
+    assert last.startswith("interrupted by SIGTERM at step ") and last.endswith(
         f"checkpointed at step {step} in {workdir}: re-run the same command to resume"), last
     assert os.listdir(os.path.join(workdir, "checkpoints", "latest")) == [str(step)]
 
@@ -304,22 +305,24 @@ def test_a_ctrl_c_dropped_in_a_callback_is_raised_at_the_next_progress_update(mo
                                                                                 capsys):
     """Python drops an exception raised in ``__del__`` or a gc callback; the sweep test saw a
     Ctrl-C lost that way in jax's gc callback (and its traceback printed)."""
-    monkeypatch.setattr(progress, "_interrupted", False)
     monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
     previous = signal.getsignal(signal.SIGINT)
     try:
-        progress.handle_interrupts()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        stops.install()
 
         class Finalised:
             def __del__(self):
                 signal.raise_signal(signal.SIGINT)  # the handler runs inside __del__
 
         Finalised()  # dropped at once: its __del__ runs, the KeyboardInterrupt is lost
-        assert progress.interrupted()
+        assert stops.pending() == signal.SIGINT
         assert capsys.readouterr().err == ""  # not "Exception ignored in ..."
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(stops.StopRequested) as raised:
             progress.tracker("train", 10, "steps").update(1)
+        assert raised.value.exit_status == 130
     finally:
+        stops.clear()
         signal.signal(signal.SIGINT, previous)
 
 
