@@ -229,7 +229,32 @@ def progress_line(run_states: Sequence[RunState], elapsed: float, finished_since
             f"queued, {found['failed']} failed of {len(run_states)}; ETA {eta}")
 
 
-# -- a job ---------------------------------------------------------------------------------------
+# -- a job ---
+
+def handle_sigterm() -> None:
+    """In a job: SIGTERM (SLURM's preemption, ``scancel``, ``scontrol requeue``) stops the run
+    as Ctrl-C does (``stops``: it checkpoints the step reached), where submitit only logs it;
+    submitit's SIGUSR2 handler (checkpoint, requeue, ``SystemExit``) stays, and the SIGTERM
+    its own requeue brings is then ignored."""
+    import signal
+
+    from cfsl_jax import stops
+    usr2 = signal.getsignal(signal.SIGUSR2)
+    stopping = []
+
+    def on_usr2(signum, frame):
+        stopping.append(signum)
+        if callable(usr2):
+            usr2(signum, frame)
+
+    def on_term(signum, frame):
+        if not stopping:
+            stopping.append(signum)
+            stops.handle(signum, frame)
+
+    signal.signal(signal.SIGUSR2, on_usr2)
+    signal.signal(signal.SIGTERM, on_term)
+------------------------------------------------------------------------------------
 
 class RunJob:
     """One run in a SLURM job: ``sweep.execute`` with the sweep's jax options. Checkpointable
@@ -245,6 +270,7 @@ class RunJob:
         from cfsl_jax import sweep
         for name, value in self.jax_options.items():
             jax.config.update(name, value)
+        handle_sigterm()
         state, seconds, detail = sweep.execute(config_json, workdir)
         print(f"{state} in {seconds:.1f}s: {detail}", flush=True)
         if state == "interrupted":

@@ -15,6 +15,7 @@ fails them.
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -313,6 +314,8 @@ def test_a_preempted_job_is_requeued_and_resumes_to_the_same_results(cluster, tm
     assert "slurm: submitted nothing" in waited.stdout  # it was queued or running: not resubmitted
     text = open(log).read()
     assert "Caught signal SIGUSR2" in text and f"Requeued job {job}" in text
+    reached = re.search(r"interrupted at step (\d+) of 120; checkpointed at step (\d+)", text)
+    assert reached and 40 < int(reached.group(1)) == int(reached.group(2)), text[-3000:]
     workdir = sweep.run_dir(sweep_dir, config)
     assert verify(workdir) == []  # launch.verify's MATCH (here: compiled as the jobs were)
     local_dir = str(tmp_path / "local")
