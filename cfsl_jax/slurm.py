@@ -229,7 +229,7 @@ def progress_line(run_states: Sequence[RunState], elapsed: float, finished_since
             f"queued, {found['failed']} failed of {len(run_states)}; ETA {eta}")
 
 
-# -- a job ---
+# -- a job ----------------------------------------------------------------------------------------
 
 def handle_sigterm() -> None:
     """In a job: SIGTERM (SLURM's preemption, ``scancel``, ``scontrol requeue``) stops the run
@@ -254,7 +254,6 @@ def handle_sigterm() -> None:
 
     signal.signal(signal.SIGUSR2, on_usr2)
     signal.signal(signal.SIGTERM, on_term)
-------------------------------------------------------------------------------------
 
 class RunJob:
     """One run in a SLURM job: ``sweep.execute`` with the sweep's jax options. Checkpointable
