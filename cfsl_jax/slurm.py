@@ -30,6 +30,7 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import getpass
 import os
 import re
@@ -159,24 +160,58 @@ def queue(command: Callable[[Sequence[str]], str] = _command) -> dict[str, str]:
     return jobs
 
 
-# -- the sweep's records -------------------------------------------------------------------------
+# -- work items and their records ----------------------------------------------------------------
 
-def slurm_dir(sweep_dir: str) -> str:
-    return os.path.join(sweep_dir, SLURM_DIR)
+class Work(NamedTuple):
+    """One element of a job array: a sweep's run, or a FLUID stream."""
 
-
-def read_jobs(sweep_dir: str) -> dict[str, str]:
-    """``{run workdir relative to the sweep dir: job id}`` of every run submitted."""
-    return results.read_json(os.path.join(slurm_dir(sweep_dir), JOBS_FILE), default={}) or {}
-
-
-def _key(sweep_dir: str, run: Run) -> str:
-    return os.path.relpath(run.workdir, sweep_dir)
+    name: str
+    key: str  # its key in jobs.json (a path relative to the workdir)
+    args: tuple  # the job's arguments
+    status: Callable[[], str]  # from its files: "done", "conflict", or anything else (to do)
 
 
-def log_path(sweep_dir: str, job_id: str) -> str:
-    """The log (stdout and stderr) of a job: ``<sweep_dir>/slurm/<job id>_0_log.out``."""
-    return os.path.join(slurm_dir(sweep_dir), f"{job_id}_0_log.out")
+def sweep_work(configs: Sequence[train.TrainConfig], sweep_dir: str) -> list[Work]:
+    """The runs of a sweep, as ``RunJob(...)(config_json, workdir)`` jobs."""
+    out = []
+    for config in configs:
+        run = Run(config, run_dir(sweep_dir, config))
+        out.append(Work(run.name, os.path.relpath(run.workdir, sweep_dir),
+                        (config.to_json(), run.workdir), functools.partial(_run_status, run)))
+    return out
+
+
+def _run_status(run: Run) -> str:
+    return status(run)[0]
+
+
+def fluid_work(config, workdir: str) -> list[Work]:
+    """The streams of a FLUID experiment, as ``StreamJob(...)(config, workdir, index)`` jobs."""
+    return [Work(f"stream {index}", f"streams/{index}", (config, workdir, index),
+                 functools.partial(_stream_status, config, workdir, index))
+            for index in range(config.num_streams)]
+
+
+def _stream_status(config, workdir: str, index: int) -> str:
+    from cfsl_jax.fluid import experiment
+    stored = results.read_json(os.path.join(workdir, "results.json"), default={}) or {}
+    if len(stored.get("streams", [])) > index:
+        return "done"
+    return "done" if os.path.exists(experiment.stream_file(workdir, index)) else "todo"
+
+
+def slurm_dir(workdir: str) -> str:
+    return os.path.join(workdir, SLURM_DIR)
+
+
+def read_jobs(workdir: str) -> dict[str, str]:
+    """``{work key: job id}`` of everything submitted from ``workdir``."""
+    return results.read_json(os.path.join(slurm_dir(workdir), JOBS_FILE), default={}) or {}
+
+
+def log_path(workdir: str, job_id: str) -> str:
+    """The log (stdout and stderr) of a job: ``<workdir>/slurm/<job id>_0_log.out``."""
+    return os.path.join(slurm_dir(workdir), f"{job_id}_0_log.out")
 
 
 def log_tail(path: str, lines: int = 12) -> str:
@@ -187,49 +222,49 @@ def log_tail(path: str, lines: int = 12) -> str:
         return "".join(f.readlines()[-lines:]).rstrip()
 
 
-class RunState(NamedTuple):
-    run: Run
+class WorkState(NamedTuple):
+    work: Work
     state: str  # one of RUN_STATES
-    job: str  # the run's latest job id ("" if none)
+    job: str  # its latest job id ("" if none)
 
 
-def states(runs: Sequence[Run], sweep_dir: str, queued: Mapping[str, str]) -> list[RunState]:
-    """Each run's state, from ``queued`` (``queue()``, read before the files: a job that ends
-    in between has written its results already) and the run's files."""
-    jobs = read_jobs(sweep_dir)
+def states(works: Sequence[Work], workdir: str, queued: Mapping[str, str]) -> list[WorkState]:
+    """Each item's state, from ``queued`` (``queue()``, read before the files: a job that ends
+    in between has written its results already) and its files."""
+    jobs = read_jobs(workdir)
     out = []
-    for run in runs:
-        job = jobs.get(_key(sweep_dir, run), "")
-        found, _ = status(run)
+    for work in works:
+        job = jobs.get(work.key, "")
+        found = work.status()
         if found in ("done", "conflict"):
             state = found
         elif job in queued:
             state = "queued" if queued[job] in QUEUED else "running"
         else:
             state = "failed" if job else "new"
-        out.append(RunState(run, state, job))
+        out.append(WorkState(work, state, job))
     return out
 
 
-def counts(run_states: Sequence[RunState]) -> dict[str, int]:
+def counts(work_states: Sequence[WorkState]) -> dict[str, int]:
     found = {name: 0 for name in RUN_STATES}
-    for item in run_states:
+    for item in work_states:
         found[item.state] += 1
     return found
 
 
-def progress_line(run_states: Sequence[RunState], elapsed: float, finished_since: int) -> str:
+def progress_line(work_states: Sequence[WorkState], elapsed: float, finished_since: int) -> str:
     """``"slurm: 3 done, 2 running, 1 queued, 0 failed of 8; ETA 4m10s"``; the ETA divides the
     runs left by the rate at which runs finished while waiting."""
-    found = counts(run_states)
+    found = counts(work_states)
     left = found["running"] + found["queued"]
     eta = (progress.duration(elapsed / finished_since * left) if finished_since and left
            else "unknown" if left else "0s")
     return (f"slurm: {found['done']} done, {found['running']} running, {found['queued']} "
-            f"queued, {found['failed']} failed of {len(run_states)}; ETA {eta}")
+            f"queued, {found['failed']} failed of {len(work_states)}; ETA {eta}")
 
 
-# -- a job ----------------------------------------------------------------------------------------
+# -- jobs -----------------------------------------------------------------------------------------
 
 def handle_sigterm() -> None:
     """In a job: SIGTERM (SLURM's preemption, ``scancel``, ``scontrol requeue``) stops the run
@@ -255,21 +290,32 @@ def handle_sigterm() -> None:
     signal.signal(signal.SIGUSR2, on_usr2)
     signal.signal(signal.SIGTERM, on_term)
 
-class RunJob:
-    """One run in a SLURM job: ``sweep.execute`` with the sweep's jax options. Checkpointable
-    (submitit's ``checkpoint``): on preemption or timeout the job is requeued with the same
-    arguments, and the run resumes from the checkpoint its training loop wrote."""
+
+class _Job:
+    """A job's callable: applies the launching process's jax options and the stop signals
+    first. Checkpointable (submitit's ``checkpoint``): on preemption or timeout the job is
+    requeued with the same arguments and resumes from what its work stored."""
 
     def __init__(self, jax_options: Mapping[str, Any]):
         self.jax_options = dict(jax_options)
 
-    def __call__(self, config_json: dict, workdir: str) -> str:
+    def _start(self) -> None:
         import jax
-
-        from cfsl_jax import sweep
         for name, value in self.jax_options.items():
             jax.config.update(name, value)
         handle_sigterm()
+
+    def checkpoint(self, *args: Any, **kwargs: Any):
+        import submitit
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
+
+
+class RunJob(_Job):
+    """One run of a sweep: ``sweep.execute``, as a worker of the local pool runs it."""
+
+    def __call__(self, config_json: dict, workdir: str) -> str:
+        from cfsl_jax import sweep
+        self._start()
         state, seconds, detail = sweep.execute(config_json, workdir)
         print(f"{state} in {seconds:.1f}s: {detail}", flush=True)
         if state == "interrupted":
@@ -278,70 +324,78 @@ class RunJob:
             raise RuntimeError(f"the run {workdir} failed: {detail.strip().splitlines()[-1]}")
         return detail
 
-    def checkpoint(self, *args: Any, **kwargs: Any):
-        import submitit
-        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
+
+class StreamJob(_Job):
+    """One FLUID stream (``experiment.run_stream_alone``); a preempted stream starts again."""
+
+    def __call__(self, config, workdir: str, index: int) -> str:
+        from cfsl_jax.fluid import experiment
+        self._start()
+        experiment.run_stream_alone(config, workdir, index)
+        return f"stream {index} stored in {experiment.stream_file(workdir, index)}"
 
 
 # -- submitting, waiting, cancelling -------------------------------------------------------------
 
-def make_executor(sweep_dir: str, options: SlurmOptions, cluster: str = "slurm"):
-    """A submitit executor writing under ``<sweep_dir>/slurm`` (``cluster="debug"``: in this
+def make_executor(workdir: str, options: SlurmOptions, cluster: str = "slurm"):
+    """A submitit executor writing under ``<workdir>/slurm`` (``cluster="debug"``: in this
     process, for tests)."""
     import submitit
-    executor = submitit.AutoExecutor(folder=slurm_dir(sweep_dir), cluster=cluster,
+    executor = submitit.AutoExecutor(folder=slurm_dir(workdir), cluster=cluster,
                                      slurm_max_num_timeout=options.max_timeouts)
     executor.update_parameters(**options.executor_parameters())
     return executor
 
 
 class Submitted(NamedTuple):
-    runs: list[RunState]  # every run's state before submitting
-    jobs: dict[str, str]  # run name -> job id of the runs submitted now
+    before: list[WorkState]  # every item's state before submitting
+    jobs: dict[str, str]  # name -> job id of the items submitted now
     jobs_objects: list  # submitit jobs submitted now (debug executors run them on .result())
 
 
-def submit(configs: Sequence[train.TrainConfig], sweep_dir: str, options: SlurmOptions,
-           jax_options: Mapping[str, Any], executor=None,
-           queued: Mapping[str, str] | None = None,
+def submit(works: Sequence[Work], workdir: str, options: SlurmOptions, job: _Job,
+           executor=None, queued: Mapping[str, str] | None = None,
+           prepare: Callable[[list[Work]], None] | None = None,
            log: Callable[[str], None] = print) -> Submitted:
-    """Submit the runs that are new or failed as one job array; returns what it did."""
-    runs = [Run(config, run_dir(sweep_dir, config)) for config in configs]
-    before = states(runs, sweep_dir, queue() if queued is None else queued)
+    """Submit the items that are new or failed as one job array of ``job`` (``prepare`` runs
+    first, with them); returns what it did."""
+    before = states(works, workdir, queue() if queued is None else queued)
     todo = [item for item in before if item.state in ("new", "failed")]
     for item in before:
         if item.state == "failed":
-            tail = log_tail(log_path(sweep_dir, item.job), 5)
-            log(f"resubmitting {item.run.name}: its job {item.job} ended without results"
+            tail = log_tail(log_path(workdir, item.job), 5)
+            log(f"resubmitting {item.work.name}: its job {item.job} ended without results"
                 + (f"; its log ends:\n{_indent(tail)}" if tail else ""))
         elif item.state == "conflict":
-            log(f"conflict: {status(item.run)[1]}")
+            log(f"conflict: {item.work.name} holds a run with another config; use another "
+                f"workdir")
     found = counts(before)
     if not todo:
         log(f"slurm: submitted nothing: {found['done']} done, {found['running']} running, "
-            f"{found['queued']} queued, {found['conflict']} conflicting of {len(runs)}")
+            f"{found['queued']} queued, {found['conflict']} conflicting of {len(works)}")
         return Submitted(before, {}, [])
-    _prepare_datasets([item.run.config for item in todo], log)
-    executor = executor or make_executor(sweep_dir, options)
-    job_runner = RunJob(jax_options)
-    jobs = executor.map_array(job_runner, [item.run.config.to_json() for item in todo],
-                              [item.run.workdir for item in todo])
-    recorded = read_jobs(sweep_dir)
-    recorded.update({_key(sweep_dir, item.run): job.job_id for item, job in zip(todo, jobs)})
-    results.write_json(os.path.join(slurm_dir(sweep_dir), JOBS_FILE), recorded)
-    ids = [job.job_id for job in jobs]
+    if prepare is not None:
+        prepare([item.work for item in todo])
+    executor = executor or make_executor(workdir, options)
+    jobs = executor.map_array(job, *zip(*[item.work.args for item in todo]))
+    recorded = read_jobs(workdir)
+    recorded.update({item.work.key: j.job_id for item, j in zip(todo, jobs)})
+    results.write_json(os.path.join(slurm_dir(workdir), JOBS_FILE), recorded)
+    ids = [j.job_id for j in jobs]
     array = ids[0].split("_")[0] if len(set(i.split("_")[0] for i in ids)) == 1 else ", ".join(ids)
     log(f"slurm: submitted {len(todo)} run(s) as job array {array} ({found['new']} new, "
         f"{found['failed']} failed before); {found['running'] + found['queued']} already queued "
-        f"or running, {found['done']} done; logs in {slurm_dir(sweep_dir)}")
-    return Submitted(before, {item.run.name: job.job_id for item, job in zip(todo, jobs)},
+        f"or running, {found['done']} done; logs in {slurm_dir(workdir)}")
+    return Submitted(before, {item.work.name: j.job_id for item, j in zip(todo, jobs)},
                      list(jobs))
 
 
-def _prepare_datasets(configs: Sequence[train.TrainConfig], log: Callable[[str], None]) -> None:
-    """Load (preparing on first use) each dataset on disk here, once, so that the jobs never
-    prepare the same TFDS dataset at the same time (synthetic data is made by each run)."""
+def prepare_datasets(works: Sequence[Work], log: Callable[[str], None] = print) -> None:
+    """Load (preparing on first use) each dataset on disk of the sweep runs ``works`` here,
+    once, so that jobs never prepare the same TFDS dataset at the same time (synthetic data is
+    made by each run)."""
     from cfsl_jax import sweep
+    configs = [train.TrainConfig(**work.args[0]) for work in works]
     sources = {(c.dataset, c.data_dir, c.manual_dir, repr(sorted(c.dataset_options.items()))): c
                for c in configs if c.dataset != "synthetic"}
     for config in sources.values():
@@ -355,26 +409,25 @@ def _indent(text: str) -> str:
     return "\n".join(f"    {line}" for line in text.splitlines())
 
 
-def wait(configs: Sequence[train.TrainConfig], sweep_dir: str, interval: float = 10.0,
+def wait(works: Sequence[Work], workdir: str, interval: float = 10.0,
          queue_fn: Callable[[], Mapping[str, str]] = queue, log: Callable[[str], None] = print,
          clock: Callable[[], float] = time.monotonic,
-         sleep: Callable[[float], None] = time.sleep) -> list[RunState]:
-    """Poll until no run of the sweep is queued or running, printing a progress line each
-    ``interval`` seconds and a failed run's name with its last log lines; returns the states."""
-    runs = [Run(config, run_dir(sweep_dir, config)) for config in configs]
+         sleep: Callable[[float], None] = time.sleep) -> list[WorkState]:
+    """Poll until nothing is queued or running, printing a progress line each ``interval``
+    seconds and a failed item's name with its last log lines; returns the states."""
     started = clock()
     done_before = None
     reported: set[str] = set()
     while True:
-        current = states(runs, sweep_dir, queue_fn())
+        current = states(works, workdir, queue_fn())
         done = counts(current)["done"]
         done_before = done if done_before is None else done_before
         for item in current:
-            if item.state == "failed" and item.run.name not in reported:
-                reported.add(item.run.name)
-                tail = log_tail(log_path(sweep_dir, item.job))
-                log(f"failed: {item.run.name} (job {item.job}, log "
-                    f"{log_path(sweep_dir, item.job)})" + (f":\n{_indent(tail)}" if tail else ""))
+            if item.state == "failed" and item.work.name not in reported:
+                reported.add(item.work.name)
+                tail = log_tail(log_path(workdir, item.job))
+                log(f"failed: {item.work.name} (job {item.job}, log "
+                    f"{log_path(workdir, item.job)})" + (f":\n{_indent(tail)}" if tail else ""))
         log(progress_line(current, clock() - started, done - done_before))
         found = counts(current)
         if not found["running"] and not found["queued"]:
@@ -382,13 +435,11 @@ def wait(configs: Sequence[train.TrainConfig], sweep_dir: str, interval: float =
         sleep(interval)
 
 
-def cancel(configs: Sequence[train.TrainConfig], sweep_dir: str,
-           queued: Mapping[str, str] | None = None,
+def cancel(works: Sequence[Work], workdir: str, queued: Mapping[str, str] | None = None,
            command: Callable[[Sequence[str]], str] = _command,
            log: Callable[[str], None] = print) -> list[str]:
-    """``scancel`` the sweep's jobs that are queued or running; returns their ids."""
-    runs = [Run(config, run_dir(sweep_dir, config)) for config in configs]
-    current = states(runs, sweep_dir, queue() if queued is None else queued)
+    """``scancel`` the jobs of ``works`` that are queued or running; returns their ids."""
+    current = states(works, workdir, queue() if queued is None else queued)
     ids = [item.job for item in current if item.state in ("queued", "running")]
     if ids:
         command(["scancel", *ids])

@@ -71,30 +71,32 @@ def options_from_flags() -> slurm.SlurmOptions | None:
     return options
 
 
-def run_on_slurm(configs: Sequence, workdir: str, options: slurm.SlurmOptions, jax_options: dict,
-                 command: str, report: Callable[[], None]) -> None:
-    """Submit (or --cancel), then wait printing progress and call ``report`` -- unless
-    --nowait; exits non-zero when a run failed. ``command`` names the command in messages."""
+def run_on_slurm(works: Sequence[slurm.Work], workdir: str, options: slurm.SlurmOptions,
+                 job, command: str, report: Callable[[list], None],
+                 prepare: Callable[[list], None] | None = None) -> None:
+    """Submit (or --cancel) ``works`` as ``job``s, then wait printing progress and call
+    ``report`` with the final states -- unless --nowait; exits non-zero when one failed.
+    ``command`` names the command in messages."""
     if FLAGS.cancel:
-        slurm.cancel(configs, workdir)
+        slurm.cancel(works, workdir)
         return
-    submitted = slurm.submit(configs, workdir, options, jax_options)
+    submitted = slurm.submit(works, workdir, options, job, prepare=prepare)
     if submitted.jobs:
-        print("jobs: " + ", ".join(f"{name}={job}" for name, job in submitted.jobs.items()))
+        print("jobs: " + ", ".join(f"{name}={job_id}" for name, job_id in submitted.jobs.items()))
     if FLAGS.nowait:
         print(f"not waiting (--nowait): watch with the same command, which submits nothing "
               f"that is queued or running; cancel with {command} ... --cancel")
         return
     try:
-        final = slurm.wait(configs, workdir)
+        final = slurm.wait(works, workdir)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(
             f"stopped waiting; the SLURM jobs keep running: re-run the same command to watch "
             f"them (it submits nothing that is queued or running), add --cancel to cancel "
             f"them") from None
-    report()
+    report(final)
     failed = [item for item in final if item.state in ("failed", "conflict")]
     if failed:
         raise SystemExit(f"{len(failed)} run(s) did not finish: "
-                         + ", ".join(f"{item.run.name} ({item.state})" for item in failed)
+                         + ", ".join(f"{item.work.name} ({item.state})" for item in failed)
                          + "; re-run the same command to resubmit the failed ones")

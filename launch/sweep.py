@@ -39,7 +39,7 @@ import dataclasses
 
 from absl import flags
 
-from cfsl_jax import report, sweep
+from cfsl_jax import report, slurm, sweep
 from cfsl_jax.learners import LEARNERS
 from cfsl_jax.spec import PAPER_GRID
 
@@ -127,9 +127,10 @@ def main(argv) -> None:
     if slurm_options is not None:
         if FLAGS.workers is not None:
             raise cli.UserError("--workers is for --launcher=local (a SLURM job runs one run)")
-        cluster.run_on_slurm(configs, FLAGS.workdir, slurm_options,
-                             sweep.worker_jax_options(FLAGS.workdir), "python -m launch.sweep",
-                             report=_report)
+        cluster.run_on_slurm(
+            slurm.sweep_work(configs, FLAGS.workdir), FLAGS.workdir, slurm_options,
+            slurm.RunJob(sweep.worker_jax_options(FLAGS.workdir)), "python -m launch.sweep",
+            report=lambda final: _report(), prepare=slurm.prepare_datasets)
         return
     outcomes = sweep.run_sweep(configs, FLAGS.workdir, workers=FLAGS.workers)
     print(f"sweep {FLAGS.workdir}" + (f" shard {FLAGS.shard}" if shard else "")

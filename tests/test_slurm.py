@@ -131,13 +131,15 @@ def test_states_come_from_squeue_and_the_files(local_sweep, tmp_path):
     sweep_dir = str(tmp_path)
     shutil.copytree(sweep.run_dir(done_dir, configs[0]), sweep.run_dir(sweep_dir, configs[0]))
     runs = [sweep.Run(c, sweep.run_dir(sweep_dir, c)) for c in configs]
+    works = slurm.sweep_work(configs, sweep_dir)
     key = [os.path.relpath(r.workdir, sweep_dir) for r in runs]
+    assert [w.key for w in works] == key and [w.name for w in works] == [r.name for r in runs]
     _record(sweep_dir, {key[0]: "7_0", key[1]: "7_1", key[2]: "7_2"})
     queued = {"7_1": "RUNNING", "7_0": "COMPLETING", "9_0": "PENDING"}
-    found = slurm.states(runs, sweep_dir, queued)
+    found = slurm.states(works, sweep_dir, queued)
     assert [(s.state, s.job) for s in found] == [("done", "7_0"), ("running", "7_1"),
                                                   ("failed", "7_2"), ("new", "")]
-    assert [s.state for s in slurm.states(runs, sweep_dir, {"7_1": "PENDING",
+    assert [s.state for s in slurm.states(works, sweep_dir, {"7_1": "PENDING",
                                                             "7_2": "REQUEUED"})] == [
         "done", "queued", "queued", "new"]
     assert slurm.progress_line(found, 100.0, 1) == (
@@ -153,9 +155,12 @@ def test_states_come_from_squeue_and_the_files(local_sweep, tmp_path):
     recorder, lines = Recorder(), []
     with open(slurm.log_path(sweep_dir, "7_2"), "w") as f:
         f.write("".join(f"line {i}\n" for i in range(20)) + "RuntimeError: boom\n")
-    submitted = slurm.submit(configs, sweep_dir, slurm.SlurmOptions(), {}, executor=recorder,
-                             queued=queued, log=lines.append)
-    assert recorder.workdirs == [runs[2].workdir, runs[3].workdir]
+    prepared = []
+    submitted = slurm.submit(works, sweep_dir, slurm.SlurmOptions(), slurm.RunJob({}),
+                             executor=recorder, queued=queued, prepare=prepared.append,
+                             log=lines.append)
+    assert recorder.workdirs == (runs[2].workdir, runs[3].workdir)
+    assert prepared == [[works[2], works[3]]]
     assert submitted.jobs == {runs[2].name: "8_0", runs[3].name: "8_1"}
     assert slurm.read_jobs(sweep_dir) == {key[0]: "7_0", key[1]: "7_1", key[2]: "8_0",
                                           key[3]: "8_1"}
@@ -167,7 +172,7 @@ def test_states_come_from_squeue_and_the_files(local_sweep, tmp_path):
     # Waiting: a failed run is shown with its log's last lines, then the loop ends.
     polls = iter([{"8_0": "RUNNING", "8_1": "PENDING", "7_1": "RUNNING"}, {}])
     lines.clear()
-    final = slurm.wait(configs, sweep_dir, interval=0, queue_fn=lambda: next(polls),
+    final = slurm.wait(works, sweep_dir, interval=0, queue_fn=lambda: next(polls),
                        log=lines.append, sleep=lambda s: None)
     assert [s.state for s in final] == ["done", "failed", "failed", "failed"]
     assert lines[0] == "slurm: 1 done, 2 running, 1 queued, 0 failed of 4; ETA unknown"
@@ -175,7 +180,7 @@ def test_states_come_from_squeue_and_the_files(local_sweep, tmp_path):
     assert lines[-1] == "slurm: 1 done, 0 running, 0 queued, 3 failed of 4; ETA 0s"
 
     cancelled = []
-    assert slurm.cancel(configs, sweep_dir, queued={"8_0": "RUNNING", "8_1": "PENDING"},
+    assert slurm.cancel(works, sweep_dir, queued={"8_0": "RUNNING", "8_1": "PENDING"},
                         command=cancelled.append, log=lines.append) == ["8_0", "8_1"]
     assert cancelled == [["scancel", "8_0", "8_1"]]
 
@@ -186,14 +191,17 @@ def test_a_run_through_submitits_debug_executor_equals_the_local_run(local_sweep
     sweep_dir = str(tmp_path)
     options = slurm.SlurmOptions()
     executor = slurm.make_executor(sweep_dir, options, cluster="debug")
-    submitted = slurm.submit(configs[:1], sweep_dir, options,
-                             sweep.worker_jax_options(sweep_dir), executor=executor, queued={})
+    works = slurm.sweep_work(configs[:1], sweep_dir)
+    submitted = slurm.submit(works, sweep_dir, options,
+                             slurm.RunJob(sweep.worker_jax_options(sweep_dir)),
+                             executor=executor, queued={})
     (job,) = submitted.jobs_objects
     assert job.result().startswith("test acc")
     assert_same_results(finished(sweep.run_dir(sweep_dir, configs[0])),
                         finished(sweep.run_dir(done_dir, configs[0])))
-    again = slurm.submit(configs[:1], sweep_dir, options, {}, executor=executor, queued={})
-    assert again.jobs == {} and [s.state for s in again.runs] == ["done"]
+    again = slurm.submit(works, sweep_dir, options, slurm.RunJob({}), executor=executor,
+                         queued={})
+    assert again.jobs == {} and [s.state for s in again.before] == ["done"]
 
 
 def _fake_slurm_bin(tmp_path):
