@@ -26,6 +26,7 @@ import pytest
 
 from cfsl_jax import results, slurm, sweep, train
 from cfsl_jax.errors import UserError
+from cfsl_jax.fluid import experiment
 from cfsl_jax.verify import verify
 from test_cli import assert_error, run_cases
 
@@ -272,13 +273,18 @@ def cluster():
         pytest.skip(reason)
 
 
-def sweep_command(sweep_dir, *flags):
+def command(module, workdir, *flags):
+    """``python -m module --workdir --launcher=slurm flags``, compiling as this process does."""
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": jax.config.values[
         "jax_compilation_cache_dir"], "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "CFSL_PROGRESS": "1"}
-    return subprocess.run([sys.executable, "-m", "launch.sweep", f"--workdir={sweep_dir}",
-                           "--launcher=slurm", *TINY_FLAGS, *flags], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", module, f"--workdir={workdir}",
+                           "--launcher=slurm", *flags], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
+
+
+def sweep_command(sweep_dir, *flags):
+    return command("launch.sweep", sweep_dir, *TINY_FLAGS, *flags)
 
 
 @pytest.mark.slurm
@@ -329,3 +335,29 @@ def test_a_preempted_job_is_requeued_and_resumes_to_the_same_results(cluster, tm
     local_dir = str(tmp_path / "local")
     sweep.run_sweep([config], local_dir, workers=0)
     assert_same_results(finished(workdir), finished(sweep.run_dir(local_dir, config)))
+
+
+@pytest.mark.slurm
+def test_fluid_streams_as_slurm_jobs_equal_the_local_run(cluster, tmp_path):
+    workdir = str(tmp_path / "fluid")
+    flags = ["--preset=small", "--method=ncm", "--num_streams=2", "--stream_classes=6",
+             "--stream_length=90", "--head_threshold=15", "--min_pretrain_samples=5",
+             "--pretrain_steps=3", "--filters=8", "--dataset_option=num_classes=20",
+             "--dataset_option=samples_per_class=30", "--dataset_option=image_size=16"]
+    done = command("launch.fluid", workdir, *flags)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "slurm: submitted 2 run(s) as job array" in done.stdout and "ncm" in done.stdout
+    stored = results.read_json(os.path.join(workdir, "results.json"))
+    assert stored["complete"] and sorted(os.listdir(os.path.join(workdir, "streams"))) == [
+        "0.json", "1.json"]
+    saved = stored["config"]
+    config = experiment.FluidConfig(**{
+        **saved, "methods": tuple(saved["methods"]),
+        "stream": experiment.StreamConfig(**saved["stream"])})
+    local = experiment.run_experiment(config, str(tmp_path / "local"))
+    for ours, theirs in zip(stored["streams"], local["streams"]):
+        assert ours["stream"] == theirs["stream"]
+        for name in ("metrics", "macs", "train_steps"):
+            assert ours["methods"]["ncm"][name] == theirs["methods"]["ncm"][name]
+    again = command("launch.fluid", workdir, *flags, "--nowait")
+    assert "slurm: submitted nothing: 2 done" in again.stdout, again.stderr[-3000:]
