@@ -1,30 +1,28 @@
-"""Sweeps on SLURM: the runs of a plan that are not done, as one job array (submitit).
+"""Sweeps and FLUID streams on SLURM: what is not done, as one job array (submitit).
 
     from cfsl_jax import slurm, sweep
     options = slurm.SlurmOptions(partition="gpu", gpus_per_job=1, timeout_min=240)
-    slurm.check_cluster(options)                        # sbatch on PATH, the partition exists
-    submitted = slurm.submit(configs, "/shared/sweep", options)
-    states = slurm.wait(configs, "/shared/sweep")       # progress lines until none is queued
+    slurm.check_cluster(options)                   # submitit, sbatch on PATH, the partition
+    works = slurm.sweep_work(configs, "/shared/sweep")     # or slurm.fluid_work(config, dir)
+    slurm.submit(works, "/shared/sweep", options, slurm.RunJob(jax_options))
+    final = slurm.wait(works, "/shared/sweep")     # progress lines until none is queued
 
 Rules:
 
-- Each job runs exactly what a worker of the local pool runs for one run
-  (``sweep.execute``, with the same jax options and compilation cache), so a
-  run's results are the same on either launcher.
-- ``<sweep_dir>/slurm/`` holds submitit's job files and one log per job
-  (``<job id>_0_log.out``, stdout and stderr), and ``jobs.json``: the job id of
-  every run submitted (by its workdir, relative to the sweep dir).
-- A run is **done** (its ``results.json`` exists), **queued** or **running**
-  (its recorded job is in ``squeue``), **failed** (its job left the queue
-  without results) or **new** (never submitted). States come from ``squeue``
-  and the files, never from ``sacct``, which clusters without accounting lack.
-- ``submit`` submits the runs that are new or failed, never one that is queued
+- A ``Work`` item is one array element: a sweep's run (``RunJob``: exactly what
+  a worker of the local pool runs, ``sweep.execute``, with the same jax options
+  and compilation cache) or a FLUID stream (``StreamJob``); ``cfsl_jax.slurm_jobs``
+  says how a job handles preemption and time limits.
+- ``<workdir>/slurm/`` holds submitit's job files, one log per job
+  (``<job id>_0_log.out``, stdout and stderr) and ``jobs.json``: the latest
+  job id of every item submitted.
+- An item is **done** (its files say so), **queued** or **running** (its job is
+  in ``squeue``), **failed** (its job left the queue without its results) or
+  **new** (never submitted). States come from ``squeue`` and the files, never
+  from ``sacct``, which clusters without accounting lack.
+- ``submit`` submits the items that are new or failed, never one that is queued
   or running: the same command twice submits nothing the second time.
-- Preemption and time limits: SLURM signals a job (SIGUSR2, 90 s before its
-  time limit, or ``scancel --signal=USR2``); submitit's handler requeues it and
-  raises ``SystemExit``, on which the training loop checkpoints the step
-  reached; the requeued job resumes the run from it. Up to ``max_timeouts``
-  requeues after a time limit (preemptions are not counted).
+- Up to ``max_timeouts`` requeues after a time limit (preemptions are not counted).
 """
 
 from __future__ import annotations
@@ -41,6 +39,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from cfsl_jax import progress, results, train
 from cfsl_jax.errors import UserError
+from cfsl_jax.slurm_jobs import RunJob, StreamJob, _Job, handle_sigterm  # noqa: F401
 from cfsl_jax.sweep_plan import Run, run_dir, status
 
 SLURM_DIR = "slurm"
@@ -262,77 +261,6 @@ def progress_line(work_states: Sequence[WorkState], elapsed: float, finished_sin
            else "unknown" if left else "0s")
     return (f"slurm: {found['done']} done, {found['running']} running, {found['queued']} "
             f"queued, {found['failed']} failed of {len(work_states)}; ETA {eta}")
-
-
-# -- jobs -----------------------------------------------------------------------------------------
-
-def handle_sigterm() -> None:
-    """In a job: SIGTERM (SLURM's preemption, ``scancel``, ``scontrol requeue``) stops the run
-    as Ctrl-C does (``stops``: it checkpoints the step reached), where submitit only logs it;
-    submitit's SIGUSR2 handler (checkpoint, requeue, ``SystemExit``) stays, and the SIGTERM
-    its own requeue brings is then ignored."""
-    import signal
-
-    from cfsl_jax import stops
-    usr2 = signal.getsignal(signal.SIGUSR2)
-    stopping = []
-
-    def on_usr2(signum, frame):
-        stopping.append(signum)
-        if callable(usr2):
-            usr2(signum, frame)
-
-    def on_term(signum, frame):
-        if not stopping:
-            stopping.append(signum)
-            stops.handle(signum, frame)
-
-    signal.signal(signal.SIGUSR2, on_usr2)
-    signal.signal(signal.SIGTERM, on_term)
-
-
-class _Job:
-    """A job's callable: applies the launching process's jax options and the stop signals
-    first. Checkpointable (submitit's ``checkpoint``): on preemption or timeout the job is
-    requeued with the same arguments and resumes from what its work stored."""
-
-    def __init__(self, jax_options: Mapping[str, Any]):
-        self.jax_options = dict(jax_options)
-
-    def _start(self) -> None:
-        import jax
-        for name, value in self.jax_options.items():
-            jax.config.update(name, value)
-        handle_sigterm()
-
-    def checkpoint(self, *args: Any, **kwargs: Any):
-        import submitit
-        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
-
-
-class RunJob(_Job):
-    """One run of a sweep: ``sweep.execute``, as a worker of the local pool runs it."""
-
-    def __call__(self, config_json: dict, workdir: str) -> str:
-        from cfsl_jax import sweep
-        self._start()
-        state, seconds, detail = sweep.execute(config_json, workdir)
-        print(f"{state} in {seconds:.1f}s: {detail}", flush=True)
-        if state == "interrupted":
-            raise SystemExit(f"interrupted: {detail}")
-        if state != "finished":
-            raise RuntimeError(f"the run {workdir} failed: {detail.strip().splitlines()[-1]}")
-        return detail
-
-
-class StreamJob(_Job):
-    """One FLUID stream (``experiment.run_stream_alone``); a preempted stream starts again."""
-
-    def __call__(self, config, workdir: str, index: int) -> str:
-        from cfsl_jax.fluid import experiment
-        self._start()
-        experiment.run_stream_alone(config, workdir, index)
-        return f"stream {index} stored in {experiment.stream_file(workdir, index)}"
 
 
 # -- submitting, waiting, cancelling -------------------------------------------------------------
