@@ -48,7 +48,7 @@ def shard_from_flags() -> tuple[int, int] | None:
     shard = sweep.parse_shard(FLAGS.shard)
     if FLAGS.launcher != "local":
         raise UserError(f"--shard={FLAGS.shard} is for --launcher=local (machines without "
-                              f"a scheduler); --launcher=slurm submits every run as one array")
+                        f"a scheduler); --launcher=slurm submits every run as one array")
     return shard
 
 
