@@ -13,7 +13,6 @@ Elsewhere these skip with the reason; with ``CFSL_REQUIRE_SLURM=1`` (CI) a missi
 fails them.
 """
 
-import dataclasses
 import os
 import re
 import shutil
@@ -34,11 +33,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = train.TrainConfig(
     learner="protonets", learner_options={"filters": 8}, dataset="synthetic",
     dataset_options={"num_classes": 60, "samples_per_class": 8},
-    spec_overrides={"nc": 3, "kt": 2}, epochs=2, iters_per_epoch=3, meta_batch=2,
+    spec_overrides={"nc": 3, "kt": 2}, epochs=2, iters_per_epoch=30, meta_batch=2,
     val_tasks=4, test_tasks=4, eval_batch=4, keep_best=2, log_every=2)
 TINY_FLAGS = ["--learners=protonets", "--learner_option=filters=8",
               "--dataset_option=num_classes=60", "--dataset_option=samples_per_class=8",
-              "--nc=3", "--kt=2", "--epochs=2", "--iters_per_epoch=3", "--meta_batch=2",
+              "--nc=3", "--kt=2", "--epochs=2", "--iters_per_epoch=30", "--meta_batch=2",
               "--val_tasks=4", "--eval_tasks=4", "--eval_batch=4", "--keep_best=2",
               "--log_every=2", "--report=false"]
 COMPARED = ("acc_mean", "acc_std", "ce_mean", "ce_std")
@@ -288,53 +287,46 @@ def sweep_command(sweep_dir, *flags):
 
 
 @pytest.mark.slurm
-def test_a_slurm_sweep_equals_the_local_one_and_a_rerun_submits_nothing(cluster, local_sweep,
-                                                                       tmp_path):
+def test_a_slurm_sweep_equals_the_local_one_with_a_job_preempted_and_a_rerun_submits_nothing(
+        cluster, local_sweep, tmp_path):
+    """Two runs as one array; run 0's job gets SIGUSR2 (as 90 s before a time limit) as soon as
+    it trains: it checkpoints the step reached, is requeued and resumes. Both runs equal the
+    local launcher's, the preempted one verifies (MATCH), and the same command submits
+    nothing."""
     done_dir, configs, *_ = local_sweep
     sweep_dir = str(tmp_path / "sweep")
     flags = ["--cells=B2", "--seeds=0,1", "--slurm_partition=debug", "--slurm_max_parallel=2"]
-    first = sweep_command(sweep_dir, *flags)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert "slurm: submitted 2 run(s) as job array" in first.stdout
-    assert "slurm: 2 done, 0 running, 0 queued, 0 failed of 2; ETA 0s" in first.stdout
+    submitted = sweep_command(sweep_dir, *flags, "--nowait")
+    assert submitted.returncode == 0, submitted.stdout[-3000:] + submitted.stderr[-3000:]
+    assert "slurm: submitted 2 run(s) as job array" in submitted.stdout
+    key = os.path.relpath(sweep.run_dir(sweep_dir, configs[0]), sweep_dir)
+    job = slurm.read_jobs(sweep_dir)[key]
+    log = slurm.log_path(sweep_dir, job)
+    deadline = time.monotonic() + 300
+    while "[train] 1/60 steps" not in (open(log).read() if os.path.exists(log) else ""):
+        assert time.monotonic() < deadline, f"the job did not start training: {log}"
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+
+    waited = sweep_command(sweep_dir, *flags)
+    assert waited.returncode == 0, waited.stdout[-3000:] + waited.stderr[-3000:]
+    assert "slurm: submitted nothing" in waited.stdout  # queued or running: not resubmitted
+    assert "slurm: 2 done, 0 running, 0 queued, 0 failed of 2; ETA 0s" in waited.stdout
+    text = open(log).read()
+    assert "Caught signal SIGUSR2" in text and f"Requeued job {job}" in text
+    reached = re.search(r"interrupted at step (\d+) of 60; checkpointed at step (\d+)", text)
+    assert reached and 0 < int(reached.group(1)) == int(reached.group(2)) < 60, text[-3000:]
     for config in configs:
         assert_same_results(finished(sweep.run_dir(sweep_dir, config)),
-                                finished(sweep.run_dir(done_dir, config)))
+                            finished(sweep.run_dir(done_dir, config)))
+    assert verify(sweep.run_dir(sweep_dir, configs[0])) == []  # launch.verify's MATCH
+
     jobs = slurm.read_jobs(sweep_dir)
     again = sweep_command(sweep_dir, *flags, "--nowait")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "slurm: submitted nothing: 2 done, 0 running, 0 queued, 0 conflicting of 2" in \
         again.stdout
     assert slurm.read_jobs(sweep_dir) == jobs
-
-
-@pytest.mark.slurm
-def test_a_preempted_job_is_requeued_and_resumes_to_the_same_results(cluster, tmp_path):
-    long_flags = ["--cells=B2", "--seeds=2", "--epochs=3", "--iters_per_epoch=40"]
-    config = sweep.grid(dataclasses.replace(TINY, epochs=3, iters_per_epoch=40),
-                        ["protonets"], ["B2"], [2])[0][0]
-    sweep_dir = str(tmp_path / "sweep")
-    submitted = sweep_command(sweep_dir, *long_flags, "--nowait")
-    assert submitted.returncode == 0, submitted.stderr[-3000:]
-    (job,) = slurm.read_jobs(sweep_dir).values()
-    log = slurm.log_path(sweep_dir, job)
-    deadline = time.monotonic() + 300
-    while "[train] epoch 0:" not in (open(log).read() if os.path.exists(log) else ""):
-        assert time.monotonic() < deadline, f"the job did not finish an epoch: {log}"
-        time.sleep(0.5)
-    subprocess.run(["scancel", "--signal=USR2", job], check=True)
-    waited = sweep_command(sweep_dir, *long_flags)
-    assert waited.returncode == 0, waited.stdout[-3000:] + waited.stderr[-3000:]
-    assert "slurm: submitted nothing" in waited.stdout  # it was queued or running: not resubmitted
-    text = open(log).read()
-    assert "Caught signal SIGUSR2" in text and f"Requeued job {job}" in text
-    reached = re.search(r"interrupted at step (\d+) of 120; checkpointed at step (\d+)", text)
-    assert reached and 40 < int(reached.group(1)) == int(reached.group(2)), text[-3000:]
-    workdir = sweep.run_dir(sweep_dir, config)
-    assert verify(workdir) == []  # launch.verify's MATCH (here: compiled as the jobs were)
-    local_dir = str(tmp_path / "local")
-    sweep.run_sweep([config], local_dir, workers=0)
-    assert_same_results(finished(workdir), finished(sweep.run_dir(local_dir, config)))
 
 
 @pytest.mark.slurm
