@@ -5,7 +5,8 @@
         --manual_dir=../shared/data/omniglot --task=C3 --epochs=20 --workdir=/tmp/maml
 
 Re-running with the same --workdir resumes an interrupted run where it stopped
-(Ctrl-C checkpoints the step reached first), and prints the stored results of a
+(Ctrl-C, SIGTERM, SIGUSR1 or SIGUSR2 checkpoints the step reached first and exits
+with 128 + the signal's number), and prints the stored results of a
 finished one (--retest tests it again). Spec flags (--nss, --cci, ...) override
 the fields of --task. Every split the run samples tasks from is checked against
 the spec, and the first step's memory against the device's, before training.

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from cfsl_jax import evaluate as evaluation, progress, stops
-from cfsl_jax.training import loop, train
+from cfsl_jax import progress, stops
+from cfsl_jax.training import loop, pretrain, train
 from cfsl_jax.training.config import TrainConfig
 
 SIGINT, SIGTERM, SIGUSR1, SIGUSR2 = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1,
@@ -46,7 +46,7 @@ class Signaller:
         self.signum, self.marker, self.nth, self.delay = signum, marker, nth, delay
         self.seen, self.sent = 0, False
         self.ready, self.ended, self.lock = threading.Event(), threading.Event(), threading.Lock()
-        say, evaluate = progress.say, evaluation.evaluate
+        say, evaluate = progress.say, train.evaluate
 
         def watching(line: str) -> None:
             say(line)
@@ -57,8 +57,8 @@ class Signaller:
             return evaluate(*args, **kwargs)
 
         monkeypatch.setattr(progress, "say", watching)
-        monkeypatch.setattr(evaluation, "evaluate", evaluating)
-        monkeypatch.setattr(train, "evaluate", evaluating)
+        for module in (train, pretrain):  # what validation and the test call
+            monkeypatch.setattr(module, "evaluate", evaluating)
         self.thread = threading.Thread(target=self._fire, daemon=True)
         self.thread.start()
 
@@ -162,11 +162,13 @@ def check_chain(monkeypatch, capsys, tmp_path, config, moments, seed):
 def test_stops_during_meta_training_validation_and_test_resume_exactly(monkeypatch, capsys,
                                                                         tmp_path):
     """SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 at random steps of meta-training (4 steps an
-    epoch), one during validation, and SIGTERM during the test."""
+    epoch), SIGUSR1 during validation, and SIGINT, SIGUSR1 and SIGTERM during the test."""
     stopped = check_chain(monkeypatch, capsys, tmp_path, META, [
         (SIGINT, "[train] ", 3), (SIGTERM, "[train] ", 3), (SIGUSR1, "val", 2),
-        (SIGUSR2, "[train] ", 3), (SIGUSR1, "[train] ", 2), (SIGTERM, "eval", 1)], seed=0)
-    assert "during the test" in stopped[-1]
+        (SIGUSR2, "[train] ", 3), (SIGUSR1, "[train] ", 2), (SIGINT, "eval", 1),
+        (SIGUSR1, "eval", 1), (SIGTERM, "eval", 1)], seed=0)
+    assert all("during the test" in line for line in stopped[-3:])
+    assert not any("during the test" in line for line in stopped[:-3])
 
 
 def test_stops_during_pretraining_on_tasks_resume_exactly(monkeypatch, capsys, tmp_path):

@@ -198,6 +198,8 @@ def run(phase: Phase, state: TrainState, step_for: Callable[[int, TrainState], S
             for step in range(start, total):
                 epoch = step // phase.iters_per_epoch
                 step_fn = step_for(epoch, committed.state)
+                if not window.outs:  # steps/s counts training steps (not compiles, validation)
+                    window.clock = time.perf_counter()
                 with stops.deferred():
                     new_state, out = step_fn(committed.state, jax.random.fold_in(phase.key, step),
                                              jnp.float32(step / total))
