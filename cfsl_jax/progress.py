@@ -13,8 +13,8 @@ they show in a terminal, in a log file and in a Jupyter/Colab cell alike (absl's
 do not reach a notebook). A tracker prints when ``INTERVAL_S`` seconds passed since its last
 line, on its first update and on its last; a stage that runs long (an XLA compilation)
 prints ``still ...`` every ``HEARTBEAT_S`` seconds from a background thread, so a user
-never waits a minute in silence. ``CFSL_PROGRESS=0`` silences every line; ``PREFIX`` (e.g. a sweep run's name) starts every
-line.
+never waits a minute in silence. ``CFSL_PROGRESS=0`` silences every line; inside
+``with prefixed("name: ")`` (a sweep run) every line starts with the prefix.
 
 ``clock`` (seconds, monotonic) is a module attribute so that tests can replace it.
 
@@ -25,6 +25,7 @@ next ``Tracker.update``.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import sys
 import threading
@@ -35,7 +36,7 @@ from cfsl_jax import stops
 
 INTERVAL_S = 10.0  # the most seconds between two lines of one tracker
 HEARTBEAT_S = 10.0  # seconds between "still ..." lines of a long stage
-PREFIX = ""  # put before every line (a sweep worker: the run's name)
+_prefix: contextvars.ContextVar[str] = contextvars.ContextVar("progress_prefix", default="")
 
 clock: Callable[[], float] = time.monotonic
 
@@ -47,7 +48,18 @@ def enabled() -> bool:
 def say(line: str) -> None:
     """Print one progress line now (to the current ``sys.stdout``, flushed)."""
     if enabled():
-        print(PREFIX + line, file=sys.stdout, flush=True)
+        print(_prefix.get() + line, file=sys.stdout, flush=True)
+
+
+@contextlib.contextmanager
+def prefixed(prefix: str) -> Iterator[None]:
+    """Every line said inside (in this thread and the stages it starts) starts with
+    ``prefix``."""
+    token = _prefix.set(_prefix.get() + prefix)
+    try:
+        yield
+    finally:
+        _prefix.reset(token)
 
 
 def duration(seconds: float) -> str:
@@ -134,22 +146,34 @@ def track(items, what: str, unit: str = "", total: int | None = None) -> Iterato
 
 
 @contextlib.contextmanager
-def stage(what: str, heartbeat: float | None = None) -> Iterator[None]:
-    """``what ...`` now, ``still what (Ns)`` every ``heartbeat`` s, ``what: N s`` at the end."""
-    say(f"{what} ...")
+def stage(what: str, heartbeat: float | None = None,
+          quiet_below: float | None = None) -> Iterator[None]:
+    """``what ...`` now, ``still what (Ns)`` every ``heartbeat`` s, ``what: N s`` at the end;
+    with ``quiet_below``, the first line comes only once the stage has run that many seconds,
+    and a stage that ends before prints nothing."""
     started = clock()
     stop = threading.Event()
     period = HEARTBEAT_S if heartbeat is None else heartbeat
+    announced = threading.Event()
+    if quiet_below is None:
+        say(f"{what} ...")
+        announced.set()
 
     def beat():
+        if not announced.is_set():
+            if stop.wait(quiet_below):
+                return
+            say(f"{what} ...")
+            announced.set()
         while not stop.wait(period):
             say(f"  still {what} ({duration(clock() - started)})")
 
-    thread = threading.Thread(target=beat, daemon=True)
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(beat,), daemon=True)
     thread.start()
     try:
         yield
     finally:
         stop.set()
         thread.join()
-    say(f"{what}: done in {duration(clock() - started)}")
+    if announced.is_set():
+        say(f"{what}: done in {duration(clock() - started)}")

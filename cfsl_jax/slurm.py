@@ -37,7 +37,8 @@ import subprocess
 import time
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
-from cfsl_jax import progress, results, train
+from cfsl_jax import progress, results
+from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.errors import UserError
 from cfsl_jax.slurm_jobs import RunJob, StreamJob, _Job, handle_sigterm  # noqa: F401
 from cfsl_jax.sweep_plan import Run, run_dir, status
@@ -170,7 +171,7 @@ class Work(NamedTuple):
     status: Callable[[], str]  # from its files: "done", "conflict", or anything else (to do)
 
 
-def sweep_work(configs: Sequence[train.TrainConfig], sweep_dir: str) -> list[Work]:
+def sweep_work(configs: Sequence[TrainConfig], sweep_dir: str) -> list[Work]:
     """The runs of a sweep, as ``RunJob(...)(config_json, workdir)`` jobs."""
     out = []
     for config in configs:
@@ -323,7 +324,7 @@ def prepare_datasets(works: Sequence[Work], log: Callable[[str], None] = print) 
     once, so that jobs never prepare the same TFDS dataset at the same time (synthetic data is
     made by each run)."""
     from cfsl_jax import sweep
-    configs = [train.TrainConfig(**work.args[0]) for work in works]
+    configs = [TrainConfig(**work.args[0]) for work in works]
     sources = {(c.dataset, c.data_dir, c.manual_dir, repr(sorted(c.dataset_options.items()))): c
                for c in configs if c.dataset != "synthetic"}
     for config in sources.values():

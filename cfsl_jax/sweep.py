@@ -3,7 +3,7 @@ each run in its own workdir (the grid, the layout and the run statuses: ``cfsl_j
 whose names are importable from here too).
 
     from cfsl_jax import sweep
-    from cfsl_jax.train import TrainConfig
+    from cfsl_jax.training.config import TrainConfig
     configs, skipped = sweep.grid(TrainConfig(epochs=2), learners=("protonets", "init_tune"),
                                   cells=("B3", "C3"), seeds=(0, 1))
     outcomes = sweep.run_sweep(configs, "/tmp/sweep", workers=2)
@@ -50,7 +50,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 
-from cfsl_jax import data, progress, stops, train
+from cfsl_jax import data, progress, stops
+from cfsl_jax.training import train
+from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.errors import UserError
 from cfsl_jax.sweep_plan import (  # noqa: F401  (re-exported: planning a sweep)
     STATUSES, Outcome, Run, check_learners, grid, impossible, parse_shard, plan, run_dir,
@@ -118,7 +120,7 @@ def prepare_data(config_json: dict) -> str:
     """Load (preparing on first use) every split of a config's dataset; returns "" or the
     error. Run once per dataset before the runs, so that parallel runs never prepare the
     same TFDS dataset at the same time."""
-    config = train.TrainConfig(**config_json)
+    config = TrainConfig(**config_json)
     try:
         for split in data.SPLITS:
             data.load_split(config.dataset, split, data_dir=config.data_dir,
@@ -135,10 +137,10 @@ def execute(config_json: dict, workdir: str) -> tuple[str, float, str]:
     started = time.perf_counter()
     if _stopping:
         return "interrupted", 0.0, "not started"
-    progress.PREFIX = (f"{config_json['learner']}/{config_json['task']}/seed"
-                       f"{config_json['seed']}: ")
+    prefix = f"{config_json['learner']}/{config_json['task']}/seed{config_json['seed']}: "
     try:
-        out = train.train_and_evaluate(train.TrainConfig(**config_json), workdir)
+        with progress.prefixed(prefix):
+            out = train.train_and_evaluate(TrainConfig(**config_json), workdir)
     except KeyboardInterrupt as error:
         return "interrupted", time.perf_counter() - started, str(error) or "interrupted"
     except UserError as error:  # one line: the run cannot be done as configured
@@ -149,8 +151,6 @@ def execute(config_json: dict, workdir: str) -> tuple[str, float, str]:
         with open(os.path.join(workdir, "error.log"), "w") as f:
             f.write(detail)
         return "failed", time.perf_counter() - started, detail
-    finally:
-        progress.PREFIX = ""
     error_log = os.path.join(workdir, "error.log")
     if os.path.exists(error_log):
         os.remove(error_log)
@@ -167,7 +167,7 @@ def worker_jax_options(sweep_dir: str) -> dict[str, Any]:
     return options
 
 
-def run_sweep(configs: Sequence[train.TrainConfig], sweep_dir: str, workers: int | None = None,
+def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | None = None,
               jax_options: Mapping[str, Any] | None = None,
               log: Callable[[str], None] = print) -> list[Outcome]:
     """Run every run of ``configs`` that is not done; returns one Outcome per run (in the

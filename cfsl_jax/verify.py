@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from cfsl_jax import progress, results, train
+from cfsl_jax import progress, results
+from cfsl_jax.training import runs
 from cfsl_jax.errors import UserError
 from cfsl_jax.evaluate import task_fingerprint
 
@@ -18,13 +19,13 @@ def verify(workdir: str, metrics: bool = True) -> list[str]:
     ``metrics`` and the run has finished, the test metrics from its
     checkpoints (equal bit for bit on the same backend).
     """
-    config = train.load_config(workdir)
+    config = runs.load_config(workdir)
     path = os.path.join(workdir, "results.json")
     if not os.path.isfile(path):
         raise UserError(f"--workdir={workdir} holds no finished run (no results.json): finish "
                         f"it first (re-run its launch.train command)")
     recorded = results.read_json(path)
-    learner, splits = train.build(config)
+    learner, splits = runs.build(config)
     differences = []
     sizes = results.split_sizes(splits)
     if sizes != recorded["splits"]:
@@ -36,11 +37,11 @@ def verify(workdir: str, metrics: bool = True) -> list[str]:
         differences.append(f"task_fingerprint: recorded {recorded['task_fingerprint']}, "
                            f"now {fingerprint}")
     if metrics and not differences:
-        params = train.restore_params(config, learner, splits, workdir, ensemble=True)
+        params = runs.restore_params(config, learner, splits, workdir, ensemble=True)
         from cfsl_jax.evaluate import evaluate
         report = evaluate(learner, params, splits["test"], num_tasks=config.test_tasks,
                           seed=config.seed, batch_size=config.eval_batch,
-                          ensemble=train.selects_epochs(config, learner), cost_metrics=False)
+                          ensemble=runs.selects_epochs(config, learner), cost_metrics=False)
         for name in CHECKED_METRICS:
             if report[name] != recorded["test"][name]:
                 differences.append(f"{name}: recorded {recorded['test'][name]!r}, "

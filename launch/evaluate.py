@@ -17,7 +17,7 @@ import os
 
 from absl import flags
 
-from cfsl_jax import train
+from cfsl_jax.training import runs, train
 from cfsl_jax.learners import get_learner
 
 from . import cli
@@ -31,7 +31,7 @@ def main(argv) -> None:
     workdir = FLAGS.workdir
     mesh = train_cli.mesh_from_flags()
     if os.path.exists(os.path.join(workdir, "config.json")):
-        train.evaluate_run(workdir, num_tasks=None, mesh=mesh)
+        runs.evaluate_run(workdir, num_tasks=None, mesh=mesh)
         return
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise cli.UserError(f"--workdir={workdir} is a file, not a folder")

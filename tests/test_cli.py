@@ -18,7 +18,9 @@ import zipfile
 
 import pytest
 
-from cfsl_jax import memory, progress, runs, stops, train
+from cfsl_jax import memory, progress, stops
+from cfsl_jax.training import runs, train
+from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.errors import UserError
 from conftest import interruptible_module
 
@@ -94,7 +96,7 @@ def assert_help(outcome, command: str) -> None:
 
 
 def write_tiny_workdir(workdir: str, seed: int = 0) -> None:
-    config = train.TrainConfig(
+    config = TrainConfig(
         learner_options={"filters": 8}, dataset_options={"num_classes": 60,
                                                          "samples_per_class": 8},
         task="B2", spec_overrides={"nc": 3, "kt": 2}, epochs=2, iters_per_epoch=3, meta_batch=2,
@@ -106,8 +108,11 @@ def test_train_mistakes_are_one_line_with_status_2(tmp_path, omniglot_dir, data_
                                                    omniglot_splits):
     workdir, a_file = str(tmp_path / "w"), str(tmp_path / "a_file")
     open(a_file, "w").close()
-    taken = str(tmp_path / "taken")
+    taken, truncated = str(tmp_path / "taken"), str(tmp_path / "truncated")
     write_tiny_workdir(taken, seed=0)
+    write_tiny_workdir(truncated, seed=0)
+    with open(os.path.join(truncated, "config.json"), "r+") as f:
+        f.truncate(40)  # as a kill in the middle of a non-atomic write would leave it
     empty, offline, corrupt = (str(tmp_path / name) for name in ("empty", "offline", "corrupt"))
     for folder in (empty, offline, corrupt):
         os.makedirs(folder)
@@ -129,6 +134,7 @@ def test_train_mistakes_are_one_line_with_status_2(tmp_path, omniglot_dir, data_
         "extra": ["extra", f"--workdir={workdir}"],
         "workdir is a file": [*TINY_ARGS, f"--workdir={a_file}"],
         "other config": [*TINY_ARGS, "--seed=1", f"--workdir={taken}"],
+        "truncated config": [*TINY_ARGS, f"--workdir={truncated}"],
         "val split too small": [*small, "--task=B10", f"--workdir={workdir}"],
         "nc too large for val": ["--task=B5", "--nc=50", f"--workdir={workdir}"],
         "no archives": ["--dataset=omniglot/small", f"--manual_dir={empty}",
@@ -154,6 +160,8 @@ def test_train_mistakes_are_one_line_with_status_2(tmp_path, omniglot_dir, data_
     assert_error(out["extra"], "unexpected arguments ['extra']")
     assert_error(out["workdir is a file"], f"--workdir={a_file} is a file")
     assert_error(out["other config"], "holds a run with a different config (fields ['seed'])")
+    assert_error(out["truncated config"], f"{truncated}/config.json is not valid JSON (truncated "
+                                          f"or corrupt: ")
     assert_error(out["val split too small"], "--task=B10 cannot be sampled from the val split of "
                                              "omniglot/small: ")
     assert "50 distinct classes, but the split has 31" in out["val split too small"][2]
@@ -179,9 +187,15 @@ def test_other_commands_mistakes_are_one_line_with_status_2(tmp_path, omniglot_d
     assert_error(evaluate[0], f"--workdir={missing} does not exist")
     assert_error(evaluate[1], "--learner=protonets is meta-trained: run launch.train first")
     assert_help(evaluate[2], "evaluate")
-    verify = run_cases("verify", [[f"--workdir={missing}"], ["--help"]])
+    corrupt = str(tmp_path / "sweep_done" / "run")
+    write_tiny_workdir(corrupt)
+    with open(os.path.join(corrupt, "results.json"), "w") as f:
+        f.write('{"learner": "protonets", "test": {"acc_m')
+    verify = run_cases("verify", [[f"--workdir={missing}"], ["--help"],
+                                  [f"--workdir={corrupt}"]])
     assert_error(verify[0], f"--workdir={missing} does not exist")
     assert_help(verify[1], "verify")
+    assert_error(verify[2], f"{corrupt}/results.json is not valid JSON")
     show = run_cases("show_task", [["--dataset=nope"], ["--task=z9"],
                                    [*small, "--split=val", "--task=B10"], ["--help"]])
     assert_help(show[3], "show_task")
@@ -203,9 +217,10 @@ def test_other_commands_mistakes_are_one_line_with_status_2(tmp_path, omniglot_d
     assert lines[-1] == "2 runs: 1 impossible, 1 new"
     assert any(line.startswith("impossible omniglot/small/protonets/B10/seed0") and
                "cannot be sampled from the val split of omniglot/small" in line for line in lines)
-    report = run_cases("report", [[], ["--help"]])
+    report = run_cases("report", [[], ["--help"], [f"--sweep_dir={tmp_path / 'sweep_done'}"]])
     assert_error(report[0], "give --sweep_dir")
     assert_help(report[1], "report")
+    assert_error(report[2], f"{corrupt}/results.json is not valid JSON")
     assert not os.path.exists(sweep_dir) and not os.path.exists(missing)
 
 
@@ -250,7 +265,7 @@ def test_sigterm_checkpoints_training_and_says_how_to_resume(tmp_path):
 def test_out_of_memory_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     monkeypatch.setattr(memory, "available_ram", lambda: 1024)
     workdir = str(tmp_path / "run")
-    config = train.TrainConfig(
+    config = TrainConfig(
         learner_options={"filters": 8}, dataset_options={"num_classes": 60,
                                                          "samples_per_class": 8},
         task="B2", spec_overrides={"nc": 3, "kt": 2}, epochs=1, iters_per_epoch=2, meta_batch=2,
@@ -337,7 +352,7 @@ def test_training_never_goes_15_s_without_a_progress_line(tmp_path, monkeypatch)
 
     monkeypatch.setattr(progress, "clock", clock)
     monkeypatch.setattr(progress, "say", lambda line: lines.append((now[0], line)))
-    config = train.TrainConfig(
+    config = TrainConfig(
         learner_options={"filters": 8}, dataset_options={"num_classes": 60,
                                                          "samples_per_class": 8},
         task="B2", spec_overrides={"nc": 3, "kt": 2}, epochs=2, iters_per_epoch=20, meta_batch=2,

@@ -23,14 +23,15 @@ import time
 import jax
 import pytest
 
-from cfsl_jax import results, slurm, sweep, train
+from cfsl_jax import results, slurm, sweep
+from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.errors import UserError
 from cfsl_jax.fluid import experiment
 from cfsl_jax.verify import verify
 from test_cli import assert_error, run_cases
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = train.TrainConfig(
+TINY = TrainConfig(
     learner="protonets", learner_options={"filters": 8}, dataset="synthetic",
     dataset_options={"num_classes": 60, "samples_per_class": 8},
     spec_overrides={"nc": 3, "kt": 2}, epochs=2, iters_per_epoch=30, meta_batch=2,

@@ -16,17 +16,19 @@ import time
 
 import pytest
 
-from cfsl_jax import evaluate as evaluation, progress, stops, train
+from cfsl_jax import progress, stops
+from cfsl_jax.training import loop, pretrain, train
+from cfsl_jax.training.config import TrainConfig
 
 SIGINT, SIGTERM, SIGUSR1, SIGUSR2 = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1,
                                      signal.SIGUSR2)
 
-META = train.TrainConfig(
+META = TrainConfig(
     learner="protonets", learner_options={"filters": 8}, dataset="synthetic",
     dataset_options={"num_classes": 60, "samples_per_class": 8}, task="B2",
     spec_overrides={"nc": 3, "kt": 2}, epochs=3, iters_per_epoch=4, meta_batch=2,
     val_tasks=6, test_tasks=7, eval_batch=4, keep_best=2, log_every=1)
-PRETRAIN = train.TrainConfig(
+PRETRAIN = TrainConfig(
     learner="pretrain_tune", learner_options={"filters": 8, "inner_steps": 1},
     dataset="synthetic", dataset_options={"num_classes": 40, "samples_per_class": 6,
                                           "image_size": 16},
@@ -44,7 +46,7 @@ class Signaller:
         self.signum, self.marker, self.nth, self.delay = signum, marker, nth, delay
         self.seen, self.sent = 0, False
         self.ready, self.ended, self.lock = threading.Event(), threading.Event(), threading.Lock()
-        say, evaluate = progress.say, evaluation.evaluate
+        say, evaluate = progress.say, train.evaluate
 
         def watching(line: str) -> None:
             say(line)
@@ -55,8 +57,8 @@ class Signaller:
             return evaluate(*args, **kwargs)
 
         monkeypatch.setattr(progress, "say", watching)
-        monkeypatch.setattr(evaluation, "evaluate", evaluating)
-        monkeypatch.setattr(train, "evaluate", evaluating)
+        for module in (train, pretrain):  # what validation and the test call
+            monkeypatch.setattr(module, "evaluate", evaluating)
         self.thread = threading.Thread(target=self._fire, daemon=True)
         self.thread.start()
 
@@ -93,7 +95,7 @@ def run_until_stopped(monkeypatch, config, workdir, signum, marker, nth, delay):
             train.train_and_evaluate(config, workdir)
         finally:
             signaller.end()
-    except train.Stopped as stopped:
+    except (loop.Stopped, SystemExit) as stopped:
         return stopped
     except stops.StopRequested:  # sent as the run returned: it finished
         stops.clear()
@@ -103,10 +105,15 @@ def run_until_stopped(monkeypatch, config, workdir, signum, marker, nth, delay):
     return None
 
 
-def check_chain(monkeypatch, tmp_path, config, moments, seed):
+def scheduler_exit(signum, frame):
+    """A scheduler library's handler (as submitit's): requeue, then ``sys.exit``."""
+    raise SystemExit(-1)
+
+
+def check_chain(monkeypatch, capsys, tmp_path, config, moments, seed):
     """Stop ``config``'s run at each of ``moments`` ((signal, marker, max nth) in order), each
     at a seeded random line and delay, resuming after each; the final results must equal the
-    uninterrupted run's."""
+    uninterrupted run's. A negative signal: its number, handled by ``scheduler_exit``."""
     previous = {s: signal.getsignal(s) for s in stops.SIGNALS}
     signal.signal(SIGINT, signal.default_int_handler)  # as in a terminal (see conftest)
     rng = random.Random(seed)
@@ -114,6 +121,10 @@ def check_chain(monkeypatch, tmp_path, config, moments, seed):
     stopped_at = []
     try:
         for signum, marker, lines in moments:
+            foreign = signum < 0
+            signum = abs(signum)
+            default = signal.default_int_handler if signum == SIGINT else signal.SIG_DFL
+            signal.signal(signum, scheduler_exit if foreign else default)
             for attempt in range(3):  # a moment after the phase ended: try an earlier one
                 delay = 0.0 if marker in ("val", "eval") else rng.uniform(0.0, 0.05)
                 stop = run_until_stopped(monkeypatch, config, workdir, signum, marker,
@@ -122,6 +133,13 @@ def check_chain(monkeypatch, tmp_path, config, moments, seed):
                     break
                 lines = 1
             assert stop is not None, f"{stops.name(signum)} at {marker!r} never landed"
+            signal.signal(signum, default)
+            if foreign:
+                assert isinstance(stop, SystemExit) and stop.code == -1
+                message = capsys.readouterr().err.strip().splitlines()[-1]
+                assert " at step " in message and message.endswith("to resume"), message
+                stopped_at.append(message)
+                continue
             message = str(stop)
             assert stop.exit_status == 128 + signum
             assert message.endswith(f"in {workdir}: re-run the same command to resume") or (
@@ -141,22 +159,26 @@ def check_chain(monkeypatch, tmp_path, config, moments, seed):
     return stopped_at
 
 
-def test_stops_during_meta_training_validation_and_test_resume_exactly(monkeypatch, tmp_path):
+def test_stops_during_meta_training_validation_and_test_resume_exactly(monkeypatch, capsys,
+                                                                        tmp_path):
     """SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 at random steps of meta-training (4 steps an
-    epoch), one during validation, and SIGTERM during the test."""
-    stopped = check_chain(monkeypatch, tmp_path, META, [
+    epoch), SIGUSR1 during validation, and SIGINT, SIGUSR1 and SIGTERM during the test."""
+    stopped = check_chain(monkeypatch, capsys, tmp_path, META, [
         (SIGINT, "[train] ", 3), (SIGTERM, "[train] ", 3), (SIGUSR1, "val", 2),
-        (SIGUSR2, "[train] ", 3), (SIGUSR1, "[train] ", 2), (SIGTERM, "eval", 1)], seed=0)
-    assert "during the test" in stopped[-1]
+        (SIGUSR2, "[train] ", 3), (SIGUSR1, "[train] ", 2), (SIGINT, "eval", 1),
+        (SIGUSR1, "eval", 1), (SIGTERM, "eval", 1)], seed=0)
+    assert all("during the test" in line for line in stopped[-3:])
+    assert not any("during the test" in line for line in stopped[:-3])
 
 
-def test_stops_during_pretraining_on_tasks_resume_exactly(monkeypatch, tmp_path):
-    """Pretrain+Tune's task pretraining (the default): SIGTERM and SIGINT at random steps."""
+def test_stops_during_pretraining_on_tasks_resume_exactly(monkeypatch, capsys, tmp_path):
+    """Pretrain+Tune's task pretraining (the default): SIGTERM and SIGINT at random steps, and
+    a scheduler library's SIGUSR2 handler raising SystemExit."""
     assert PRETRAIN.pretrain_data == "tasks"
-    stopped = check_chain(monkeypatch, tmp_path, PRETRAIN, [
-        (SIGTERM, "[pretrain] ", 4), (SIGINT, "[pretrain] ", 4), (SIGTERM, "[pretrain] ", 3)],
+    stopped = check_chain(monkeypatch, capsys, tmp_path, PRETRAIN, [
+        (SIGTERM, "[pretrain] ", 4), (SIGINT, "[pretrain] ", 4), (-SIGUSR2, "[pretrain] ", 3)],
         seed=1)
-    assert all("SIG" in line and " at step " in line for line in stopped)
+    assert all(" at step " in line for line in stopped)
 
 
 def test_a_stop_inside_a_deferred_block_waits_for_its_end():

@@ -38,7 +38,9 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from cfsl_jax import checkpoints, progress, results, stops
+from cfsl_jax import progress, results, stops
+from cfsl_jax.training import checkpoints
+from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.tracking import Tracking
 
 
@@ -81,6 +83,12 @@ class Phase:
     @property
     def total(self) -> int:
         return self.epochs * self.iters_per_epoch
+
+
+def phase(config: TrainConfig, name: str, what: str, key: jax.Array) -> Phase:
+    """The schedule of a run's training phase."""
+    return Phase(name, what, config.epochs, config.iters_per_epoch, config.checkpoint_every,
+                 config.log_every, key)
 
 
 class Committed(NamedTuple):
@@ -190,6 +198,8 @@ def run(phase: Phase, state: TrainState, step_for: Callable[[int, TrainState], S
             for step in range(start, total):
                 epoch = step // phase.iters_per_epoch
                 step_fn = step_for(epoch, committed.state)
+                if not window.outs:  # steps/s counts training steps (not compiles, validation)
+                    window.clock = time.perf_counter()
                 with stops.deferred():
                     new_state, out = step_fn(committed.state, jax.random.fold_in(phase.key, step),
                                              jnp.float32(step / total))
@@ -231,3 +241,30 @@ def run(phase: Phase, state: TrainState, step_for: Callable[[int, TrainState], S
 def _alive(state: TrainState) -> bool:
     """Whether no buffer of ``state`` was donated to a step that did not return."""
     return not any(getattr(leaf, "is_deleted", lambda: False)() for leaf in jax.tree.leaves(state))
+
+
+def run_steps(what: str, unit: str, steps: int, state: Any,
+              step: Callable[[Any, jax.Array], tuple[Any, dict[str, jax.Array]]],
+              key: jax.Array, log_every: int | None = None) -> Any:
+    """The plain loop (no epochs, validation or checkpoints): ``state, metrics = step(state,
+    fold_in(key, s))`` for ``s < steps``, with progress lines (the device's metrics are read
+    only for a line) and, every ``log_every`` steps, an absl line of the metrics' mean since the
+    last one (one host read each)."""
+    window: list[dict[str, jax.Array]] = []
+    started = time.perf_counter()
+    bar = progress.tracker(what, steps, unit)
+    for s in range(steps):
+        state, out = step(state, jax.random.fold_in(key, s))
+        if bar.due() or s + 1 == steps:
+            bar.update(s + 1, **{name: float(value) for name, value in out.items()})
+        if log_every:
+            window.append(out)
+            if (s + 1) % log_every == 0 or s + 1 == steps:
+                means = {name: float(np.mean([v[name] for v in jax.device_get(window)]))
+                         for name in out}
+                logging.info("%s step %d/%d: %s (%.1f steps/s)", what, s + 1, steps,
+                             " ".join(f"{name} {value:.4f}" for name, value in means.items()),
+                             (s + 1) / (time.perf_counter() - started))
+                window.clear()
+    return state
+

@@ -53,7 +53,7 @@ class Tracking:
         if workdir and wandb_project and primary:
             wandb = _optional("wandb", "--wandb_project", "wandb")
             self.wandb_run = wandb.init(project=wandb_project, name=os.path.basename(
-                os.path.abspath(workdir)), config=dict(config or {}), resume="allow")
+                os.path.abspath(workdir)), config=dict(config or {}))
         if not primary:
             self.path = None
 

@@ -44,20 +44,21 @@ from __future__ import annotations
 
 import functools
 import math
-import time
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from absl import logging
 
-from cfsl_jax import data, progress, sampler, seeding
+from cfsl_jax import data, sampler, seeding
+from cfsl_jax.evaluate import evaluate
+from cfsl_jax.training import checkpoints, loop
+from cfsl_jax.training.config import TrainConfig
+from cfsl_jax.training.tracking import Tracking
 from cfsl_jax.learners.base import Learner, Params
 from cfsl_jax.models.conv4 import LinearHead
 
-PRETRAIN_DATA: tuple[str, ...] = ("tasks", "uniform")
 
 
 class PretrainState(NamedTuple):
@@ -158,21 +159,11 @@ def pretrain(learner: Learner, params: Params, split: data.Split, key: jax.Array
     hyper = dict(learner=learner, num_classes=num_classes, batch_size=batch_size,
                  learning_rate=learning_rate, weight_decay=weight_decay)
 
-    window: list[tuple[jax.Array, jax.Array]] = []
-    start = time.perf_counter()
-    bar = progress.tracker("pretrain", steps, "steps")
-    for step in range(steps):
-        state, loss, accuracy = train_step(state, split, pool,
-                                           jax.random.fold_in(data_key, step), **hyper)
-        if bar.due() or step + 1 == steps:  # syncs the device only when a line is due
-            bar.update(step + 1, loss=float(loss), acc=float(accuracy))
-        window.append((loss, accuracy))
-        if (step + 1) % log_every == 0 or step + 1 == steps:
-            losses, accuracies = np.asarray(window).T  # one host sync per log line
-            logging.info("pretrain step %d/%d: loss %.4f accuracy %.4f (%.1f steps/s)",
-                         step + 1, steps, losses.mean(), accuracies.mean(),
-                         (step + 1) / (time.perf_counter() - start))
-            window.clear()
+    def one(state, key):
+        state, loss, accuracy = train_step(state, split, pool, key, **hyper)
+        return state, {"loss": loss, "acc": accuracy}
+
+    state = loop.run_steps("pretrain", "steps", steps, state, one, data_key, log_every)
     return {**params, "embed": state.params["embed"]}
 
 
@@ -212,18 +203,14 @@ def task_step(state: PretrainState, split: data.Split, classes: jax.Array, key: 
                    learning_rate, weight_decay)
 
 
-def pretrain_on_tasks(config, learner: Learner, params: Params, splits: dict[str, data.Split],
-                      workdir: str, ckpt, stop_after_steps: int | None = None, mesh=None,
-                      tracking=None) -> Params:
+def pretrain_on_tasks(config: TrainConfig, learner: Learner, params: Params, splits: dict[str, data.Split],
+                      workdir: str, ckpt: checkpoints.Checkpoints,
+                      stop_after_steps: int | None = None, mesh=None,
+                      tracking: Tracking | None = None) -> Params:
     """Pretrain ``params["embed"]`` on sampled training tasks for the run's schedule, selecting
     epochs on validation; returns the ensemble (stacked along a leading axis) of the best
-    ``config.keep_best`` epochs' params. ``config`` is a ``train.TrainConfig``; ``ckpt`` the
-    run's ``checkpoints.Checkpoints``. Resumes from ``ckpt``'s latest checkpoint."""
-    from cfsl_jax import checkpoints
-    from cfsl_jax.evaluate import evaluate
-    from cfsl_jax.train import phase_of
-    from cfsl_jax.training import loop
-
+    ``config.keep_best`` epochs' params. Resumes from ``ckpt``'s latest checkpoint; the epoch
+    loop (stops, NaN check, validation, keep-best) is ``loop.run``."""
     if learner.embed_apply is None:
         raise ValueError(f"learner {learner.name!r} has no embed_apply to pretrain "
                          f"(training={learner.training!r})")
@@ -247,7 +234,7 @@ def pretrain_on_tasks(config, learner: Learner, params: Params, splits: dict[str
                         seed=config.seed, purpose="val", batch_size=config.eval_batch,
                         cost_metrics=False, mesh=mesh), current
 
-    phase = phase_of(config, "pretrain", "pretraining", data_key)
+    phase = loop.phase(config, "pretrain", "pretraining", data_key)
     loop.run(phase, loop.TrainState(*state), lambda epoch, state: step, validate, ckpt, workdir,
              tracking=tracking, stop_after_steps=stop_after_steps)
     return checkpoints.stack(ckpt.restore_best(params))

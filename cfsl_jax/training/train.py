@@ -1,6 +1,7 @@
 """Meta-training: one jitted step per meta-batch, validation per epoch, best-5 ensemble test.
 
-    from cfsl_jax.train import TrainConfig, train_and_evaluate
+    from cfsl_jax.training.config import TrainConfig
+    from cfsl_jax.training.train import train_and_evaluate
     results = train_and_evaluate(TrainConfig(learner="protonets", task="B3"), "/tmp/run")
 
 A training step is one XLA program: it samples a meta-batch of tasks from
@@ -12,13 +13,13 @@ resumed from ``checkpoints/latest`` continues bit for bit. After each epoch the
 learner is validated on a fixed set of validation tasks; the best
 ``keep_best`` epochs are kept and the test uses their ensemble (mean logits).
 Learners with ``training="pretrain"`` are pretrained instead
-(``cfsl_jax.pretrain``: by default on the images of sampled training tasks, with the
+(``cfsl_jax.training.pretrain``: by default on the images of sampled training tasks, with the
 same epochs, validation and ensemble; ``pretrain_data="uniform"`` for
 ``pretrain_steps`` batches of uniformly drawn images); ``training="none"``
 learners are only evaluated.
-The run's config, the learner and splits it builds, its workdir checks, and
-restoring or re-testing a finished run are ``cfsl_jax.runs`` (importable from here
-too: ``TrainConfig``, ``build``, ``restore``, ``evaluate_run``, ...).
+The run's config is ``cfsl_jax.training.config``; the learner and splits it builds, its
+workdir checks, and restoring or re-testing a finished run are ``cfsl_jax.training.runs``; the
+epoch loop (resume, stops, checkpoints, validation) is ``cfsl_jax.training.loop``.
 """
 
 from __future__ import annotations
@@ -35,19 +36,17 @@ import optax
 
 from jax.sharding import Mesh
 
-from cfsl_jax import checkpoints, data, episode, memory, metrics, parallel, progress, results
-from cfsl_jax import seeding, stops
+from cfsl_jax import backend, data, episode, memory, metrics, parallel, progress, results, seeding, stops
 from cfsl_jax.errors import UserError
 from cfsl_jax.evaluate import evaluate
 from cfsl_jax.learners import get_learner
 from cfsl_jax.learners.base import Learner
-from cfsl_jax.runs import (  # noqa: F401  (re-exported: a run's config, data and workdir)
-    LEGACY_DEFAULTS, TrainConfig, build, check_feasible, check_workdir_config,
-    config_differences, evaluate_run, finished_results, init_params, load_config, load_splits,
-    restore, restore_params, selects_epochs, splits_touched)
 from cfsl_jax.sampler import sample_task
-from cfsl_jax.training import loop
-from cfsl_jax.training.loop import Interrupted, Stopped  # noqa: F401  (re-exported)
+from cfsl_jax.training import checkpoints, loop
+from cfsl_jax.training.config import TrainConfig
+from cfsl_jax.training.pretrain import pretrain, pretrain_on_tasks
+from cfsl_jax.training.runs import (build, check_workdir_config, evaluate_run, finished_results,
+                                    init_params, selects_epochs)
 from cfsl_jax.training.tracking import Tracking
 
 
@@ -137,17 +136,11 @@ def meta_train(config: TrainConfig, learner: Learner, params: Any, splits, workd
                         seed=config.seed, purpose="val", batch_size=config.eval_batch,
                         cost_metrics=False, mesh=mesh), state.params
 
-    phase = phase_of(config, "train", "meta-training", train_key)
+    phase = loop.phase(config, "train", "meta-training", train_key)
     state = loop.run(phase, state, step_for, validate, ckpt, workdir,
                      place=lambda s: parallel.replicate(s, mesh), tracking=tracking,
                      stop_after_steps=stop_after_steps)
     return state.params
-
-
-def phase_of(config: TrainConfig, name: str, what: str, key: jax.Array) -> loop.Phase:
-    """The schedule of a run's training phase."""
-    return loop.Phase(name, what, config.epochs, config.iters_per_epoch, config.checkpoint_every,
-                      config.log_every, key)
 
 
 def compile_train_step(learner: Learner, optimizer: optax.GradientTransformation,
@@ -223,13 +216,13 @@ def _is_user_error(error: BaseException) -> bool:
 
 def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int | None,
                         mesh: Mesh | None) -> dict[str, Any]:
-    started = time.perf_counter()
+    started, compiled = time.perf_counter(), backend.compile_totals()
     mesh = mesh or parallel.make_mesh()
     learner, splits = build(config)
     check_workdir_config(workdir, config)
     params = init_params(learner, splits["train"], config.seed)
     ckpt = checkpoints.Checkpoints(workdir, config.keep_best)
-    tracking = Tracking(workdir)
+    tracking = Tracking(workdir, config.tensorboard, config.wandb_project, config.to_json())
     try:
         ensemble = False
         if learner.training == "meta":
@@ -238,12 +231,10 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
             params = checkpoints.stack(ckpt.restore_best(params))
             ensemble = True
         elif selects_epochs(config, learner):  # pretraining on tasks, the authors' way
-            from cfsl_jax.pretrain import pretrain_on_tasks
             params = pretrain_on_tasks(config, learner, params, splits, workdir, ckpt,
                                        stop_after_steps, mesh, tracking)
             ensemble = True
         elif learner.training == "pretrain":
-            from cfsl_jax.pretrain import pretrain
             pretrained = ckpt.restore_pretrained(params)
             if pretrained is None:
                 pretrained = pretrain(learner, params, splits["train"],
@@ -270,9 +261,11 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
                 stop.exit_status) from None
         out = results.record(config, learner, splits, report, workdir,
                              wall_seconds=time.perf_counter() - started,
-                             best_epochs=ckpt.best_epochs() if ensemble else [])
-        tracking.scalars("test", 0, {k: report[k] for k in (
-            "acc_mean", "acc_std", "acc_ci95", "ce_mean", "ce_std", "group_acc")
+                             best_epochs=ckpt.best_epochs() if ensemble else [],
+                             compile_since=compiled)
+        tracking.scalars("test", config.epochs * config.iters_per_epoch if ensemble else 0, {
+            k: report[k] for k in (
+                "acc_mean", "acc_std", "acc_ci95", "ce_mean", "ce_std", "group_acc")
             if k in report})
     finally:
         tracking.close()
