@@ -52,7 +52,8 @@ from cfsl_jax.evaluate import evaluate
 from cfsl_jax.learners import LEARNERS, get_learner
 from cfsl_jax.sampler import sample_task
 from cfsl_jax.spec import TaskSpec
-from cfsl_jax.train import TrainConfig, make_optimizer, make_train_step
+from cfsl_jax.training.config import TrainConfig
+from cfsl_jax.training.train import make_optimizer, make_train_step
 
 _LEARNERS = flags.DEFINE_list("learners", ["protonets", "init_tune", "maml_low", "maml_high",
                                            "sca"], f"Learners, of {', '.join(LEARNERS)}.")

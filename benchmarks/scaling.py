@@ -36,7 +36,8 @@ from cfsl_jax import data, parallel  # noqa: E402
 from cfsl_jax.evaluate import evaluate  # noqa: E402
 from cfsl_jax.learners import get_learner  # noqa: E402
 from cfsl_jax.spec import TaskSpec  # noqa: E402
-from cfsl_jax.train import TrainConfig, make_optimizer, make_train_step  # noqa: E402
+from cfsl_jax.training.config import TrainConfig  # noqa: E402
+from cfsl_jax.training.train import make_optimizer, make_train_step  # noqa: E402
 
 _LEARNERS = flags.DEFINE_list("learners", ["protonets", "init_tune"], "Learners to time.")
 _DEVICES = flags.DEFINE_list("devices", ["1", "2", "4", "8"], "Device counts.")

@@ -201,12 +201,20 @@ def compile_seconds() -> float:
     return _totals["seconds"]
 
 
-def compile_stats() -> dict[str, Any]:
+def compile_totals() -> dict[str, float]:
+    """A snapshot of this process's compile counters (``compile_stats(since=...)``)."""
+    return dict(_totals)
+
+
+def compile_stats(since: dict[str, float] | None = None) -> dict[str, Any]:
     """For results.json: compile seconds (total, and by stage: tracing, lowering, XLA compile or
-    cache read), persistent-cache hits, the cache folder, the precision."""
-    return {"compile_seconds": round(_totals["seconds"], 3),
-            "compile_seconds_by_stage": {stage: round(_totals[stage], 3)
+    cache read), persistent-cache hits, the cache folder, the precision. ``since``: a
+    ``compile_totals()`` snapshot (a run's start): only what was compiled after it counts."""
+    since = since or dict.fromkeys(_totals, 0)
+    spent = {name: value - since[name] for name, value in _totals.items()}
+    return {"compile_seconds": round(spent["seconds"], 3),
+            "compile_seconds_by_stage": {stage: round(spent[stage], 3)
                                          for stage in ("trace", "lower", "xla")},
-            "compilation_cache_hits": _totals["cache_hits"],
+            "compilation_cache_hits": int(spent["cache_hits"]),
             "compilation_cache_dir": jax.config.jax_compilation_cache_dir,
             "matmul_precision": precision()}

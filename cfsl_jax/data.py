@@ -39,7 +39,7 @@ import dataclasses
 import functools
 import os
 import shutil
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import chex
 import flax.struct
@@ -68,7 +68,13 @@ class SplitInfo:
     num_images: int
     image_shape: tuple[int, ...]
     class_names: tuple[str, ...]
-    source: str
+    source: str  # where the images come from, for people (may name this machine's folders)
+    variant: str = ""  # what the images are, for the task fingerprint (no machine's folder)
+
+
+class Source(NamedTuple):
+    text: str  # SplitInfo.source
+    variant: str  # SplitInfo.variant
 
     @property
     def variant(self) -> str:
@@ -169,7 +175,7 @@ def _tfds_scope(data_dir: str) -> Iterator[None]:
 
 
 def _to_split(name, split, images: np.ndarray, labels: np.ndarray, names: tuple[str, ...],
-              source: str) -> Split:
+              source: Source) -> Split:
     """Device arrays from class-major images and their labels."""
     num_classes = len(names)
     sizes = np.bincount(labels, minlength=num_classes).astype(np.int32)
@@ -181,7 +187,8 @@ def _to_split(name, split, images: np.ndarray, labels: np.ndarray, names: tuple[
     chex.assert_rank(images, 4)
     chex.assert_type(images, np.uint8)
     chex.assert_shape(labels, (images.shape[0],))
-    info = SplitInfo(name, split, num_classes, len(images), tuple(images.shape[1:]), names, source)
+    info = SplitInfo(name, split, num_classes, len(images), tuple(images.shape[1:]), names,
+                     source.text, source.variant)
     return Split(jnp.asarray(images), jnp.asarray(table), jnp.asarray(sizes), info)
 
 
@@ -204,9 +211,9 @@ def _synthetic(split: str, num_classes: int = 1623, samples_per_class: int = 20,
     classes = omniglot.split_ranges(num_classes)[split]
     keep = (labels >= classes.start) & (labels < classes.stop)
     names = tuple(synthetic.class_name(c) for c in classes)
-    return (images[keep], labels[keep] - classes.start, names,
-            f"generated: num_classes={num_classes} samples_per_class={samples_per_class} "
+    text = (f"generated: num_classes={num_classes} samples_per_class={samples_per_class} "
             f"image_size={image_size} seed={seed}")
+    return images[keep], labels[keep] - classes.start, names, Source(text, text)
 
 
 def _omniglot_config(name: str, data_dir: str, manual_dir: str | None) -> str:
@@ -316,7 +323,8 @@ def _tfds_split(name: str, split: str, data_dir: str, manual_dir: str | None,
     if sorted(names_by_label) != list(range(len(names_by_label))):
         raise ValueError(f"{resolved}/{split} in {data_dir}: labels are not 0..C-1")
     names = tuple(names_by_label[c] for c in range(len(names_by_label)))
-    return images[order], labels[order], names, f"{resolved} prepared in {data_dir}"
+    return images[order], labels[order], names, Source(f"{resolved} prepared in {data_dir}",
+                                                       resolved)
 
 
 @functools.lru_cache(maxsize=1)  # the three splits of one run share one read
@@ -344,7 +352,8 @@ def _authors_split(name: str, split: str, data_dir: str, manual_dir: str | None,
         "omniglot/full", data_dir, manual_dir, download)
     chosen = authors_split(names)[split]
     images, labels = select_classes(images, labels, names, chosen)
-    return images, labels, tuple(chosen), source + ", the authors' class split (RandomState(100))"
+    return images, labels, tuple(chosen), source._replace(
+        text=source.text + ", the authors' class split (RandomState(100))")
 
 
 def select_classes(images: np.ndarray, labels: np.ndarray, names: tuple[str, ...],

@@ -46,7 +46,7 @@ from cfsl_jax.spec import TaskSpec
 
 PIXELS_IN_FLIGHT = 10_000_000  # target pixels per device per evaluation program
 LABELS = {"eval": "test", "val": "val"}  # purpose -> the name progress lines use
-_compiled: set = set()  # (learner, ensemble, mesh, shapes) of programs compiled in this process
+COMPILE_QUIET_S = 1.0  # a compilation shorter than this prints no line
 
 
 def task_keys(seed: int, purpose: str, num_tasks: int) -> jax.Array:
@@ -76,9 +76,9 @@ def _digest(split: data.Split, fields: list[np.ndarray]) -> str:
 
 def dataset_identity(split: data.Split) -> str:
     """What identifies a split's data: e.g. ``'omniglot/small val 31 classes 620 images
-    (28, 28, 1)'`` (the variant, not the machine-dependent folder it was prepared in)."""
+    (28, 28, 1)'`` (``SplitInfo.variant``: not the machine-dependent folder it was prepared in)."""
     info = split.info
-    variant = info.source.split(" prepared in ")[0]
+    variant = info.variant or info.source
     return (f"{info.dataset} [{variant}] {info.split} {int(split.class_table.shape[0])} classes "
             f"{int(split.images.shape[0])} images {tuple(split.images.shape[1:])}")
 
@@ -147,21 +147,19 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
     split = parallel.place_split(split, mesh, shard=parallel.is_sharded(split.images) or None)
     start = time.perf_counter()
     label = LABELS.get(purpose, purpose)
-    program = (learner, ensemble, mesh, split.images.shape, split.class_table.shape, batch_size,
-               jax.tree.structure(params), tuple(np.shape(x) for x in jax.tree.leaves(params)))
+    chunk_keys = [parallel.global_array(keys[i * batch_size:(i + 1) * batch_size], mesh)
+                  for i in range(num_chunks)]
+    # jax keeps compiled programs in memory: a program compiled before is found at once, and
+    # the line appears only when compiling (or reading the persistent cache) takes a while
+    with progress.stage(f"[{label}] compiling the evaluation program ({batch_size} tasks at "
+                        f"once)", quiet_below=COMPILE_QUIET_S):
+        program = _evaluate_chunk.lower(learner, params, split, chunk_keys[0], ensemble,
+                                        mesh).compile()
+    start = time.perf_counter()
     bar = progress.tracker(label, num_tasks, "tasks", first_line=False)
     chunks = []
     for i in range(num_chunks):
-        chunk_keys = parallel.global_array(keys[i * batch_size:(i + 1) * batch_size], mesh)
-        if program in _compiled:
-            chunks.append(_evaluate_chunk(learner, params, split, chunk_keys, ensemble, mesh))
-        else:
-            with progress.stage(f"[{label}] compiling the evaluation program "
-                                f"({batch_size} tasks at once)"):
-                chunks.append(_evaluate_chunk(learner, params, split, chunk_keys, ensemble, mesh))
-            _compiled.add(program)
-            start = time.perf_counter()
-            bar = progress.tracker(label, num_tasks, "tasks", first_line=False)
+        chunks.append(program(params, split, chunk_keys[i]))
         if i:  # one chunk in flight while the previous one is counted
             jax.block_until_ready(chunks[-2])
             bar.update(i * batch_size)

@@ -27,12 +27,7 @@ from __future__ import annotations
 import csv
 from typing import Any, Callable, Mapping, Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from cfsl_jax import progress  # noqa: E402
+from cfsl_jax import plotting, progress
 
 FIGURE4_NSS: tuple[int, ...] = (1, 2, 5, 10, 20, 40, 80, 160, 320, 640)
 COST_FIELDS: tuple[str, ...] = ("nss", "atm", "state_bytes", "support_bytes", "macs_adapt",
@@ -137,7 +132,7 @@ def coinciding(curves: Mapping[str, Sequence[Mapping[str, float]]], key: str
 def plot_cost_curves(curves: Mapping[str, Sequence[Mapping[str, float]]], path: str,
                      title: str = "ATM and MACs against NSS") -> str:
     """Figure 4: ATM and MACs per task against NSS (log-log), one line per learner; a PNG."""
-    figure, (atm_axis, macs_axis) = plt.subplots(1, 2, figsize=(11, 4.2))
+    figure, (atm_axis, macs_axis) = plotting.subplots(1, 2, figsize=(11, 4.2))
     for index, (name, points) in enumerate(curves.items()):
         nss = [p["nss"] for p in points]
         atm_axis.plot(nss, [p["atm"] for p in points], label=name, **_style(index))
@@ -159,7 +154,6 @@ def plot_cost_curves(curves: Mapping[str, Sequence[Mapping[str, float]]], path: 
     figure.suptitle(title)
     figure.tight_layout(rect=(0, 0.08, 1, 1))
     figure.savefig(path, dpi=120)
-    plt.close(figure)
     return path
 
 
@@ -179,7 +173,7 @@ def plot_accuracy_vs_nss(accuracy: Mapping[tuple[str, str, str], Any], path: str
 
     order = {name: i for i, name in enumerate(LEARNERS)}
     nss_values = sorted({p[0] for panel in lines.values() for pts in panel.values() for p in pts})
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    figure, axes = plotting.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for axis, overwrite in zip(axes, (False, True)):
         for learner, points in sorted(lines[overwrite].items(),
                                       key=lambda item: (order.get(item[0], len(order)), item[0])):
@@ -197,5 +191,4 @@ def plot_accuracy_vs_nss(accuracy: Mapping[tuple[str, str, str], Any], path: str
     figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
-    plt.close(figure)
     return path

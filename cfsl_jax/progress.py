@@ -19,63 +19,36 @@ steady state: the first update that counts items (whose time includes compiling 
 program) is left out, and its seconds are shown apart (``first N steps: 12.0s, not in
 the rate``); until a second update gives a steady rate, no ETA is shown. A stage that runs long (an XLA
 compilation) prints ``still ...`` every ``HEARTBEAT_S`` seconds from a background thread,
-so a user never waits a minute in silence. ``CFSL_PROGRESS=0`` silences every line; ``PREFIX`` (e.g. a sweep run's name) starts every
-line.
+so a user never waits a minute in silence. ``CFSL_PROGRESS=0`` silences every line; inside
+``with prefixed("name: ")`` (a sweep run) every line starts with the prefix.
 
 ``clock`` (seconds, monotonic) is a module attribute so that tests can replace it.
 
-Ctrl-C: ``handle_interrupts()`` (the commands and sweep workers call it) notes a SIGINT
-before raising ``KeyboardInterrupt``. Python drops an exception raised while a
-garbage-collector callback or ``__del__`` runs (it prints "Exception ignored in ..."), so
-a Ctrl-C that lands there would be lost; with the note, the next ``Tracker.update`` raises
-it again, and the dropped one prints nothing.
+A stop signal (``cfsl_jax.stops``) that Python dropped in a callback is raised again by the
+next ``Tracker.update``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import sys
 import threading
 import time
 from typing import Any, Callable, Iterator
 
+from cfsl_jax import stops
+
 INTERVAL_S = 10.0  # the most seconds between two lines of one tracker
 HEARTBEAT_S = 10.0  # seconds between "still ..." lines of a long stage or a slow update
 FIRST_SHOWN_S = 1.0  # a first update that took longer has its seconds on the line
-PREFIX = ""  # put before every line (a sweep worker: the run's name)
+_prefix: contextvars.ContextVar[str] = contextvars.ContextVar("progress_prefix", default="")
 
 clock: Callable[[], float] = time.monotonic
 _trackers: list["Tracker"] = []  # made and not yet finished, oldest first (heartbeats)
 _stages: list[str] = []  # stages running (their own "still ..." lines)
 _lock = threading.Lock()
-_interrupted = False  # a SIGINT arrived (handle_interrupts)
-
-
-def interrupt(signum: int | None = None, frame: Any = None) -> None:
-    """The SIGINT handler of ``handle_interrupts``: note it, then raise KeyboardInterrupt."""
-    global _interrupted
-    _interrupted = True
-    raise KeyboardInterrupt
-
-
-def interrupted() -> bool:
-    return _interrupted
-
-
-def handle_interrupts(handler: Callable[[int, Any], None] = interrupt) -> None:
-    """Install ``handler`` for SIGINT (it must call ``interrupt`` or set the note itself), and
-    keep KeyboardInterrupts that Python drops in callbacks off stderr (module doc)."""
-    import signal
-
-    signal.signal(signal.SIGINT, handler)
-    previous = sys.unraisablehook
-
-    def hook(unraisable):
-        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
-            previous(unraisable)
-
-    sys.unraisablehook = hook
 
 
 def enabled() -> bool:
@@ -85,7 +58,18 @@ def enabled() -> bool:
 def say(line: str) -> None:
     """Print one progress line now (to the current ``sys.stdout``, flushed)."""
     if enabled():
-        print(PREFIX + line, file=sys.stdout, flush=True)
+        print(_prefix.get() + line, file=sys.stdout, flush=True)
+
+
+@contextlib.contextmanager
+def prefixed(prefix: str) -> Iterator[None]:
+    """Every line said inside (in this thread and the stages it starts) starts with
+    ``prefix``."""
+    token = _prefix.set(_prefix.get() + prefix)
+    try:
+        yield
+    finally:
+        _prefix.reset(token)
 
 
 def duration(seconds: float) -> str:
@@ -129,7 +113,8 @@ class Tracker:
             if self._running():
                 _trackers.append(self)
         if self._running():  # beats from now: its first update may compile a program
-            threading.Thread(target=self._beat, daemon=True).start()
+            threading.Thread(target=contextvars.copy_context().run, args=(self._beat,),
+                             daemon=True).start()
         else:
             self._owner = None
 
@@ -189,10 +174,9 @@ class Tracker:
         return not self.printed or clock() - self.last >= self.interval
 
     def update(self, done: int, force: bool = False, **values: Any) -> bool:
-        """Print a line if it is time (or ``force``, or the first or last update); raise
-        KeyboardInterrupt if a Ctrl-C was noted and lost (module doc)."""
-        if _interrupted:
-            raise KeyboardInterrupt
+        """Print a line if it is time (or ``force``, or the first or last update); raise a stop
+        signal that was noted and lost (module doc)."""
+        stops.raise_pending()
         now = clock()
         if self.warm is None and done > self.start_done:
             self.warm = (now, done)
@@ -245,18 +229,29 @@ def track(items, what: str, unit: str = "", total: int | None = None) -> Iterato
 
 
 @contextlib.contextmanager
-def stage(what: str, heartbeat: float | None = None) -> Iterator[None]:
-    """``what ...`` now, ``still what (Ns)`` every ``heartbeat`` s, ``what: N s`` at the end."""
-    say(f"{what} ...")
+def stage(what: str, heartbeat: float | None = None,
+          quiet_below: float | None = None) -> Iterator[None]:
+    """``what ...`` now, ``still what (Ns)`` every ``heartbeat`` s, ``what: N s`` at the end;
+    with ``quiet_below``, the first line comes only once the stage has run that many seconds,
+    and a stage that ends before prints nothing."""
     started = clock()
     stop = threading.Event()
     period = HEARTBEAT_S if heartbeat is None else heartbeat
+    announced = threading.Event()
+    if quiet_below is None:
+        say(f"{what} ...")
+        announced.set()
 
     def beat():
+        if not announced.is_set():
+            if stop.wait(quiet_below):
+                return
+            say(f"{what} ...")
+            announced.set()
         while not stop.wait(period):
             say(f"  still {what} ({duration(clock() - started)})")
 
-    thread = threading.Thread(target=beat, daemon=True)
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(beat,), daemon=True)
     thread.start()
     _stages.append(what)
     try:
@@ -265,4 +260,5 @@ def stage(what: str, heartbeat: float | None = None) -> Iterator[None]:
         _stages.remove(what)
         stop.set()
         thread.join()
-    say(f"{what}: done in {duration(clock() - started)}")
+    if announced.is_set():
+        say(f"{what}: done in {duration(clock() - started)}")

@@ -34,10 +34,11 @@ from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
-from cfsl_jax import figures, paper_results
+from cfsl_jax import figures, paper_results, results as results_io
 from cfsl_jax.learners import LEARNERS
 from cfsl_jax.spec import PAPER_GRID
-from cfsl_jax.sweep import safe_name
+from cfsl_jax.sweep_plan import safe_name
+from cfsl_jax.training.config import from_json
 
 # name -> (key in results.json's "test", title, scale for display, format)
 METRICS: dict[str, tuple[str, str, float, str]] = {
@@ -69,8 +70,7 @@ def load_results(sweep_dir: str) -> list[dict[str, Any]]:
     for root, dirs, files in os.walk(sweep_dir):
         dirs[:] = sorted(d for d in dirs if d not in ("checkpoints", "xla_cache"))
         if "results.json" in files:
-            with open(os.path.join(root, "results.json")) as f:
-                found.append(json.load(f))
+            found.append(results_io.read_json(os.path.join(root, "results.json")))
     return found
 
 
@@ -109,9 +109,8 @@ def _learner_order(learners: Iterable[str]) -> list[str]:
 
 
 def _pretraining(budget: dict) -> str:
-    """How the run's config pretrains (configs written before pretrain_data pretrained
-    uniformly)."""
-    if budget.get("pretrain_data", "uniform") == "tasks":
+    """How the run's config (read by ``config.from_json``) pretrains."""
+    if budget["pretrain_data"] == "tasks":
         return "pretraining: the same schedule on the images of training tasks"
     return f"pretraining: {_count(budget['pretrain_steps'], 'step')} of uniformly drawn images"
 
@@ -168,8 +167,7 @@ def load_paper_table(path: str | None = None) -> dict:
     """The paper's table: ``paper_results.TABLE1``, or a JSON file of the same layout."""
     if path is None:
         return paper_results.TABLE1
-    with open(path) as f:
-        table_ = json.load(f)
+    table_ = results_io.read_json(path)
     missing = {"source", "values"} - set(table_)
     if missing:
         raise ValueError(f"{path}: a paper table needs the keys {sorted(missing)} "
@@ -238,7 +236,8 @@ def write_csv(path: str, rows: Sequence[dict[str, Any]]) -> None:
 def dataset_markdown(results: Sequence[dict], dataset: str, paper: dict) -> str:
     """The Markdown report of one dataset: Table 1 for each metric, then the paper's numbers."""
     runs = [r for r in results if r["dataset"] == dataset]
-    budget = runs[0]["config"]  # one budget per sweep directory (sweep.plan refuses others)
+    # one budget per sweep directory (sweep.plan refuses others)
+    budget = from_json(runs[0]["config"]).to_json() if runs else {}
     seeds = max(len(a.seeds) for a in aggregate(runs, "acc").values()) if runs else 0
     spread = ("one seed per cell, so no ± on accuracy and cross-entropy" if seeds <= 1 else
               "mean ± std across seeds; no ± where the seeds agree")

@@ -18,6 +18,7 @@ import jax
 
 import cfsl_jax
 from cfsl_jax import backend
+from cfsl_jax.errors import UserError
 
 CSV_FIELDS = ("learner", "dataset", "spec", "seed", "acc_mean", "acc_std", "acc_ci95",
               "ce_mean", "ce_std", "atm", "macs_per_task", "macs_per_meta_step",
@@ -55,12 +56,18 @@ def _umask() -> int:
 
 
 def read_json(path: str, default: Any = None) -> Any:
+    """The JSON in ``path`` (``default`` when it does not exist and one is given); a file that is
+    not valid JSON (truncated, corrupt) is a UserError naming it and what to do."""
     if not os.path.exists(path):
         if default is not None:
             return default
         raise FileNotFoundError(f"{path} does not exist")
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise UserError(f"{path} is not valid JSON (truncated or corrupt: {error}); delete it to "
+                        f"let the command write it again, or give another folder") from None
 
 
 def split_sizes(splits) -> dict[str, dict[str, int]]:
@@ -70,12 +77,14 @@ def split_sizes(splits) -> dict[str, dict[str, int]]:
 
 def record(config, learner, splits, report: dict[str, Any], workdir: str,
            wall_seconds: float, best_epochs: list[int],
+           compile_since: dict[str, float] | None = None,
            run_stats: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write workdir/results.json and workdir/results.csv, print the table; return the dict.
 
     ``dataset`` is the variant the splits came from (``omniglot/small``, not ``omniglot``);
-    ``run_stats`` (a re-test: the training run's compile statistics) replace this process's
-    ``backend.compile_stats()``."""
+    ``compile_since``: ``backend.compile_totals()`` at the run's start (its own compile
+    statistics are recorded, not the process's); ``run_stats`` (a re-test: the training run's
+    compile statistics) replace them."""
     spec = learner.spec
     out = {
         "learner": learner.name,
@@ -88,7 +97,7 @@ def record(config, learner, splits, report: dict[str, Any], workdir: str,
         "package_version": cfsl_jax.__version__,
         "jax_version": jax.__version__,
         "backend": jax.default_backend(),
-        **(backend.compile_stats() if run_stats is None else run_stats),  # compile s, cache
+        **(backend.compile_stats(compile_since) if run_stats is None else run_stats),
         "devices": report.get("devices", 1),
         "best_epochs": best_epochs,
         "wall_seconds": wall_seconds,

@@ -3,7 +3,7 @@ each run in its own workdir (the grid, the layout and the run statuses: ``cfsl_j
 whose names are importable from here too).
 
     from cfsl_jax import sweep
-    from cfsl_jax.train import TrainConfig
+    from cfsl_jax.training.config import TrainConfig
     configs, skipped = sweep.grid(TrainConfig(epochs=2), learners=("protonets", "init_tune"),
                                   cells=("B3", "C3"), seeds=(0, 1))
     outcomes = sweep.run_sweep(configs, "/tmp/sweep", workers=2)
@@ -50,11 +50,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 
-from cfsl_jax import data, progress, train
+from cfsl_jax import data, progress, stops
+from cfsl_jax.training import train
+from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.errors import UserError
 from cfsl_jax.sweep_plan import (  # noqa: F401  (re-exported: planning a sweep)
-    STATUSES, Outcome, Run, check_learners, grid, impossible, plan, run_dir, safe_name, status,
-    summary)
+    STATUSES, Outcome, Run, check_learners, grid, impossible, parse_shard, plan, run_dir,
+    safe_name, shard, status, summary)
 
 
 # jax options a worker copies from the process that starts the sweep.
@@ -104,12 +106,12 @@ def _on_interrupt(signum, frame) -> None:
     global _stopping
     if not _stopping:
         _stopping = True
-        progress.interrupt(signum, frame)
+        stops.handle(signum, frame)
 
 
 def _init_worker(slots, platform: str, devices: int, jax_options: dict) -> None:
     """Runs first in every worker process, before its jax backend starts."""
-    progress.handle_interrupts(_on_interrupt)
+    stops.install(_on_interrupt)
     os.environ.update(worker_env(platform, slots.get(), devices))  # read at backend start
     for name, value in jax_options.items():
         jax.config.update(name, value)
@@ -119,7 +121,7 @@ def prepare_data(config_json: dict) -> str:
     """Load (preparing on first use) every split of a config's dataset; returns "" or the
     error. Run once per dataset before the runs, so that parallel runs never prepare the
     same TFDS dataset at the same time."""
-    config = train.TrainConfig(**config_json)
+    config = TrainConfig(**config_json)
     try:
         for split in data.SPLITS:
             data.load_split(config.dataset, split, data_dir=config.data_dir,
@@ -136,10 +138,10 @@ def execute(config_json: dict, workdir: str) -> tuple[str, float, str]:
     started = time.perf_counter()
     if _stopping:
         return "interrupted", 0.0, "not started"
-    progress.PREFIX = (f"{config_json['learner']}/{config_json['task']}/seed"
-                       f"{config_json['seed']}: ")
+    prefix = f"{config_json['learner']}/{config_json['task']}/seed{config_json['seed']}: "
     try:
-        out = train.train_and_evaluate(train.TrainConfig(**config_json), workdir)
+        with progress.prefixed(prefix):
+            out = train.train_and_evaluate(TrainConfig(**config_json), workdir)
     except KeyboardInterrupt as error:
         return "interrupted", time.perf_counter() - started, str(error) or "interrupted"
     except UserError as error:  # one line: the run cannot be done as configured
@@ -150,15 +152,13 @@ def execute(config_json: dict, workdir: str) -> tuple[str, float, str]:
         with open(os.path.join(workdir, "error.log"), "w") as f:
             f.write(detail)
         return "failed", time.perf_counter() - started, detail
-    finally:
-        progress.PREFIX = ""
     error_log = os.path.join(workdir, "error.log")
     if os.path.exists(error_log):
         os.remove(error_log)
     return "finished", time.perf_counter() - started, f"test acc {out['test']['acc_mean']:.4f}"
 
 
-def _jax_options(sweep_dir: str) -> dict[str, Any]:
+def worker_jax_options(sweep_dir: str) -> dict[str, Any]:
     """This process's compilation options, with a cache in the sweep dir if it has none."""
     options = {name: jax.config.values[name] for name in INHERITED_JAX_OPTIONS
                if jax.config.values.get(name) is not None}
@@ -168,7 +168,7 @@ def _jax_options(sweep_dir: str) -> dict[str, Any]:
     return options
 
 
-def run_sweep(configs: Sequence[train.TrainConfig], sweep_dir: str, workers: int | None = None,
+def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | None = None,
               jax_options: Mapping[str, Any] | None = None,
               log: Callable[[str], None] = print) -> list[Outcome]:
     """Run every run of ``configs`` that is not done; returns one Outcome per run (in the
@@ -229,7 +229,7 @@ def run_sweep(configs: Sequence[train.TrainConfig], sweep_dir: str, workers: int
         pool = concurrent.futures.ProcessPoolExecutor(
             workers, mp_context=context, initializer=_init_worker,
             initargs=(slots, platform, devices,
-                      {**_jax_options(sweep_dir), **(jax_options or {})}))
+                      {**worker_jax_options(sweep_dir), **(jax_options or {})}))
         try:
             sources = {(c.dataset, c.data_dir, c.manual_dir, json.dumps(c.dataset_options,
                                                                         sort_keys=True)): c

@@ -37,7 +37,9 @@ import os
 import re
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
-from cfsl_jax import data, train
+from cfsl_jax import data, results
+from cfsl_jax.training import runs
+from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.errors import UserError
 from cfsl_jax.learners import LEARNERS, get_learner
 from cfsl_jax.spec import PAPER_GRID
@@ -49,7 +51,7 @@ STATUSES: tuple[str, ...] = ("done", "partial", "new", "conflict", "impossible")
 class Run(NamedTuple):
     """One run of a sweep: its full config and its workdir."""
 
-    config: train.TrainConfig
+    config: TrainConfig
     workdir: str
 
     @property
@@ -72,13 +74,13 @@ def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]", "-", str(name).replace("/", "-"))
 
 
-def run_dir(sweep_dir: str, config: train.TrainConfig) -> str:
+def run_dir(sweep_dir: str, config: TrainConfig) -> str:
     """``<sweep_dir>/<dataset>/<learner>/<cell>/seed<k>`` for a run's config."""
     return os.path.join(sweep_dir, safe_name(config.dataset), safe_name(config.learner),
                         safe_name(config.task), f"seed{config.seed}")
 
 
-def check_learners(learners: Iterable[str], cell: str, base: train.TrainConfig,
+def check_learners(learners: Iterable[str], cell: str, base: TrainConfig,
                    learner_options: Mapping[str, dict] | None = None
                    ) -> tuple[list[str], dict[str, str]]:
     """Learners that build for ``cell`` (with the base spec overrides and their options), and
@@ -96,10 +98,10 @@ def check_learners(learners: Iterable[str], cell: str, base: train.TrainConfig,
     return usable, skipped
 
 
-def grid(base: train.TrainConfig, learners: Sequence[str] | None = None,
+def grid(base: TrainConfig, learners: Sequence[str] | None = None,
          cells: Sequence[str] = PAPER_GRID, seeds: Sequence[int] = (0, 1, 2),
          datasets: Sequence[str] | None = None, learner_options: Mapping[str, dict] | None = None
-         ) -> tuple[list[train.TrainConfig], dict[str, str]]:
+         ) -> tuple[list[TrainConfig], dict[str, str]]:
     """The sweep's run configs (seed-major) and the learners skipped, with their reasons.
 
     ``base`` is a ``TrainConfig`` giving everything but (dataset, learner, task,
@@ -141,8 +143,7 @@ def status(run: Run) -> tuple[str, str]:
     config_path = os.path.join(run.workdir, "config.json")
     if not os.path.exists(config_path):
         return "new", ""
-    with open(config_path) as f:
-        differs = train.config_differences(json.load(f), run.config)
+    differs = runs.config_differences(results.read_json(config_path), run.config)
     if differs:
         return "conflict", (f"{run.workdir} holds a run with a different config (fields "
                             f"{differs}); use another sweep directory")
@@ -151,7 +152,7 @@ def status(run: Run) -> tuple[str, str]:
     return "partial", ""
 
 
-def plan(configs: Iterable[train.TrainConfig], sweep_dir: str, check: bool = False
+def plan(configs: Iterable[TrainConfig], sweep_dir: str, check: bool = False
          ) -> list[tuple[Run, str, str]]:
     """Every run with its status and detail (what ``--dry_run`` lists); with ``check``, a run
     that is not done and whose spec a split it samples from cannot supply is "impossible"
@@ -170,20 +171,43 @@ def plan(configs: Iterable[train.TrainConfig], sweep_dir: str, check: bool = Fal
     return planned
 
 
-def impossible(config: train.TrainConfig, cache: dict) -> str:
+def impossible(config: TrainConfig, cache: dict) -> str:
     """Why ``config``'s spec cannot be sampled from a split it touches ("" if it can);
     ``cache`` keeps the loaded splits of each dataset between calls."""
     key = json.dumps([config.dataset, config.data_dir, config.manual_dir,
                       config.dataset_options], sort_keys=True)
     if key not in cache:
-        cache[key] = train.load_splits(config)
+        cache[key] = runs.load_splits(config)
     training = get_learner(config.learner, config.spec, **config.learner_options).training
     try:
-        train.check_feasible(config, cache[key],
-                             train.splits_touched(training, config.pretrain_data))
+        runs.check_feasible(config, cache[key],
+                             runs.splits_touched(training, config.pretrain_data))
     except UserError as error:
         return str(error)
     return ""
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"2/3"`` -> ``(2, 3)``: shard K of N, 1 <= K <= N; UserError for anything else."""
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
+    if not match:
+        raise UserError(f"--shard={text}: not K/N (e.g. --shard=1/2 and --shard=2/2 split the "
+                        f"runs in two)")
+    k, n = int(match.group(1)), int(match.group(2))
+    if not 1 <= k <= n:
+        raise UserError(f"--shard={text}: K must be 1 to N={n}" if n else
+                        f"--shard={text}: N must be >= 1")
+    return k, n
+
+
+def shard(configs: Sequence[TrainConfig], k: int, n: int) -> list[TrainConfig]:
+    """Shard ``k`` of ``n`` (1-based) of the sweep's runs: every n-th run of the plan's order from
+    the k-th. Disjoint, together the whole plan, and the same for the same command (done runs
+    count too, so that shards started at different times agree); round-robin spreads each
+    learner's runs over the shards."""
+    if not 1 <= k <= n:
+        raise ValueError(f"shard {k}/{n}: k must be 1 to n")
+    return list(configs[k - 1::n])
 
 
 def summary(outcomes: Sequence[Outcome]) -> str:

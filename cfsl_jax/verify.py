@@ -5,18 +5,20 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from cfsl_jax import progress, results, train
+from cfsl_jax import progress, results
+from cfsl_jax.training import runs
+from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.errors import UserError
 from cfsl_jax.evaluate import task_fingerprint
 
 CHECKED_METRICS = ("acc_mean", "acc_std", "ce_mean", "ce_std")
 
 
-def load(workdir: str, **paths: str | None) -> tuple[train.TrainConfig, dict]:
+def load(workdir: str, **paths: str | None) -> tuple[TrainConfig, dict]:
     """(config, recorded results) of a finished run; ``paths`` (``data_dir``, ``manual_dir``)
     given replace the recorded ones (a run recorded before paths were made absolute, verified
     from another folder)."""
-    config = train.load_config(workdir)
+    config = runs.load_config(workdir)
     path = os.path.join(workdir, "results.json")
     if not os.path.isfile(path):
         raise UserError(f"--workdir={workdir} holds no finished run (no results.json): finish "
@@ -35,7 +37,7 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
     replace the recorded folders where given.
     """
     config, recorded = load(workdir, data_dir=data_dir, manual_dir=manual_dir)
-    learner, splits = train.build(config)
+    learner, splits = runs.build(config)
     differences = []
     sizes = results.split_sizes(splits)
     if sizes != recorded["splits"]:
@@ -47,11 +49,11 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
         differences.append(f"task_fingerprint: recorded {recorded['task_fingerprint']}, "
                            f"now {fingerprint}")
     if metrics and not differences:
-        params = train.restore_params(config, learner, splits, workdir, ensemble=True)
+        params = runs.restore_params(config, learner, splits, workdir, ensemble=True)
         from cfsl_jax.evaluate import evaluate
         report = evaluate(learner, params, splits["test"], num_tasks=config.test_tasks,
                           seed=config.seed, batch_size=config.eval_batch,
-                          ensemble=train.selects_epochs(config, learner), cost_metrics=False)
+                          ensemble=runs.selects_epochs(config, learner), cost_metrics=False)
         for name in CHECKED_METRICS:
             if report[name] != recorded["test"][name]:
                 differences.append(f"{name}: recorded {recorded['test'][name]!r}, "

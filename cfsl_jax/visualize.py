@@ -5,14 +5,12 @@ from __future__ import annotations
 import collections
 
 import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from cfsl_jax.errors import UserError  # noqa: E402
-from cfsl_jax.sampler import TaskIndices  # noqa: E402
-from cfsl_jax.spec import TaskSpec  # noqa: E402
+from cfsl_jax import plotting
+from cfsl_jax.errors import UserError
+from cfsl_jax.sampler import TaskIndices
+from cfsl_jax.spec import TaskSpec
 
 
 def task_summary(task: TaskIndices, spec: TaskSpec, class_names=None) -> str:
@@ -33,7 +31,7 @@ def task_summary(task: TaskIndices, spec: TaskSpec, class_names=None) -> str:
 
 def group_colour(group: int):
     """The colour of class group ``group`` (matplotlib's tab10 cycle)."""
-    return plt.get_cmap("tab10")(group % 10)
+    return matplotlib.colormaps["tab10"](group % 10)
 
 
 def plot_task(support_x: np.ndarray, support_y: np.ndarray, target_x: np.ndarray,
@@ -51,8 +49,8 @@ def plot_task(support_x: np.ndarray, support_y: np.ndarray, target_x: np.ndarray
     support_rows = -(-nss // sets_per_row)
     target_rows = -(-len(target_y) // cols)
     rows = support_rows + target_rows
-    fig, axes = plt.subplots(rows, cols, figsize=(0.62 * cols + 0.4, 0.72 * rows + 0.5),
-                             squeeze=False)
+    fig, axes = plotting.subplots(rows, cols, figsize=(0.62 * cols + 0.4, 0.72 * rows + 0.5),
+                                  squeeze=False)
     for ax in axes.ravel():
         ax.set_visible(False)
 
@@ -111,5 +109,4 @@ def show_task(dataset: str = "synthetic", split: str = "train", task: str = "D8"
                         target_group=np.asarray(indices.target_group),
                         title=f"{dataset}/{split} {spec.name} seed={seed}")
         fig.savefig(out, dpi=110)
-        plt.close(fig)
     return summary

@@ -4,7 +4,8 @@
   corrupt dataset, a workdir that is a file -- prints ``error: <message>`` (one line) to
   stderr and exits with status 2: no traceback, no help dump.
 - Out of device memory (XLA ``RESOURCE_EXHAUSTED``) is one line too, with what to lower.
-- Ctrl-C prints one line (the interrupt's message: how to resume) and exits with 130.
+- A stop signal (Ctrl-C, SIGTERM, SIGUSR1, SIGUSR2: ``cfsl_jax.stops``) prints one line (how to
+  resume) and exits with 128 + the signal's number: 130 for Ctrl-C, 143 for SIGTERM.
 - Anything else is a bug: its traceback is kept (exit status 1).
 - ``--verbose`` or ``CFSL_VERBOSE=1`` adds the traceback to every error.
 - ``--help`` (``-h``, ``--helpshort``) prints the command's docstring and every flag of the
@@ -140,7 +141,7 @@ def boundary(interrupted: str = "interrupted") -> Iterator[None]:
             traceback.print_exc()
         message = str(error) or interrupted
         print(f"\n{message}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(getattr(error, "exit_status", EXIT_INTERRUPTED))
     except USER_ERRORS as error:
         if verbose():
             traceback.print_exc()
@@ -174,8 +175,8 @@ def run(main: Callable[[list[str]], None], interrupted: str = "interrupted: re-r
     doc = sys.modules[main.__module__].__doc__
 
     def guarded(argv):
-        from cfsl_jax import progress
-        progress.handle_interrupts()  # a Ctrl-C is never lost in a callback
+        from cfsl_jax import stops
+        stops.install()  # stop signals end the command cleanly, never lost in a callback
         with boundary(interrupted):
             quiet_logs()
             if FLAGS.validate_only:

@@ -17,7 +17,8 @@ import os
 
 from absl import flags
 
-from cfsl_jax import train
+from cfsl_jax.training import runs, train
+from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.learners import get_learner
 
 from . import cli
@@ -27,13 +28,13 @@ from . import train as train_cli  # noqa: F401  (defines the shared flags)
 FLAGS = flags.FLAGS
 
 
-def check() -> train.TrainConfig | None:
+def check() -> TrainConfig | None:
     """None for a workdir holding a run, else the config of a learner that needs no training
     (checked; nothing is created)."""
     workdir = FLAGS.workdir
     check_data_flags()
     if os.path.exists(os.path.join(workdir, "config.json")):
-        train.load_config(workdir)
+        runs.load_config(workdir)
         return None
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise cli.UserError(f"--workdir={workdir} is a file, not a folder")
@@ -58,7 +59,7 @@ def main(argv) -> None:
     config = check()
     mesh = train_cli.mesh_from_flags()
     if config is None:
-        train.evaluate_run(FLAGS.workdir, num_tasks=None, mesh=mesh)
+        runs.evaluate_run(FLAGS.workdir, num_tasks=None, mesh=mesh)
     else:
         train.train_and_evaluate(config, FLAGS.workdir, mesh=mesh, retest=FLAGS.retest)
 

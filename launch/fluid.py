@@ -15,6 +15,9 @@ up to 10,000) scaled to the stream length, unless --update_every (and
 --epochs_per_update, --batch_size) set one for all methods. Writes
 results.json, results.txt (Table 3 layout beside the paper's numbers) and
 rolling_accuracy.png; the study writes update_strategy.json/.png.
+--launcher=slurm runs each stream as a job of one SLURM array (the --slurm_*
+flags of launch.sweep; streams/<i>.json in the workdir, then the table);
+re-running it submits only the streams not done, queued or running.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import dataclasses
 
 from absl import app, flags
 
+from cfsl_jax import slurm, sweep
 from cfsl_jax.data import DATASETS
 from cfsl_jax.errors import UserError
 from cfsl_jax.fluid import study
@@ -31,6 +35,7 @@ from cfsl_jax.fluid.methods import METHODS
 from cfsl_jax.fluid.protocol import Schedule
 from cfsl_jax.fluid.sequences import ORDERS
 
+from . import cluster
 from .checks import absolute, check_data_flags, check_output_dir
 from .cli import flags_recorded
 from .flag_types import define_list
@@ -152,15 +157,29 @@ def check():
     check_output_dir("workdir", FLAGS.workdir)
     check_stream_flags()
     try:
-        return config_from_flags()
+        config = config_from_flags()
     except ValueError as error:  # UserError included: one line, no traceback
         raise app.UsageError(flag_words(str(error))) from error
+    if FLAGS.shard is not None:
+        raise UserError("--shard is for launch.sweep; launch.fluid runs its streams as SLURM "
+                        "array jobs with --launcher=slurm")
+    if cluster.options_from_flags() is not None and FLAGS.study:
+        raise UserError("--study runs in this process: drop --launcher=slurm")
+    return config
 
 
 def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     config = check()
+    slurm_options = cluster.options_from_flags()
+    if slurm_options is not None:
+        cluster.run_on_slurm(
+            slurm.fluid_work(config, FLAGS.workdir), FLAGS.workdir, slurm_options,
+            slurm.StreamJob(sweep.worker_jax_options(FLAGS.workdir)), "python -m launch.fluid",
+            report=lambda final: _report(config) if all(
+                item.state == "done" for item in final) else None)
+        return
     if FLAGS.study == "update_strategy":
         if FLAGS.study_method not in config.method_options and FLAGS.study_method in METHODS:
             config = dataclasses.replace(config, methods=(FLAGS.study_method,), method_options={})
@@ -172,7 +191,12 @@ def main(argv) -> None:
         print(f"written to {FLAGS.workdir}: update_strategy.json, update_strategy.png")
         return
     with flags_recorded(FLAGS.workdir):
-        results = run_experiment(config, FLAGS.workdir)
+        _report(config)
+
+
+def _report(config) -> None:
+    """Run the streams not stored yet (none after a SLURM run) and print Table 3."""
+    results = run_experiment(config, FLAGS.workdir)
     with open(f"{FLAGS.workdir}/results.txt") as f:
         print(f.read())
     print(f"wall time {results['wall_seconds']:.0f} s; written to {FLAGS.workdir}: "

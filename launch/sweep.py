@@ -21,6 +21,16 @@ the report (launch.report) is written to WORKDIR/report and Table 1 printed.
 cannot supply, with the reason. Ctrl-C stops the sweep at once (each run in
 progress checkpoints; no queued run starts); the same command continues it.
 A line per finished run gives runs done/total and the ETA.
+
+--shard=K/N runs only shard K of N of the runs (machines sharing WORKDIR, one
+shard each; launch.report reads them all). --launcher=slurm submits the runs
+that are not done as one SLURM job array (logs and job ids in WORKDIR/slurm),
+waits printing progress every 10 s, then reports; the same command again
+submits nothing queued or running and resubmits failed runs; --nowait returns
+after submitting; --cancel cancels the sweep's jobs:
+
+    python -m launch.sweep --workdir=/shared/sweep --budget=paper --launcher=slurm \\
+        --slurm_partition=gpu --slurm_gpus_per_job=1 --slurm_timeout_min=240
 """
 
 from __future__ import annotations
@@ -29,11 +39,11 @@ import dataclasses
 
 from absl import flags
 
-from cfsl_jax import report, sweep
+from cfsl_jax import report, slurm, sweep
 from cfsl_jax.learners import LEARNERS
 from cfsl_jax.spec import PAPER_GRID
 
-from . import cli
+from . import cli, cluster
 from .checks import check_data_flags, check_output_dir
 from .flag_types import define_list
 from . import train as train_cli  # noqa: F401  (defines the per-run flags; --workdir)
@@ -101,7 +111,11 @@ def check_lists() -> None:
 
 
 def check():
-    """(the run configs, the learners skipped with their reasons), every flag checked."""
+    """(the run configs of this shard, the learners skipped with their reasons, the shard, the
+    SLURM options or None), every flag checked; nothing is created or submitted."""
+    if "://" in FLAGS.workdir:
+        raise cli.UserError(f"--workdir={FLAGS.workdir}: a sweep needs a POSIX path (a local or "
+                            f"shared filesystem); URLs such as gs:// are not supported")
     for singular, plural in _SINGULAR.items():
         if FLAGS[singular].present:
             raise cli.UserError(f"--{singular} is one run's flag; a sweep takes --{plural}")
@@ -116,17 +130,24 @@ def check():
         cells = [cell.strip().upper() for cell in FLAGS.cells]
         check_options(FLAGS.learners or LEARNERS, dataclasses.replace(base, task=cells[0]).spec
                       if cells else base.spec, common, per_learner)
-        return sweep.grid(
+        configs, skipped = sweep.grid(
             base, learners=FLAGS.learners or None, cells=cells,
             seeds=[int(seed) for seed in FLAGS.seeds], datasets=FLAGS.datasets or None,
             learner_options=per_learner)
     except ValueError as error:
         raise cli.UserError(flag_names(str(error))) from None
+    shard = cluster.shard_from_flags()
+    slurm_options = cluster.options_from_flags()
+    if slurm_options is not None and FLAGS.workers is not None:
+        raise cli.UserError("--workers is for --launcher=local (a SLURM job runs one run)")
+    if shard:
+        configs = sweep.shard(configs, *shard)
+    return configs, skipped, shard, slurm_options
 
 
 def main(argv) -> None:
     del argv
-    configs, skipped = check()
+    configs, skipped, shard, slurm_options = check()
     for name, reason in skipped.items():
         print(f"skipping learner {name}: it does not build ({reason})")
     if FLAGS.dry_run:
@@ -136,6 +157,13 @@ def main(argv) -> None:
         counts = sweep.summary([sweep.Outcome(run, state, 0.0, "") for run, state, _ in planned])
         print(f"{len(planned)} runs: {counts}")
         return
+    if slurm_options is not None:
+        cluster.run_on_slurm(
+            slurm.sweep_work(configs, FLAGS.workdir), FLAGS.workdir, slurm_options,
+            slurm.RunJob(sweep.worker_jax_options(FLAGS.workdir)), "python -m launch.sweep",
+            report=lambda final: _report(), prepare=slurm.prepare_datasets)
+        cli.write_flagfile(FLAGS.workdir)
+        return
     try:
         outcomes = sweep.run_sweep(configs, FLAGS.workdir, workers=FLAGS.workers)
     except KeyboardInterrupt:
@@ -143,18 +171,26 @@ def main(argv) -> None:
         raise
     if not any(o.status == "conflict" for o in outcomes):  # not another sweep's folder
         cli.write_flagfile(FLAGS.workdir)
-    print(f"sweep {FLAGS.workdir}: {sweep.summary(outcomes)}")
-    if FLAGS.report and any(o.status in ("skipped", "finished") for o in outcomes):
-        paths = report.write_report(FLAGS.workdir)
-        accuracy = report.aggregate(report.load_results(FLAGS.workdir), "acc")
-        for dataset, path in paths["markdown"].items():
-            print(f"\nTest accuracy (%) on {dataset}, mean ± std across seeds:\n")
-            print(report.markdown(report.table(accuracy, dataset, "acc")))
-            print(f"\nfull report: {path}")
+    print(f"sweep {FLAGS.workdir}" + (f" shard {FLAGS.shard}" if shard else "")
+          + f": {sweep.summary(outcomes)}")
+    if any(o.status in ("skipped", "finished") for o in outcomes):
+        _report()
     bad = [o for o in outcomes if o.status in ("failed", "conflict")]
     if bad:
         raise SystemExit(f"{len(bad)} run(s) did not finish: "
                          + ", ".join(f"{o.run.name} ({o.status})" for o in bad))
+
+
+def _report() -> None:
+    """Write the report of every finished run in --workdir (all shards) and print Table 1."""
+    if not FLAGS.report:
+        return
+    paths = report.write_report(FLAGS.workdir)
+    accuracy = report.aggregate(report.load_results(FLAGS.workdir), "acc")
+    for dataset, path in paths["markdown"].items():
+        print(f"\nTest accuracy (%) on {dataset}, mean ± std across seeds:\n")
+        print(report.markdown(report.table(accuracy, dataset, "acc")))
+        print(f"\nfull report: {path}")
 
 
 def run() -> None:

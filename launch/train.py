@@ -5,7 +5,8 @@
         --manual_dir=../shared/data/omniglot --task=C3 --epochs=20 --workdir=/tmp/maml
 
 Re-running with the same --workdir resumes an interrupted run where it stopped
-(Ctrl-C checkpoints the step reached first), and prints the stored results of a
+(Ctrl-C, SIGTERM, SIGUSR1 or SIGUSR2 checkpoints the step reached first and exits
+with 128 + the signal's number), and prints the stored results of a
 finished one (--retest tests it again). Spec flags (--nss, --cci, ...) override
 the fields of --task. Every split the run samples tasks from is checked against
 the spec, and the first step's memory against the device's, before training.
@@ -15,10 +16,11 @@ from __future__ import annotations
 
 from absl import flags
 
-from cfsl_jax import budgets, parallel, train
+from cfsl_jax import parallel
+from cfsl_jax.training import budgets, train
 from cfsl_jax.data import DATASETS
 from cfsl_jax.learners import COMPUTE_DTYPES, LEARNERS
-from cfsl_jax.pretrain import PRETRAIN_DATA
+from cfsl_jax.training.config import PRETRAIN_DATA, TrainConfig
 from cfsl_jax.spec import LABEL_OFFSETS, TARGET_MODES
 
 from . import cli
@@ -26,7 +28,7 @@ from .checks import absolute, check_data_flags, check_output_dir
 from .options import (check_learner_options, define_backend_flags, define_data_flags,
                       flag_names, parse_options)
 
-_DEFAULTS = train.TrainConfig()
+_DEFAULTS = TrainConfig()
 
 flags.DEFINE_enum("learner", _DEFAULTS.learner, LEARNERS, "Learner to train.")
 flags.DEFINE_enum("dataset", _DEFAULTS.dataset, DATASETS, "Dataset.")
@@ -71,6 +73,11 @@ flags.DEFINE_integer("checkpoint_every", _DEFAULTS.checkpoint_every,
 flags.DEFINE_integer("pretrain_steps", _DEFAULTS.pretrain_steps, "Pretraining steps.")
 flags.DEFINE_integer("log_every", _DEFAULTS.log_every, "Meta-steps between progress lines "
                      "(a line is printed at least every 10 s anyway).")
+flags.DEFINE_bool("tensorboard", _DEFAULTS.tensorboard, "Also write the run's metrics (its "
+                  "metrics.jsonl) as TensorBoard event files to WORKDIR/tensorboard (needs the "
+                  "[tracking] extra: tensorboardX).")
+flags.DEFINE_string("wandb_project", _DEFAULTS.wandb_project, "Also log the run's metrics to "
+                    "this Weights & Biases project (needs wandb installed).")
 flags.DEFINE_bool("retest", False, "Test a finished run again (otherwise its stored results "
                   "are printed); the recorded wall time stays the training run's.")
 flags.DEFINE_multi_string("learner_option", [], "Learner option NAME=VALUE (repeatable), "
@@ -86,7 +93,7 @@ _BUDGET_FLAGS = {"epochs": "epochs", "iters_per_epoch": "iters_per_epoch",
                  "keep_best": "keep_best", "pretrain_data": "pretrain_data"}
 
 
-def config_from_flags() -> train.TrainConfig:
+def config_from_flags() -> TrainConfig:
     """The TrainConfig of the flags, checked; a mistake is a UserError in flag words."""
     try:
         config = _config_from_flags()
@@ -97,13 +104,13 @@ def config_from_flags() -> train.TrainConfig:
     return config
 
 
-def _config_from_flags() -> train.TrainConfig:
+def _config_from_flags() -> TrainConfig:
     explicit = [field for flag, field in _BUDGET_FLAGS.items() if FLAGS[flag].present]
     return budgets.apply(_plain_config_from_flags(), FLAGS.budget, keep=explicit)
 
 
-def _plain_config_from_flags() -> train.TrainConfig:
-    return train.TrainConfig(
+def _plain_config_from_flags() -> TrainConfig:
+    return TrainConfig(
         learner=FLAGS.learner, dataset=FLAGS.dataset, task=FLAGS.task.strip().upper(),
         learner_options=parse_options(FLAGS.learner_option, "learner_option"),
         dataset_options=parse_options(FLAGS.dataset_option, "dataset_option"),
@@ -114,7 +121,8 @@ def _plain_config_from_flags() -> train.TrainConfig:
         keep_best=FLAGS.keep_best, checkpoint_every=FLAGS.checkpoint_every,
         pretrain_steps=FLAGS.pretrain_steps, pretrain_data=FLAGS.pretrain_data,
         log_every=FLAGS.log_every, data_dir=absolute(FLAGS.data_dir),
-        manual_dir=absolute(FLAGS.manual_dir), download=FLAGS.download)
+        manual_dir=absolute(FLAGS.manual_dir), download=FLAGS.download,
+        tensorboard=FLAGS.tensorboard, wandb_project=FLAGS.wandb_project)
 
 
 def mesh_from_flags():

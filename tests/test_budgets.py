@@ -1,4 +1,4 @@
-"""--budget: the paper's schedule in one word (cfsl_jax/budgets.py)."""
+"""--budget: the paper's schedule in one word (cfsl_jax/training/budgets.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from cfsl_jax import budgets
+from cfsl_jax.training import budgets
 from cfsl_jax.errors import UserError
-from cfsl_jax.train import TrainConfig
+from cfsl_jax.training.train import TrainConfig
 
 
 def test_paper_budget_is_the_papers_schedule():

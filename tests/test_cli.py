@@ -19,7 +19,9 @@ import zipfile
 import jax
 import pytest
 
-from cfsl_jax import memory, progress, runs, train
+from cfsl_jax import memory, progress, stops
+from cfsl_jax.training import runs, train
+from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.errors import UserError
 from conftest import interruptible_module
 
@@ -95,7 +97,7 @@ def assert_help(outcome, command: str) -> None:
 
 
 def write_tiny_workdir(workdir: str, seed: int = 0) -> None:
-    config = train.TrainConfig(
+    config = TrainConfig(
         learner_options={"filters": 8}, dataset_options={"num_classes": 60,
                                                          "samples_per_class": 8},
         task="B2", spec_overrides={"nc": 3, "kt": 2}, epochs=2, iters_per_epoch=3, meta_batch=2,
@@ -107,8 +109,11 @@ def test_train_mistakes_are_one_line_with_status_2(tmp_path, omniglot_dir, data_
                                                    omniglot_splits):
     workdir, a_file = str(tmp_path / "w"), str(tmp_path / "a_file")
     open(a_file, "w").close()
-    taken = str(tmp_path / "taken")
+    taken, truncated = str(tmp_path / "taken"), str(tmp_path / "truncated")
     write_tiny_workdir(taken, seed=0)
+    write_tiny_workdir(truncated, seed=0)
+    with open(os.path.join(truncated, "config.json"), "r+") as f:
+        f.truncate(40)  # as a kill in the middle of a non-atomic write would leave it
     empty, offline, corrupt = (str(tmp_path / name) for name in ("empty", "offline", "corrupt"))
     for folder in (empty, offline, corrupt):
         os.makedirs(folder)
@@ -130,6 +135,7 @@ def test_train_mistakes_are_one_line_with_status_2(tmp_path, omniglot_dir, data_
         "extra": ["extra", f"--workdir={workdir}"],
         "workdir is a file": [*TINY_ARGS, f"--workdir={a_file}"],
         "other config": [*TINY_ARGS, "--seed=1", f"--workdir={taken}"],
+        "truncated config": [*TINY_ARGS, f"--workdir={truncated}"],
         "val split too small": [*small, "--task=B10", f"--workdir={workdir}"],
         "nc too large for val": ["--task=B5", "--nc=50", f"--workdir={workdir}"],
         "no archives": ["--dataset=omniglot/small", f"--manual_dir={empty}",
@@ -155,6 +161,8 @@ def test_train_mistakes_are_one_line_with_status_2(tmp_path, omniglot_dir, data_
     assert_error(out["extra"], "unexpected arguments ['extra']")
     assert_error(out["workdir is a file"], f"--workdir={a_file} is a file")
     assert_error(out["other config"], "holds a run with a different config (fields ['seed'])")
+    assert_error(out["truncated config"], f"{truncated}/config.json is not valid JSON (truncated "
+                                          f"or corrupt: ")
     assert_error(out["val split too small"], "--task=B10 cannot be sampled from the val split of "
                                              "omniglot/small: ")
     assert "50 distinct classes, but the split has 31" in out["val split too small"][2]
@@ -182,9 +190,15 @@ def test_other_commands_mistakes_are_one_line_with_status_2(tmp_path, omniglot_d
     assert_error(evaluate[0], f"--workdir={missing} does not exist")
     assert_error(evaluate[1], "--learner=protonets is meta-trained: run launch.train first")
     assert_help(evaluate[2], "evaluate")
-    verify = run_cases("verify", [[f"--workdir={missing}"], ["--help"]])
+    corrupt = str(tmp_path / "sweep_done" / "run")
+    write_tiny_workdir(corrupt)
+    with open(os.path.join(corrupt, "results.json"), "w") as f:
+        f.write('{"learner": "protonets", "test": {"acc_m')
+    verify = run_cases("verify", [[f"--workdir={missing}"], ["--help"],
+                                  [f"--workdir={corrupt}"]])
     assert_error(verify[0], f"--workdir={missing} does not exist")
     assert_help(verify[1], "verify")
+    assert_error(verify[2], f"{corrupt}/results.json is not valid JSON")
     show = run_cases("show_task", [["--dataset=nope"], ["--task=z9"],
                                    [*small, "--split=val", "--task=B10"], ["--help"]])
     assert_help(show[3], "show_task")
@@ -206,9 +220,10 @@ def test_other_commands_mistakes_are_one_line_with_status_2(tmp_path, omniglot_d
     assert lines[-1] == "2 runs: 1 impossible, 1 new"
     assert any(line.startswith("impossible omniglot/small/protonets/B10/seed0") and
                "cannot be sampled from the val split of omniglot/small" in line for line in lines)
-    report = run_cases("report", [[], ["--help"]])
+    report = run_cases("report", [[], ["--help"], [f"--sweep_dir={tmp_path / 'sweep_done'}"]])
     assert_error(report[0], "give --sweep_dir")
     assert_help(report[1], "report")
+    assert_error(report[2], f"{corrupt}/results.json is not valid JSON")
     assert not os.path.exists(sweep_dir) and not os.path.exists(missing)
 
 
@@ -225,7 +240,8 @@ def test_help_of_python_m_lists_every_flag_from_any_folder():
         assert flag in result.stdout, flag
 
 
-def test_ctrl_c_checkpoints_training_and_says_how_to_resume(tmp_path):
+def test_sigterm_checkpoints_training_and_says_how_to_resume(tmp_path):
+    """SLURM's stop: SIGTERM (a command stopped by a signal exits with 128 + its number)."""
     workdir = str(tmp_path / "run")
     process = subprocess.Popen(
         interruptible_module("launch.train", *TINY_ARGS, "--epochs=100", "--log_every=1",
@@ -235,16 +251,16 @@ def test_ctrl_c_checkpoints_training_and_says_how_to_resume(tmp_path):
         for line in process.stdout:  # wait until meta-training runs
             if line.startswith("[train] ") and " steps " in line:
                 break
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=300)
     finally:
         if process.poll() is None:
             process.kill()
-    assert process.returncode == 130, stderr
+    assert process.returncode == 143, stderr
     assert "Traceback" not in stderr
     last = stderr.strip().splitlines()[-1]
-    step = int(last.split()[3])
-    assert last.startswith("interrupted at step ") and last.endswith(
+    step = int(last.split()[5])
+    assert last.startswith("interrupted by SIGTERM at step ") and last.endswith(
         f"checkpointed at step {step} in {workdir}: re-run the same command to resume"), last
     assert os.listdir(os.path.join(workdir, "checkpoints", "latest")) == [str(step)]
     with open(os.path.join(workdir, "flags.txt")) as f:  # --flagfile=W/flags.txt resumes it
@@ -263,7 +279,7 @@ def test_out_of_memory_is_refused_before_anything_is_written(tmp_path, monkeypat
     # 1 KiB on whatever backend runs the test: host RAM on CPU, the device's limit elsewhere.
     monkeypatch.setattr(memory, "device_limit", lambda device: (1024, device.platform != "cpu"))
     workdir = str(tmp_path / "run")
-    config = train.TrainConfig(
+    config = TrainConfig(
         learner_options={"filters": 8}, dataset_options={"num_classes": 60,
                                                          "samples_per_class": 8},
         task="B2", spec_overrides={"nc": 3, "kt": 2}, epochs=1, iters_per_epoch=2, meta_batch=2,
@@ -319,22 +335,24 @@ def test_a_ctrl_c_dropped_in_a_callback_is_raised_at_the_next_progress_update(mo
                                                                                 capsys):
     """Python drops an exception raised in ``__del__`` or a gc callback; the sweep test saw a
     Ctrl-C lost that way in jax's gc callback (and its traceback printed)."""
-    monkeypatch.setattr(progress, "_interrupted", False)
     monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
     previous = signal.getsignal(signal.SIGINT)
     try:
-        progress.handle_interrupts()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        stops.install()
 
         class Finalised:
             def __del__(self):
                 signal.raise_signal(signal.SIGINT)  # the handler runs inside __del__
 
         Finalised()  # dropped at once: its __del__ runs, the KeyboardInterrupt is lost
-        assert progress.interrupted()
+        assert stops.pending() == signal.SIGINT
         assert capsys.readouterr().err == ""  # not "Exception ignored in ..."
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(stops.StopRequested) as raised:
             progress.tracker("train", 10, "steps").update(1)
+        assert raised.value.exit_status == 130
     finally:
+        stops.clear()
         signal.signal(signal.SIGINT, previous)
 
 
@@ -349,7 +367,7 @@ def test_training_never_goes_15_s_without_a_progress_line(tmp_path, monkeypatch)
 
     monkeypatch.setattr(progress, "clock", clock)
     monkeypatch.setattr(progress, "say", lambda line: lines.append((now[0], line)))
-    config = train.TrainConfig(
+    config = TrainConfig(
         learner_options={"filters": 8}, dataset_options={"num_classes": 60,
                                                          "samples_per_class": 8},
         task="B2", spec_overrides={"nc": 3, "kt": 2}, epochs=2, iters_per_epoch=20, meta_batch=2,

@@ -16,7 +16,7 @@ from cfsl_jax.learners.finetune import (EwcState, TuneState, diagonal_fisher, ew
                                         init_tune, merge, pretrain_tune, split_norm)
 from cfsl_jax.models import init as weight_init
 from cfsl_jax.models.conv4 import Conv4, LinearHead
-from cfsl_jax.pretrain import entry_pool, init_state, pretrain, train_step
+from cfsl_jax.training.pretrain import entry_pool, init_state, pretrain, train_step
 from cfsl_jax.spec import TaskSpec
 
 IMAGE = (28, 28, 1)

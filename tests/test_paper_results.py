@@ -84,10 +84,11 @@ def test_report_wording_for_one_seed_and_one_epoch():
     """Issue 13, Found 10: no "± where the seeds agree" with one seed, and "1 epoch"."""
     import dataclasses
 
-    from cfsl_jax import report, train
+    from cfsl_jax import report
+    from cfsl_jax.training.config import TrainConfig
     from cfsl_jax.spec import TaskSpec
 
-    config = train.TrainConfig(dataset="slimagenet64", learner="protonets", task="B3", epochs=1,
+    config = TrainConfig(dataset="slimagenet64", learner="protonets", task="B3", epochs=1,
                                iters_per_epoch=2)
     result = {"dataset": "slimagenet64", "learner": "protonets", "seed": 0,
               "spec": dataclasses.asdict(TaskSpec.parse("B3")), "config": config.to_json(),

@@ -9,7 +9,7 @@ import pytest
 from cfsl_jax import data, episode, evaluate as evaluation, metrics, parallel
 from cfsl_jax.learners import get_learner
 from cfsl_jax.spec import TaskSpec
-from cfsl_jax.train import TrainConfig, make_optimizer, make_train_step
+from cfsl_jax.training.train import TrainConfig, make_optimizer, make_train_step
 
 from conftest import FAKE_DEVICES, cpu_mesh
 

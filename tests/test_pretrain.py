@@ -4,17 +4,18 @@ labels, schedule, validation-based selection, resume."""
 from __future__ import annotations
 
 import json
-import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cfsl_jax import checkpoints, data, pretrain, sampler
+from cfsl_jax import data, sampler
+from cfsl_jax.training import checkpoints, pretrain
 from cfsl_jax.learners import get_learner
 from cfsl_jax.spec import TaskSpec
-from cfsl_jax.train import Interrupted
+from cfsl_jax.training.config import TrainConfig
+from cfsl_jax.training.loop import Interrupted
 
 SPEC = TaskSpec(nss=2, nc=2, ks=1, kt=1, cci=1, overwrite=False, target_mode="per_class")
 IMAGE = (16, 16, 1)
@@ -56,11 +57,12 @@ def test_task_images_are_the_tasks_images_labelled_with_their_class(splits):
             np.asarray(tasks.classes[t]).ravel())
 
 
-def _config(**changes):
-    fields = dict(seed=0, learning_rate=1e-3, weight_decay=1e-5, meta_batch=2, epochs=3,
-                  iters_per_epoch=2, log_every=2, val_tasks=4, eval_batch=4, keep_best=2,
-                  checkpoint_every=0)
-    return types.SimpleNamespace(**{**fields, **changes})
+def _config(**changes) -> TrainConfig:
+    """The schedule fields of a run (its learner and data are built by the fixtures)."""
+    fields = dict(learner="pretrain_tune", seed=0, learning_rate=1e-3, weight_decay=1e-5,
+                  meta_batch=2, epochs=3, iters_per_epoch=2, log_every=2, val_tasks=4,
+                  eval_batch=4, keep_best=2, checkpoint_every=0)
+    return TrainConfig(**{**fields, **changes})
 
 
 def test_pretrain_on_tasks_selects_epochs_and_resumes_exactly(splits, learner_and_params,
@@ -112,9 +114,9 @@ def test_pretrain_on_tasks_refuses_a_spec_the_train_split_cannot_supply(splits,
 def test_train_and_evaluate_pretrains_on_tasks_and_tests_the_best_epochs(tmp_path):
     """TrainConfig(pretrain_data="tasks"), the default: a Pretrain+Tune run validates each
     epoch and tests the ensemble of its best epochs."""
-    from cfsl_jax import train
+    from cfsl_jax.training import train
 
-    config = train.TrainConfig(
+    config = TrainConfig(
         learner="pretrain_tune", learner_options={"filters": 8, "inner_steps": 1},
         dataset="synthetic", dataset_options={"num_classes": 40, "samples_per_class": 6,
                                               "image_size": 16},

@@ -19,13 +19,14 @@ import jax
 import numpy as np
 import pytest
 
-from cfsl_jax import figures, paper_results, report, sweep, train
+from cfsl_jax import figures, paper_results, report, sweep
+from cfsl_jax.training.config import TrainConfig
 from conftest import interruptible_module
 from cfsl_jax.spec import TaskSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-TINY = train.TrainConfig(
+TINY = TrainConfig(
     learner_options={"filters": 8}, dataset="synthetic",
     dataset_options={"num_classes": 60, "samples_per_class": 8},
     spec_overrides={"nc": 3, "kt": 2}, epochs=2, iters_per_epoch=3, meta_batch=2,
@@ -175,7 +176,7 @@ def test_report_compares_with_the_shipped_paper_numbers(tmp_path):
     test_numbers = {("omniglot/small", "B3", 0): 0.90, ("omniglot/small", "B3", 1): 0.92,
                     ("omniglot/small", "B2", 0): 0.80, ("omniglot/full", "B3", 0): 0.93}
     for (dataset, cell, seed), acc in test_numbers.items():
-        config = train.TrainConfig(dataset=dataset, task=cell, seed=seed)
+        config = TrainConfig(dataset=dataset, task=cell, seed=seed)
         result = {"dataset": dataset, "learner": "protonets", "seed": seed,
                   "spec": dataclasses.asdict(TaskSpec.parse(cell)), "config": config.to_json(),
                   "test": {"acc_mean": acc, "ce_mean": 0.5, "atm": 0.1, "macs_per_task": 1e6}}
@@ -227,7 +228,7 @@ def test_dry_run_lists_every_run_with_its_status(killed_and_resumed):
 
 def test_a_changed_budget_is_a_conflict_and_is_not_run(killed_and_resumed):
     sweep_dir = killed_and_resumed[0]
-    longer = train.TrainConfig(**{**TINY.to_json(), "epochs": 3})
+    longer = TrainConfig(**{**TINY.to_json(), "epochs": 3})
     configs, _ = sweep.grid(longer, ["protonets"], ["B2"], [0])
     outcomes = sweep.run_sweep(configs, sweep_dir, workers=2, log=lambda line: None)
     assert [o.status for o in outcomes] == ["conflict"]
@@ -243,7 +244,7 @@ def test_a_learner_that_does_not_build_is_skipped_with_its_reason():
         sweep.grid(TINY, ["nope"], CELLS, [0])
     with pytest.raises(ValueError, match=r"cells lists a value twice: \['B2', 'B2'\]"):
         sweep.grid(TINY, LEARNERS, ["B2", "B2"], [0])
-    assert sweep.run_dir("/s", train.TrainConfig(dataset="omniglot/small", task="D8", seed=2)) \
+    assert sweep.run_dir("/s", TrainConfig(dataset="omniglot/small", task="D8", seed=2)) \
         == "/s/omniglot-small/protonets/D8/seed2"
 
 

@@ -1,6 +1,7 @@
 """Meta-training and evaluation end to end on small real configs: determinism, resume, NaN stop,
 results/verify, the CLIs, and ProtoNets learning on mini-Omniglot."""
 
+import dataclasses
 import json
 import os
 
@@ -9,13 +10,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cfsl_jax import episode, parallel, runs, train
-from cfsl_jax.evaluate import evaluate, task_fingerprint
+from cfsl_jax import data, episode, parallel
+from cfsl_jax.training import loop, runs, tracking, train
+from cfsl_jax.training.config import TrainConfig, from_json
+from cfsl_jax.evaluate import dataset_identity, evaluate, task_fingerprint
 from cfsl_jax.learners import get_learner
 from cfsl_jax.verify import verify
 
 # A tiny run: 2-support-set, 3-way tasks on a small synthetic set, a narrow ProtoNet.
-TINY = train.TrainConfig(
+TINY = TrainConfig(
     learner="protonets", learner_options={"filters": 8}, dataset="synthetic",
     dataset_options={"num_classes": 60, "samples_per_class": 8}, task="B2",
     spec_overrides={"nc": 3, "kt": 2}, epochs=2, iters_per_epoch=3, meta_batch=2,
@@ -23,8 +26,8 @@ TINY = train.TrainConfig(
 
 
 def test_train_step_compiles_once():
-    learner, splits = train.build(TINY)
-    params = train.init_params(learner, splits["train"], 0)
+    learner, splits = runs.build(TINY)
+    params = runs.init_params(learner, splits["train"], 0)
     optimizer = train.make_optimizer(TINY)
     step = train.make_train_step(learner, optimizer, TINY.meta_batch)
     opt_state = optimizer.init(params)
@@ -40,10 +43,13 @@ def test_same_seed_same_results_and_resume_is_exact(tmp_path):
     again = train.train_and_evaluate(TINY, str(tmp_path / "again"))
     assert full["test"] == {**again["test"], "seconds": full["test"]["seconds"],
                             "tasks_per_s": full["test"]["tasks_per_s"]}
+    # Each run records its own compile seconds (the second finds its programs compiled), not
+    # the process's since it started (as a sweep worker's second run would).
+    assert 0 <= again["compile_seconds"] < full["compile_seconds"]
     # Kill mid-epoch 1 (step 4 of 6, after a mid-epoch checkpoint at step 2), then resume.
-    interrupted = train.TrainConfig(**{**TINY.to_json(), "checkpoint_every": 2})
+    interrupted = TrainConfig(**{**TINY.to_json(), "checkpoint_every": 2})
     workdir = str(tmp_path / "resumed")
-    with pytest.raises(train.Interrupted):
+    with pytest.raises(loop.Interrupted):
         train.train_and_evaluate(interrupted, workdir, stop_after_steps=5)
     assert not os.path.exists(os.path.join(workdir, "results.json"))
     resumed = train.train_and_evaluate(interrupted, workdir)
@@ -81,17 +87,44 @@ def test_results_record_reproducibility_facts_and_verify_matches(tmp_path):
     differences = verify(workdir)
     assert len(differences) == 1 and differences[0].startswith("task_fingerprint")
     # The restored ensemble gives the recorded metrics again.
-    learner, params, spec = train.restore(workdir, ensemble=True)
+    learner, params, spec = runs.restore(workdir, ensemble=True)
     assert spec == TINY.spec and jax.tree.leaves(params)[0].shape[0] == len(out["best_epochs"])
+    _, splits = runs.build(TINY)
+    again = evaluate(learner, params, splits["test"], num_tasks=TINY.test_tasks, seed=TINY.seed,
+                     purpose="eval", batch_size=TINY.eval_batch, ensemble=True,
+                     cost_metrics=False)
+    for name in ("acc_mean", "ce_mean", "group_acc", "task_fingerprint"):
+        assert again[name] == out["test"][name], name
+    # Every run's scalars, as JSON lines: training at each log step, validation per epoch, test.
+    records = tracking.read(os.path.join(workdir, tracking.METRICS_FILE))
+    train_steps = [r["step"] for r in records if r["phase"] == "train"]
+    # at least every log_every=2 steps and each epoch's end (3 steps); more when a line is due
+    assert {2, 3, 4, 6} <= set(train_steps) and train_steps == sorted(set(train_steps))
+    assert all(np.isfinite(r["loss"]) and r["steps_per_s"] > 0 for r in records
+               if r["phase"] == "train")
+    history = json.load(open(os.path.join(workdir, "val_history.json")))
+    assert [(r["step"], r["acc"], r["ce"]) for r in records if r["phase"] == "val"] == [
+        (3 * (h["epoch"] + 1), h["val_acc"], h["val_ce"]) for h in history]
+    (test,) = [r for r in records if r["phase"] == "test"]
+    assert test["acc_mean"] == out["test"]["acc_mean"]
+    assert [test[f"group_acc_{g}"] for g in range(2)] == out["test"]["group_acc"]
 
 
 def test_evaluation_tasks_are_a_function_of_the_seed():
-    learner, splits = train.build(TINY)
+    learner, splits = runs.build(TINY)
     spec = learner.spec
     first = task_fingerprint(splits["val"], spec, 20, seed=0, purpose="val")
     assert task_fingerprint(splits["val"], spec, 20, seed=0, purpose="val") == first
     assert task_fingerprint(splits["val"], spec, 20, seed=1, purpose="val") != first
     assert task_fingerprint(splits["val"], spec, 20, seed=0, purpose="eval") != first
+
+
+def test_the_task_fingerprint_does_not_depend_on_how_the_source_is_worded():
+    split = data.load_split("synthetic", "test", num_classes=60, samples_per_class=8)
+    reworded = split.replace(info=dataclasses.replace(split.info, source="made elsewhere"))
+    assert split.info.variant == split.info.source.split(" prepared in ")[0]
+    assert dataset_identity(reworded) == dataset_identity(split)
+    assert task_fingerprint(reworded, TINY.spec, 5, 0) == task_fingerprint(split, TINY.spec, 5, 0)
 
 
 def test_nan_loss_stops_with_epoch_and_step_and_keeps_last_checkpoint(tmp_path, monkeypatch):
@@ -112,10 +145,24 @@ def test_nan_loss_stops_with_epoch_and_step_and_keeps_last_checkpoint(tmp_path, 
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints", "latest"))) == ["3"]
 
 
+def test_a_config_saved_before_pretrain_data_reads_as_uniform_everywhere(tmp_path):
+    """One legacy default: resuming, comparing (a sweep's status) and reporting read it alike."""
+    saved = {k: v for k, v in TINY.to_json().items() if k != "pretrain_data"}
+    assert TINY.pretrain_data == "tasks" and from_json(saved).pretrain_data == "uniform"
+    assert runs.config_differences(saved, TINY) == ["pretrain_data"]
+    assert runs.config_differences(saved, dataclasses.replace(TINY, pretrain_data="uniform")) == []
+    workdir = tmp_path / "old"
+    workdir.mkdir()
+    (workdir / "config.json").write_text(json.dumps(saved))
+    assert runs.load_config(str(workdir)).pretrain_data == "uniform"
+    with pytest.raises(ValueError, match=r"different config \(fields \['pretrain_data'\]\)"):
+        runs.check_workdir_config(str(workdir), TINY)
+
+
 def test_changed_config_in_an_old_workdir_is_refused(tmp_path):
     workdir = str(tmp_path / "run")
     runs.check_workdir_config(workdir, TINY)
-    changed = train.TrainConfig(**{**TINY.to_json(), "seed": 1})
+    changed = TrainConfig(**{**TINY.to_json(), "seed": 1})
     with pytest.raises(ValueError, match=r"different config \(fields \['seed'\]\)"):
         runs.check_workdir_config(workdir, changed)
 
@@ -128,14 +175,14 @@ def test_protonets_learns_b3_on_mini_omniglot(omniglot_dir, data_dir, tmp_path, 
     0.172; the mean's standard error at 30 is 0.013). The meta-step MACs, which
     train_and_evaluate counts with an extra compilation, are tested elsewhere."""
     monkeypatch.setattr(train, "per_task_meta_step_macs", lambda *args: 0.0)
-    config = train.TrainConfig(
+    config = TrainConfig(
         learner="protonets", learner_options={"filters": 16}, dataset="omniglot",
         manual_dir=omniglot_dir, data_dir=data_dir,
         task="B3", epochs=2, iters_per_epoch=15, meta_batch=4, val_tasks=20, test_tasks=30,
         eval_batch=20, keep_best=2, learning_rate=1e-2)
     mesh = parallel.make_mesh(4, devices=jax.devices("cpu"))  # 4 of the 8 CPU devices: no padding
     protonets = train.train_and_evaluate(config, str(tmp_path / "pn"), mesh=mesh)["test"]
-    tune = train.TrainConfig(**{**config.to_json(), "learner": "init_tune"})
+    tune = TrainConfig(**{**config.to_json(), "learner": "init_tune"})
     init_tune = train.train_and_evaluate(tune, str(tmp_path / "it"), mesh=mesh)["test"]
     print(f"B3 mini-Omniglot: protonets {protonets['acc_mean']:.3f}, "
           f"init_tune {init_tune['acc_mean']:.3f}")

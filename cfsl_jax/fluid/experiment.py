@@ -243,7 +243,8 @@ def run_experiment(config: FluidConfig, workdir: str) -> dict[str, Any]:
     the last): the same config run into the same ``workdir`` again resumes after
     the last finished stream (stream ``i`` depends only on the seed and ``i``, so
     a larger ``num_streams`` extends a finished run); a complete run only
-    rewrites ``results.txt``.
+    rewrites ``results.txt``. A stream that ``run_stream_alone`` stored (a SLURM
+    job per stream) is read, not run again.
     """
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, "results.json")
@@ -257,32 +258,19 @@ def run_experiment(config: FluidConfig, workdir: str) -> dict[str, Any]:
         progress.say(f"[FLUID] {path}: {len(streams)} of {config.num_streams} streams already "
                      f"done; resuming")
     started = time.perf_counter()
-    split = load(config)
-    image_shape = tuple(split.images.shape[1:])
-    k = config.stream.num_classes
-    built = {name: fluid_methods.get_method(name, k, image_shape, filters=config.filters,
-                                            **config.method_options.get(name, {}))
-             for name in config.methods}
-    for name, method in built.items():
-        schedule = schedule_for(method, config)
-        if schedule is not None and config.schedule is None:
-            progress.say(f"[FLUID] {name}: the paper's schedule ({method.schedule.describe()}) "
-                         f"scaled to {config.stream.length} samples: {schedule.describe()}")
     previous = stored.get("wall_seconds", 0.0)
-    dataset = {"name": split.info.dataset, "split": split.info.split,
-               "num_classes": split.info.num_classes, "num_images": split.info.num_images,
-               "source": split.info.source}
+    built: dict = {}
     for index in range(len(streams), config.num_streams):
-        stats, per_method, curves = run_one_stream(config, split, built, index)
-        streams.append({"stream": stats, "methods": per_method})
-        if index == 0:
-            window = next(iter(per_method.values()))["metrics"]["rolling_window"]
-            report.plot_rolling_accuracy(curves, window,
-                                         os.path.join(workdir, "rolling_accuracy.png"),
-                                         title=f"FLUID on {split.info.dataset}: rolling accuracy")
+        done = read_stream_file(config, workdir, index)  # written by a job of its own (SLURM)
+        if done is None:
+            if not built:
+                split = load(config)
+                built = {"split": split, "methods": build_methods(config, split)}
+            done = compute_stream(config, workdir, built["split"], built["methods"], index)
+        streams.append({"stream": done["stream"], "methods": done["methods"]})
         results = {
             "config": config.to_json(),
-            "dataset": dataset,
+            "dataset": done["dataset"],
             "streams": streams,
             "complete": len(streams) == config.num_streams,
             "summary": summarise([s["methods"] for s in streams]),
@@ -293,6 +281,71 @@ def run_experiment(config: FluidConfig, workdir: str) -> dict[str, Any]:
         results_io.write_json(path, results)
         _write_table(results, config, workdir)
     return results
+
+
+def build_methods(config: FluidConfig, split: data.Split) -> dict:
+    """Every method of ``config``, built for the split's images (schedules logged)."""
+    image_shape = tuple(split.images.shape[1:])
+    k = config.stream.num_classes
+    built = {name: fluid_methods.get_method(name, k, image_shape, filters=config.filters,
+                                            **config.method_options.get(name, {}))
+             for name in config.methods}
+    for name, method in built.items():
+        schedule = schedule_for(method, config)
+        if schedule is not None and config.schedule is None:
+            progress.say(f"[FLUID] {name}: the paper's schedule ({method.schedule.describe()}) "
+                         f"scaled to {config.stream.length} samples: {schedule.describe()}")
+    return built
+
+
+def stream_file(workdir: str, index: int) -> str:
+    """Where stream ``index`` run alone (``run_stream_alone``) stores its results."""
+    return os.path.join(workdir, "streams", f"{index}.json")
+
+
+def read_stream_file(config: FluidConfig, workdir: str, index: int) -> dict | None:
+    """Stream ``index``'s stored results (None if not run alone); UserError for another
+    config's."""
+    path = stream_file(workdir, index)
+    if not os.path.exists(path):
+        return None
+    stored = results_io.read_json(path)
+    ours = json.loads(json.dumps(config.to_json()))
+    if {**stored["config"], "num_streams": 0} != {**ours, "num_streams": 0}:
+        raise UserError(f"{path} holds a stream of a different configuration: use a new "
+                        f"--workdir (or delete it) to run this one")
+    return stored
+
+
+def compute_stream(config: FluidConfig, workdir: str, split: data.Split, built: dict,
+                   index: int) -> dict:
+    """Run stream ``index``; the first stream also plots ``rolling_accuracy.png``."""
+    stats, per_method, curves = run_one_stream(config, split, built, index)
+    if index == 0:
+        window = next(iter(per_method.values()))["metrics"]["rolling_window"]
+        report.plot_rolling_accuracy(curves, window,
+                                     os.path.join(workdir, "rolling_accuracy.png"),
+                                     title=f"FLUID on {split.info.dataset}: rolling accuracy")
+    dataset = {"name": split.info.dataset, "split": split.info.split,
+               "num_classes": split.info.num_classes, "num_images": split.info.num_images,
+               "source": split.info.source}
+    return {"config": config.to_json(), "dataset": dataset, "stream": stats,
+            "methods": per_method}
+
+
+def run_stream_alone(config: FluidConfig, workdir: str, index: int) -> None:
+    """Stream ``index`` in a process of its own (a SLURM array job): writes
+    ``stream_file(workdir, index)``, which ``run_experiment`` then reads instead of running
+    the stream. Nothing is run when the stream is stored already."""
+    done = os.path.exists(os.path.join(workdir, "results.json")) and len(
+        _stored_run(config, os.path.join(workdir, "results.json")).get("streams", [])) > index
+    if done or read_stream_file(config, workdir, index) is not None:
+        return
+    os.makedirs(workdir, exist_ok=True)
+    split = load(config)
+    results_io.write_json(stream_file(workdir, index),
+                          compute_stream(config, workdir, split, build_methods(config, split),
+                                         index))
 
 
 def _write_table(results: dict, config: FluidConfig, workdir: str) -> None:

@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cfsl_jax import data, progress
+from cfsl_jax import data
+from cfsl_jax.training import loop
 from cfsl_jax.data import Split
 from cfsl_jax.fluid import classifiers as cls
 from cfsl_jax.fluid.protocol import Method, Params
@@ -101,10 +102,10 @@ def meta_train(method: Method, params: Params, split: Split, key: jax.Array, str
         updates, opt_state = opt.update(grads, opt_state, trainable)
         return optax.apply_updates(trainable, updates), opt_state, loss
 
-    opt_state = opt.init(trainable)
-    bar = progress.tracker(f"FLUID {strategy} meta-training", steps, "episodes")
-    for i in range(steps):
-        trainable, opt_state, loss = step(trainable, opt_state, jax.random.fold_in(key, i))
-        if bar.due() or i + 1 == steps:  # sync the loss only for a line
-            bar.update(i + 1, loss=float(loss))
+    def one(state, episode_key):
+        trainable, opt_state, loss = step(*state, episode_key)
+        return (trainable, opt_state), {"loss": loss}
+
+    trainable, _ = loop.run_steps(f"FLUID {strategy} meta-training", "episodes", steps,
+                                  (trainable, opt.init(trainable)), one, key)
     return {**params, **trainable}

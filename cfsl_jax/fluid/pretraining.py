@@ -6,7 +6,7 @@ not in the stream): pretraining never touches a stream sample, and novel
 classes are never seen. Strategies (``Method.pretraining``):
 
 - ``supervised`` (the paper's "Sup."): softmax cross-entropy of the backbone
-  and a linear head over the P pretrain classes (``cfsl_jax.pretrain``'s step:
+  and a linear head over the P pretrain classes (``cfsl_jax.training.pretrain``'s step:
   Adam, L2 weight decay); the head is kept: ``params["head"]`` = {"kernel"
   [D, P], "bias" [P]} -- row k = stream label k, so the pretrain classes are
   known when the stream starts.
@@ -28,7 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from cfsl_jax import data, pretrain as supervised, progress
+from cfsl_jax import data, progress
+from cfsl_jax.training import loop, pretrain as supervised
 from cfsl_jax.data import Split
 from cfsl_jax.fluid import classifiers as cls
 from cfsl_jax.fluid.protocol import Method, Params
@@ -59,12 +60,11 @@ def pretrain_supervised(method: Method, params: Params, split: Split, key: jax.A
                                   head_key, learning_rate, weight_decay)
     hyper = dict(learner=method, num_classes=num_classes, batch_size=batch_size,
                  learning_rate=learning_rate, weight_decay=weight_decay)
-    bar = progress.tracker("FLUID pretraining", steps, "steps")
-    for step in range(steps):
-        state, loss, accuracy = supervised.train_step(state, split, pool,
-                                                      jax.random.fold_in(data_key, step), **hyper)
-        if bar.due() or step + 1 == steps:  # sync the device values only for a line
-            bar.update(step + 1, loss=float(loss), acc=float(accuracy))
+    def one(state, key):
+        state, loss, accuracy = supervised.train_step(state, split, pool, key, **hyper)
+        return state, {"loss": loss, "acc": accuracy}
+
+    state = loop.run_steps("FLUID pretraining", "steps", steps, state, one, data_key)
     dense = state.params["head"]["params"]["Dense_0"]
     return {**params, "embed": state.params["embed"],
             "head": {"kernel": dense["kernel"], "bias": dense["bias"]}}

@@ -136,7 +136,7 @@ class Method(NamedTuple):
     """Pure functions of a FLUID method (see the module docstring for the call order).
 
     ``name``, ``training="pretrain"`` and ``embed_apply(params["embed"], x)``
-    are the part of the CFSL ``Learner`` contract that ``cfsl_jax.pretrain``
+    are the part of the CFSL ``Learner`` contract that ``cfsl_jax.training.pretrain``
     uses, so ``pretrain(method, params, split, key)`` pretrains the backbone.
     """
 

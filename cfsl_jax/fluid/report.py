@@ -14,11 +14,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from cfsl_jax import plotting
 
 # (column key, header); accuracies are printed in percent, like the paper.
 COLUMNS = (("metrics.accuracy", "overall"), ("metrics.mean_per_class_accuracy", "mean/cls"),
@@ -115,7 +113,7 @@ def paper_table(summary: dict[str, dict], dataset: str, streams: str) -> str:
 def plot_rolling_accuracy(curves: dict[str, np.ndarray], window: int, path: str,
                           title: str = "FLUID: rolling accuracy") -> None:
     """One line per method: accuracy over the last ``window`` samples at each t; saved as PNG."""
-    figure, axis = plt.subplots(figsize=(7, 4))
+    figure, axis = plotting.subplots(figsize=(7, 4))
     for name, curve in curves.items():
         axis.plot(np.arange(1, len(curve) + 1), curve, label=name, linewidth=1.2)
     axis.set_xlabel("samples seen")
@@ -126,7 +124,7 @@ def plot_rolling_accuracy(curves: dict[str, np.ndarray], window: int, path: str,
 
 def plot_update_strategy(cells: list[dict], path: str, title: str) -> None:
     """The paper's Figure 6 layout: accuracy vs total GMACs, one point per (U, E) cell."""
-    figure, axis = plt.subplots(figsize=(6, 4))
+    figure, axis = plotting.subplots(figsize=(6, 4))
     for epochs in sorted({c["epochs_per_update"] for c in cells}):
         row = sorted((c for c in cells if c["epochs_per_update"] == epochs),
                      key=lambda c: c["gmacs"])
@@ -148,4 +146,3 @@ def _finish(figure, axis, title: str, path: str) -> None:
     axis.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
-    plt.close(figure)

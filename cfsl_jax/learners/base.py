@@ -70,7 +70,7 @@ class Learner(NamedTuple):
 
     ``training``: how ``train.py`` obtains ``params``: "meta" (episodic
     meta-training on tasks), "pretrain" (ordinary cross-entropy on all
-    training classes, ``cfsl_jax.pretrain``; params must hold the backbone
+    training classes, ``cfsl_jax.training.pretrain``; params must hold the backbone
     under "embed") or "none" (a fixed function of the seed).
     ``per_task_weights``: whether ``state`` holds per-task copies of network
     weights (fine-tuning); on CPU such learners run tasks one after another,
@@ -80,7 +80,7 @@ class Learner(NamedTuple):
     ``for_epoch``: the learner to meta-train with in a given epoch (e.g. a
     first-order variant for the first K epochs); None means this one always.
     ``embed_apply``: for "pretrain" learners, ``embed_apply(params["embed"], x)
-    -> features [n, D]``: the backbone that ``cfsl_jax.pretrain`` trains.
+    -> features [n, D]``: the backbone that ``cfsl_jax.training.pretrain`` trains.
     """
 
     name: str

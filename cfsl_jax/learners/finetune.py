@@ -13,7 +13,7 @@ applies the fast weights. ``params`` are initialised as the authors'
 
 - ``init_tune``: the network is a fixed random init, a function of the init
   key (``training="none"``): the init is the model; ``init`` copies it.
-- ``pretrain_tune``: ``params["embed"]`` is pretrained by ``cfsl_jax.pretrain``
+- ``pretrain_tune``: ``params["embed"]`` is pretrained by ``cfsl_jax.training.pretrain``
   (ordinary cross-entropy over all training classes, ``training="pretrain"``);
   ``init(params, key, spec)`` pairs it with ``params["head"]``, a random head
   that pretraining never touches and every task starts from (the authors'

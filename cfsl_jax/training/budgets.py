@@ -1,6 +1,6 @@
 """Named training budgets: a run's schedule in one word.
 
-    from cfsl_jax import budgets
+    from cfsl_jax.training import budgets
     config = budgets.apply(TrainConfig(learner="maml_low", task="C3"), "paper")
     config.epochs, config.iters_per_epoch, config.meta_batch    # 250, 500, 1
 
@@ -27,12 +27,10 @@ The optimiser (Adam, L2 1e-5, lr 1e-3) is the paper's in every budget; see
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, TYPE_CHECKING
+from typing import Iterable
 
 from cfsl_jax.errors import UserError
-
-if TYPE_CHECKING:
-    from cfsl_jax.train import TrainConfig
+from cfsl_jax.training.config import TrainConfig
 
 BUDGETS: dict[str, dict[str, object]] = {
     "default": {},
@@ -45,8 +43,6 @@ BUDGETS: dict[str, dict[str, object]] = {
 
 def fields(name: str) -> dict[str, object]:
     """The ``TrainConfig`` fields budget ``name`` sets (``default``: TrainConfig's defaults)."""
-    from cfsl_jax.train import TrainConfig
-
     if name not in BUDGETS:
         raise UserError(f"--budget={name}: unknown budget; valid: {', '.join(BUDGETS)}")
     defaults = TrainConfig()
@@ -55,13 +51,13 @@ def fields(name: str) -> dict[str, object]:
     return {key: BUDGETS[name].get(key, getattr(defaults, key)) for key in sorted(names & known)}
 
 
-def apply(config: "TrainConfig", name: str, keep: Iterable[str] = ()) -> "TrainConfig":
+def apply(config: TrainConfig, name: str, keep: Iterable[str] = ()) -> TrainConfig:
     """``config`` with budget ``name``'s fields, except those in ``keep`` (explicit choices)."""
     keep = set(keep)
     return dataclasses.replace(config, **{k: v for k, v in fields(name).items() if k not in keep})
 
 
-def name_of(config: "TrainConfig") -> str | None:
+def name_of(config: TrainConfig) -> str | None:
     """The budget whose fields ``config`` has, or None (a custom schedule)."""
     for name in BUDGETS:
         if all(getattr(config, key, None) == value for key, value in fields(name).items()):

@@ -44,21 +44,21 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-import time
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from absl import logging
 
-from cfsl_jax import data, progress, results, sampler, seeding
+from cfsl_jax import data, sampler, seeding
+from cfsl_jax.evaluate import evaluate
+from cfsl_jax.training import checkpoints, loop
+from cfsl_jax.training.config import TrainConfig
+from cfsl_jax.training.tracking import Tracking
 from cfsl_jax.learners.base import Learner, Params
 from cfsl_jax.models.conv4 import LinearHead
 
-PRETRAIN_DATA: tuple[str, ...] = ("tasks", "uniform")
 
 
 class PretrainState(NamedTuple):
@@ -159,21 +159,11 @@ def pretrain(learner: Learner, params: Params, split: data.Split, key: jax.Array
     hyper = dict(learner=learner, num_classes=num_classes, batch_size=batch_size,
                  learning_rate=learning_rate, weight_decay=weight_decay)
 
-    window: list[tuple[jax.Array, jax.Array]] = []
-    start = time.perf_counter()
-    bar = progress.tracker("pretrain", steps, "steps")
-    for step in range(steps):
-        state, loss, accuracy = train_step(state, split, pool,
-                                           jax.random.fold_in(data_key, step), **hyper)
-        if bar.due() or step + 1 == steps:  # syncs the device only when a line is due
-            bar.update(step + 1, loss=float(loss), acc=float(accuracy))
-        window.append((loss, accuracy))
-        if (step + 1) % log_every == 0 or step + 1 == steps:
-            losses, accuracies = np.asarray(window).T  # one host sync per log line
-            logging.info("pretrain step %d/%d: loss %.4f accuracy %.4f (%.1f steps/s)",
-                         step + 1, steps, losses.mean(), accuracies.mean(),
-                         (step + 1) / (time.perf_counter() - start))
-            window.clear()
+    def one(state, key):
+        state, loss, accuracy = train_step(state, split, pool, key, **hyper)
+        return state, {"loss": loss, "acc": accuracy}
+
+    state = loop.run_steps("pretrain", "steps", steps, state, one, data_key, log_every)
     return {**params, "embed": state.params["embed"]}
 
 
@@ -213,17 +203,14 @@ def task_step(state: PretrainState, split: data.Split, classes: jax.Array, key: 
                    learning_rate, weight_decay)
 
 
-def pretrain_on_tasks(config, learner: Learner, params: Params, splits: dict[str, data.Split],
-                      workdir: str, ckpt, stop_after_steps: int | None = None, mesh=None
-                      ) -> Params:
+def pretrain_on_tasks(config: TrainConfig, learner: Learner, params: Params, splits: dict[str, data.Split],
+                      workdir: str, ckpt: checkpoints.Checkpoints,
+                      stop_after_steps: int | None = None, mesh=None,
+                      tracking: Tracking | None = None) -> Params:
     """Pretrain ``params["embed"]`` on sampled training tasks for the run's schedule, selecting
     epochs on validation; returns the ensemble (stacked along a leading axis) of the best
-    ``config.keep_best`` epochs' params. ``config`` is a ``train.TrainConfig``; ``ckpt`` the
-    run's ``checkpoints.Checkpoints``. Resumes from ``ckpt``'s latest checkpoint."""
-    from cfsl_jax import checkpoints
-    from cfsl_jax.evaluate import evaluate
-    from cfsl_jax.train import Interrupted
-
+    ``config.keep_best`` epochs' params. Resumes from ``ckpt``'s latest checkpoint; the epoch
+    loop (stops, NaN check, validation, keep-best) is ``loop.run``."""
     if learner.embed_apply is None:
         raise ValueError(f"learner {learner.name!r} has no embed_apply to pretrain "
                          f"(training={learner.training!r})")
@@ -233,53 +220,21 @@ def pretrain_on_tasks(config, learner: Learner, params: Params, splits: dict[str
     head_key, data_key = jax.random.split(seeding.purpose_key(config.seed, "pretrain"))
     state = init_state(learner, params, num_classes, tuple(train_split.images.shape[1:]),
                        head_key, config.learning_rate, config.weight_decay)
-    start = 0
-    restored = ckpt.restore_latest(state.params, state.opt_state)
-    if restored is not None:
-        start, trainable, opt_state = restored
-        state = PretrainState(trainable, opt_state)
-        progress.say(f"[pretrain] resuming from step {start}")
     classes = image_classes(train_split.class_table)
     hyper = dict(learner=learner, num_classes=num_classes, tasks=config.meta_batch,
                  learning_rate=config.learning_rate, weight_decay=config.weight_decay)
-    history_path = os.path.join(workdir, "val_history.json")
-    history = [h for h in results.read_json(history_path, default=[])
-               if h["epoch"] < start // config.iters_per_epoch]
-    total = config.epochs * config.iters_per_epoch
-    window: list[tuple[jax.Array, jax.Array]] = []
-    clock = time.perf_counter()
-    bar = progress.tracker("pretrain", total, "steps", start=start)
-    for step in range(start, total):
-        state, loss, accuracy = task_step(state, train_split, classes,
-                                          jax.random.fold_in(data_key, step), **hyper)
-        if bar.due() or step + 1 == total:  # syncs the device only when a line is due
-            bar.update(step + 1, loss=float(loss), acc=float(accuracy))
-        window.append((loss, accuracy))
-        if (step + 1) % config.log_every == 0 or (step + 1) % config.iters_per_epoch == 0:
-            losses, accuracies = np.asarray(window).T  # one host sync per log line
-            window.clear()
-            if not np.isfinite(losses).all():
-                raise FloatingPointError(f"pretraining loss is not finite at step {step}")
-            logging.info("pretrain step %d/%d: loss %.4f accuracy %.4f (%.1f steps/s)", step + 1,
-                         total, losses.mean(), accuracies.mean(),
-                         len(losses) / (time.perf_counter() - clock))
-            clock = time.perf_counter()
-        if (step + 1) % config.iters_per_epoch == 0:
-            epoch = step // config.iters_per_epoch
-            current = {**params, "embed": state.params["embed"]}
-            val = evaluate(learner, current, splits["val"], num_tasks=config.val_tasks,
-                           seed=config.seed, purpose="val", batch_size=config.eval_batch,
-                           cost_metrics=False, mesh=mesh)
-            ckpt.save_best(epoch, current, val["acc_mean"])
-            history.append({"epoch": epoch, "val_acc": val["acc_mean"],
-                            "val_ce": val["ce_mean"], "train_loss": float(losses.mean())})
-            results.write_json(history_path, history)
-            ckpt.save_latest(step + 1, state.params, state.opt_state)
-            progress.say(f"[pretrain] epoch {epoch}: val acc {val['acc_mean']:.4f} ce "
-                         f"{val['ce_mean']:.4f}")
-            clock = time.perf_counter()  # steps/s of the next line: training steps only
-        elif config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
-            ckpt.save_latest(step + 1, state.params, state.opt_state)
-        if stop_after_steps is not None and step + 1 == stop_after_steps and step + 1 < total:
-            raise Interrupted(f"stopped after step {step + 1} as asked")
+
+    def step(state, key, progress_):
+        new, loss, accuracy = task_step(PretrainState(*state), train_split, classes, key, **hyper)
+        return loop.TrainState(*new), {"loss": loss, "acc": accuracy}
+
+    def validate(epoch: int, state):
+        current = {**params, "embed": state.params["embed"]}
+        return evaluate(learner, current, splits["val"], num_tasks=config.val_tasks,
+                        seed=config.seed, purpose="val", batch_size=config.eval_batch,
+                        cost_metrics=False, mesh=mesh), current
+
+    phase = loop.phase(config, "pretrain", "pretraining", data_key)
+    loop.run(phase, loop.TrainState(*state), lambda epoch, state: step, validate, ckpt, workdir,
+             tracking=tracking, stop_after_steps=stop_after_steps)
     return checkpoints.stack(ckpt.restore_best(params))

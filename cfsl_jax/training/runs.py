@@ -1,21 +1,21 @@
 """A run: its config, the learner and data it builds, its workdir, and reading it back.
 
-    from cfsl_jax.runs import TrainConfig, build, restore, evaluate_run
+    from cfsl_jax.training.config import TrainConfig
+    from cfsl_jax.training.runs import build, restore, evaluate_run
     learner, splits = build(TrainConfig(learner="protonets", task="B3"))
     learner, params, spec = restore("/tmp/run")  # a finished run: best epoch (or ensemble)
     report = evaluate_run("/tmp/run")            # re-tested from its checkpoints
 
 A workdir holds one run: ``config.json`` (written first; the same workdir with a
 different config is refused), its checkpoints, ``val_history.json`` and, once
-finished, ``results.json``. ``cfsl_jax.train`` trains a run; this module is what a
+finished, ``results.json``. ``cfsl_jax.training.train`` trains a run; this module is what a
 run is (its ``TrainConfig``, the learner and splits it builds, whether every split
-it samples tasks from can supply its spec) and what is read back from its workdir.
-``cfsl_jax.train`` re-exports these names.
+it samples tasks from can supply its spec) and what is read back from its workdir; the config
+itself is ``cfsl_jax.training.config``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -25,72 +25,15 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from cfsl_jax import backend, checkpoints, data, results, seeding
+from cfsl_jax import backend, data, results, seeding
+from cfsl_jax.training import checkpoints
 from cfsl_jax.errors import UserError
 from cfsl_jax.evaluate import evaluate
-from cfsl_jax.learners import COMPUTE_DTYPES, get_learner
+from cfsl_jax.learners import get_learner
 from cfsl_jax.learners.base import Learner
 from cfsl_jax.sampler import check_split
 from cfsl_jax.spec import TaskSpec
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """Everything that defines a run (written to workdir/config.json)."""
-
-    learner: str = "protonets"
-    learner_options: dict = dataclasses.field(default_factory=dict)
-    dataset: str = "synthetic"
-    dataset_options: dict = dataclasses.field(default_factory=dict)
-    task: str = "B3"  # a paper cell, a type or type+NSS (TaskSpec.parse)
-    spec_overrides: dict = dataclasses.field(default_factory=dict)  # TaskSpec fields to replace
-    seed: int = 0
-    compute_dtype: str = "float32"  # learners.COMPUTE_DTYPES; params/optimiser stay float32
-    epochs: int = 10
-    iters_per_epoch: int = 100
-    meta_batch: int = 8
-    learning_rate: float = 1e-3
-    weight_decay: float = 1e-5
-    val_tasks: int = 600
-    test_tasks: int = 600
-    eval_batch: int = 50
-    keep_best: int = 5
-    checkpoint_every: int = 0  # steps between mid-epoch resume checkpoints (0: epoch ends)
-    log_every: int = 50
-    pretrain_steps: int = 2000
-    pretrain_batch: int = 64
-    pretrain_data: str = "tasks"  # pretrain.PRETRAIN_DATA: "tasks" (the authors') or "uniform"
-    data_dir: str | None = None
-    manual_dir: str | None = None
-    download: bool = False  # fetch a dataset's archives when they are not in manual_dir
-
-    @property
-    def spec(self) -> TaskSpec:
-        base = TaskSpec.parse(self.task)
-        return dataclasses.replace(base, **self.spec_overrides) if self.spec_overrides else base
-
-    def check(self) -> None:
-        for name in ("epochs", "iters_per_epoch", "meta_batch", "val_tasks", "test_tasks",
-                     "eval_batch", "keep_best", "log_every", "pretrain_steps", "pretrain_batch"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise UserError(f"TrainConfig.{name} must be a positive integer, got {value!r}")
-        if self.checkpoint_every < 0:
-            raise UserError(f"TrainConfig.checkpoint_every must be >= 0, "
-                            f"got {self.checkpoint_every}")
-        if self.compute_dtype not in COMPUTE_DTYPES:
-            raise UserError(f"TrainConfig.compute_dtype={self.compute_dtype!r}; valid: "
-                            f"{tuple(COMPUTE_DTYPES)}")
-        if not self.learning_rate > 0:
-            raise UserError(f"TrainConfig.learning_rate must be > 0, got {self.learning_rate}")
-        from cfsl_jax.pretrain import PRETRAIN_DATA
-        if self.pretrain_data not in PRETRAIN_DATA:
-            raise UserError(f"TrainConfig.pretrain_data={self.pretrain_data!r}; valid: "
-                            f"{PRETRAIN_DATA}")
-        self.spec  # noqa: B018  (validates the task)
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+from cfsl_jax.training.config import TrainConfig, from_json
 
 
 def load_splits(config: TrainConfig) -> dict[str, data.Split]:
@@ -151,25 +94,19 @@ def init_params(learner: Learner, split: data.Split, seed: int) -> Any:
     return init(seeding.purpose_key(seed, "init"), example_x, learner.spec)
 
 
-# What ``load_config`` reads for a field a config.json was saved without, where the default has
-# changed since (runs saved before pretrain_data existed pretrained on uniform images).
-LEGACY_DEFAULTS: dict[str, Any] = {"pretrain_data": "uniform"}
-
-
 def config_differences(saved: dict, config: TrainConfig) -> list[str]:
-    """Fields in which a saved ``config.json`` differs from ``config``.
-
-    Fields added to ``TrainConfig`` since the run was saved take their defaults.
-    """
-    saved = {**json.loads(json.dumps(TrainConfig().to_json())), **saved}
+    """Fields in which a saved ``config.json`` differs from ``config`` (a field the file lacks
+    is read as ``config.from_json`` reads it)."""
+    saved = json.loads(json.dumps(from_json(saved).to_json()))
     current = json.loads(json.dumps(config.to_json()))
     return sorted(k for k in set(saved) | set(current)
                   if saved.get(k) != current.get(k) and k not in _NOT_IDENTITY)
 
 
-# Config fields that do not change what a run computes (where the files are read from: the
-# dataset variant and split sizes are recorded in results.json and checked by verify).
-_NOT_IDENTITY = ("download", "data_dir", "manual_dir")
+# Config fields that do not change what a run computes (where the files are read from -- the
+# dataset variant and split sizes are recorded in results.json and checked by verify -- and
+# where its metrics are also sent).
+_NOT_IDENTITY = ("download", "data_dir", "manual_dir", "tensorboard", "wandb_project")
 
 
 def check_workdir_config(workdir: str, config: TrainConfig, create: bool = True) -> None:
@@ -228,9 +165,7 @@ def load_config(workdir: str) -> TrainConfig:
     if not os.path.exists(path):
         raise UserError(f"--workdir={workdir} holds no run (no config.json): give the folder a "
                         f"run was trained into")
-    saved = {**LEGACY_DEFAULTS, **results.read_json(path)}
-    return TrainConfig(**{k: v for k, v in saved.items()
-                          if k in {f.name for f in dataclasses.fields(TrainConfig)}})
+    return from_json(results.read_json(path))
 
 
 def evaluate_run(workdir: str, num_tasks: int | None = None,
@@ -239,7 +174,7 @@ def evaluate_run(workdir: str, num_tasks: int | None = None,
 
     The recorded ``wall_seconds`` stay the training run's (when it recorded them); the
     re-test's own seconds are ``test.seconds``."""
-    started = time.perf_counter()
+    started, compiled = time.perf_counter(), backend.compile_totals()
     config = load_config(workdir)
     learner, splits = build(config)
     params = restore_params(config, learner, splits, workdir, ensemble=True)
@@ -256,7 +191,7 @@ def evaluate_run(workdir: str, num_tasks: int | None = None,
     if "macs_per_meta_step" in stored.get("test", {}):
         report["macs_per_meta_step"] = stored["test"]["macs_per_meta_step"]
     wall = stored.get("wall_seconds", time.perf_counter() - started)
-    report["retest_compile_seconds"] = backend.compile_stats()["compile_seconds"]
+    report["retest_compile_seconds"] = backend.compile_stats(compiled)["compile_seconds"]
     kept = {k: stored[k] for k in backend.compile_stats() if k in stored} or None
     return results.record(config, learner, splits, report, workdir, wall_seconds=wall,
-                          best_epochs=best, run_stats=kept)
+                          best_epochs=best, compile_since=compiled, run_stats=kept)

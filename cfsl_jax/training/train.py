@@ -1,6 +1,7 @@
 """Meta-training: one jitted step per meta-batch, validation per epoch, best-5 ensemble test.
 
-    from cfsl_jax.train import TrainConfig, train_and_evaluate
+    from cfsl_jax.training.config import TrainConfig
+    from cfsl_jax.training.train import train_and_evaluate
     results = train_and_evaluate(TrainConfig(learner="protonets", task="B3"), "/tmp/run")
 
 A training step is one XLA program: it samples a meta-batch of tasks from
@@ -12,18 +13,17 @@ resumed from ``checkpoints/latest`` continues bit for bit. After each epoch the
 learner is validated on a fixed set of validation tasks; the best
 ``keep_best`` epochs are kept and the test uses their ensemble (mean logits).
 Learners with ``training="pretrain"`` are pretrained instead
-(``cfsl_jax.pretrain``: by default on the images of sampled training tasks, with the
+(``cfsl_jax.training.pretrain``: by default on the images of sampled training tasks, with the
 same epochs, validation and ensemble; ``pretrain_data="uniform"`` for
 ``pretrain_steps`` batches of uniformly drawn images); ``training="none"``
 learners are only evaluated.
-The run's config, the learner and splits it builds, its workdir checks, and
-restoring or re-testing a finished run are ``cfsl_jax.runs`` (importable from here
-too: ``TrainConfig``, ``build``, ``restore``, ``evaluate_run``, ...).
+The run's config is ``cfsl_jax.training.config``; the learner and splits it builds, its
+workdir checks, and restoring or re-testing a finished run are ``cfsl_jax.training.runs``; the
+epoch loop (resume, stops, checkpoints, validation) is ``cfsl_jax.training.loop``.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import time
@@ -35,26 +35,18 @@ import optax
 
 from jax.sharding import Mesh
 
-from cfsl_jax import checkpoints, data, episode, memory, metrics, parallel, progress, results
-from cfsl_jax import seeding
+from cfsl_jax import backend, data, episode, memory, metrics, parallel, progress, results, seeding, stops
 from cfsl_jax.errors import UserError
 from cfsl_jax.evaluate import evaluate
 from cfsl_jax.learners import get_learner
 from cfsl_jax.learners.base import Learner
-from cfsl_jax.runs import (  # noqa: F401  (re-exported: a run's config, data and workdir)
-    LEGACY_DEFAULTS, TrainConfig, build, check_feasible, check_workdir_config,
-    config_differences, evaluate_run, finished_results, init_params, load_config, load_splits,
-    restore, restore_params, selects_epochs, splits_touched)
 from cfsl_jax.sampler import sample_task
-
-
-class Interrupted(RuntimeError):
-    """Raised by ``stop_after_steps`` (tests simulate a killed run with it)."""
-
-
-class Stopped(KeyboardInterrupt):
-    """Ctrl-C during meta-training, after the reached step was checkpointed (the message says
-    how to resume)."""
+from cfsl_jax.training import checkpoints, loop
+from cfsl_jax.training.config import TrainConfig
+from cfsl_jax.training.pretrain import pretrain, pretrain_on_tasks
+from cfsl_jax.training.runs import (build, check_workdir_config, evaluate_run, finished_results,
+                                    init_params, selects_epochs)
+from cfsl_jax.training.tracking import Tracking
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
@@ -108,7 +100,7 @@ def make_train_step(learner: Learner, optimizer: optax.GradientTransformation, m
 
 def meta_train(config: TrainConfig, learner: Learner, params: Any, splits, workdir: str,
                ckpt: checkpoints.Checkpoints, stop_after_steps: int | None = None,
-               mesh: Mesh | None = None) -> Any:
+               mesh: Mesh | None = None, tracking: Tracking | None = None) -> Any:
     """Meta-train ``params`` (resuming from the workdir) over ``mesh``; returns the final params.
 
     The result does not depend on the mesh beyond float summation order.
@@ -120,73 +112,34 @@ def meta_train(config: TrainConfig, learner: Learner, params: Any, splits, workd
                      f"{extra} padding task(s) per step are computed and dropped; a multiple of "
                      f"{mesh.size} (or --num_devices) avoids it")
     optimizer = make_optimizer(config)
-    opt_state = optimizer.init(params)
-    start = 0
-    restored = ckpt.restore_latest(params, opt_state)
-    if restored is not None:
-        start, params, opt_state = restored
-        progress.say(f"[train] resuming from step {start}")
-    params, opt_state = parallel.replicate((params, opt_state), mesh)
+    state = loop.TrainState(params, optimizer.init(params))
     split = parallel.place_split(splits["train"], mesh)
-    history_path = os.path.join(workdir, "val_history.json")
-    history = results.read_json(history_path, default=[])
-    history = [h for h in history if h["epoch"] < start // config.iters_per_epoch]
     train_key = seeding.purpose_key(config.seed, "train")
-    total = config.epochs * config.iters_per_epoch
-    steps: dict[int, Any] = {}  # one compiled step per distinct learner (for_epoch)
-    bar = progress.tracker("train", total, "steps", start=start)
-    # steps completed and fully recorded (an epoch's end: after its validation); the newest
-    # resume checkpoint's step
-    done = saved = start
-    try:
-        for step in range(start, total):
-            epoch = step // config.iters_per_epoch
-            current = learner.for_epoch(epoch) if learner.for_epoch else learner
-            if id(current) not in steps:
-                steps[id(current)] = compile_train_step(
-                    current, optimizer, config, mesh, params, opt_state, split, train_key)
-                bar = progress.tracker("train", total, "steps", start=step)
-            params, opt_state, out = steps[id(current)](
-                params, opt_state, split, jax.random.fold_in(train_key, step),
-                jnp.float32(step / total))
-            loss = float(out["loss"])
-            if not math.isfinite(loss):
-                raise FloatingPointError(
-                    f"meta-training loss is {loss} at epoch {epoch}, step {step} "
-                    f"(global; step {step % config.iters_per_epoch} of the epoch); the last "
-                    f"good checkpoint is step {ckpt.latest.latest_step()} in {workdir}")
-            epoch_end = (step + 1) % config.iters_per_epoch == 0
-            if not epoch_end:  # recorded before its progress line: a Ctrl-C after it keeps it
-                done = step + 1
-                if config.checkpoint_every and done % config.checkpoint_every == 0:
-                    ckpt.save_latest(done, params, opt_state)
-                    saved = done
-            bar.update(step + 1, force=(step + 1) % config.log_every == 0, epoch=epoch,
-                       loss=loss, acc=float(out["acc"]))
-            if epoch_end:
-                val = evaluate(current, params, splits["val"], num_tasks=config.val_tasks,
-                               seed=config.seed, purpose="val", batch_size=config.eval_batch,
-                               cost_metrics=False, mesh=mesh)
-                ckpt.save_best(epoch, params, val["acc_mean"])
-                history.append({"epoch": epoch, "val_acc": val["acc_mean"],
-                                "val_ce": val["ce_mean"], "train_loss": loss})
-                results.write_json(history_path, history)
-                done = step + 1
-                ckpt.save_latest(done, params, opt_state)
-                saved = done
-                progress.say(f"[train] epoch {epoch}: val acc {val['acc_mean']:.4f} "
-                             f"ce {val['ce_mean']:.4f}")
-                bar = progress.tracker("train", total, "steps", start=done, first_line=False)
-            if stop_after_steps is not None and done == stop_after_steps and done < total:
-                raise Interrupted(f"stopped after step {done} as asked")
-    except KeyboardInterrupt:
-        if done > saved:
-            ckpt.save_latest(done, params, opt_state)
-            saved = done
-        where = f"checkpointed at step {saved}" if saved else "nothing to checkpoint yet"
-        raise Stopped(f"interrupted at step {done} of {total}; {where} in {workdir}: re-run "
-                      f"the same command to resume") from None
-    return params
+    compiled: dict[int, Any] = {}  # one compiled step per distinct learner (for_epoch)
+
+    def step_for(epoch: int, state: loop.TrainState) -> loop.StepFn:
+        current = learner.for_epoch(epoch) if learner.for_epoch else learner
+        if id(current) not in compiled:
+            step = compile_train_step(current, optimizer, config, mesh, *state, split, train_key)
+
+            def run(state, key, progress_):
+                params, opt_state, out = step(*state, split, key, progress_)
+                return loop.TrainState(params, opt_state), out
+
+            compiled[id(current)] = run
+        return compiled[id(current)]
+
+    def validate(epoch: int, state: loop.TrainState):
+        current = learner.for_epoch(epoch) if learner.for_epoch else learner
+        return evaluate(current, state.params, splits["val"], num_tasks=config.val_tasks,
+                        seed=config.seed, purpose="val", batch_size=config.eval_batch,
+                        cost_metrics=False, mesh=mesh), state.params
+
+    phase = loop.phase(config, "train", "meta-training", train_key)
+    state = loop.run(phase, state, step_for, validate, ckpt, workdir,
+                     place=lambda s: parallel.replicate(s, mesh), tracking=tracking,
+                     stop_after_steps=stop_after_steps)
+    return state.params
 
 
 def compile_train_step(learner: Learner, optimizer: optax.GradientTransformation,
@@ -239,7 +192,8 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
         return done
     new = not os.path.exists(workdir)
     try:
-        return _train_and_evaluate(config, workdir, stop_after_steps, mesh)
+        with stops.handled():
+            return _train_and_evaluate(config, workdir, stop_after_steps, mesh)
     except Exception as error:
         if new and os.path.isdir(workdir) and _is_user_error(error) and not _has_checkpoints(
                 workdir):
@@ -261,26 +215,25 @@ def _is_user_error(error: BaseException) -> bool:
 
 def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int | None,
                         mesh: Mesh | None) -> dict[str, Any]:
-    started = time.perf_counter()
+    started, compiled = time.perf_counter(), backend.compile_totals()
     mesh = mesh or parallel.make_mesh()
     learner, splits = build(config)
     check_workdir_config(workdir, config)
     params = init_params(learner, splits["train"], config.seed)
     ckpt = checkpoints.Checkpoints(workdir, config.keep_best)
+    tracking = Tracking(workdir, config.tensorboard, config.wandb_project, config.to_json())
     try:
         ensemble = False
         if learner.training == "meta":
             params = meta_train(config, learner, params, splits, workdir, ckpt, stop_after_steps,
-                                mesh)
+                                mesh, tracking)
             params = checkpoints.stack(ckpt.restore_best(params))
             ensemble = True
         elif selects_epochs(config, learner):  # pretraining on tasks, the authors' way
-            from cfsl_jax.pretrain import pretrain_on_tasks
             params = pretrain_on_tasks(config, learner, params, splits, workdir, ckpt,
-                                       stop_after_steps, mesh)
+                                       stop_after_steps, mesh, tracking)
             ensemble = True
         elif learner.training == "pretrain":
-            from cfsl_jax.pretrain import pretrain
             pretrained = ckpt.restore_pretrained(params)
             if pretrained is None:
                 pretrained = pretrain(learner, params, splits["train"],
@@ -290,17 +243,30 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
                                       weight_decay=config.weight_decay)
                 ckpt.save_pretrained(pretrained)
             params = pretrained
-        report = evaluate(learner, params, splits["test"], num_tasks=config.test_tasks,
-                          seed=config.seed, purpose="eval", batch_size=config.eval_batch,
-                          ensemble=ensemble, mesh=mesh)
-        if learner.training == "meta":
-            member = jax.device_get(jax.tree.map(lambda x: x[0], params))
-            with progress.stage("[test] counting the MACs of a meta-training step (XLA)"):
-                report["macs_per_meta_step"] = per_task_meta_step_macs(
-                    config, learner, member, tuple(splits["train"].images.shape[1:]))
+        try:
+            report = evaluate(learner, params, splits["test"], num_tasks=config.test_tasks,
+                              seed=config.seed, purpose="eval", batch_size=config.eval_batch,
+                              ensemble=ensemble, mesh=mesh)
+            if learner.training == "meta":
+                member = jax.device_get(jax.tree.map(lambda x: x[0], params))
+                with progress.stage("[test] counting the MACs of a meta-training step (XLA)"):
+                    report["macs_per_meta_step"] = per_task_meta_step_macs(
+                        config, learner, member, tuple(splits["train"].images.shape[1:]))
+        except stops.StopRequested as stop:
+            stops.clear()
+            raise loop.Stopped(
+                f"interrupted by {stops.name(stop.signum)} during the test; training is "
+                f"complete and checkpointed in {workdir}: re-run the same command to test",
+                stop.exit_status) from None
         out = results.record(config, learner, splits, report, workdir,
                              wall_seconds=time.perf_counter() - started,
-                             best_epochs=ckpt.best_epochs() if ensemble else [])
+                             best_epochs=ckpt.best_epochs() if ensemble else [],
+                             compile_since=compiled)
+        tracking.scalars("test", config.epochs * config.iters_per_epoch if ensemble else 0, {
+            k: report[k] for k in (
+                "acc_mean", "acc_std", "acc_ci95", "ce_mean", "ce_std", "group_acc")
+            if k in report})
     finally:
+        tracking.close()
         ckpt.close()
     return out

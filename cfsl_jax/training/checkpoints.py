@@ -5,7 +5,9 @@
     workdir/checkpoints/pretrained/0/    params after pretraining (learners with training="pretrain")
 
 A checkpoint is written only after its step's loss was checked finite, so a
-run stopped by a NaN keeps its last good checkpoint.
+run stopped by a NaN keeps its last good checkpoint. Orbax writes each checkpoint to a
+temporary folder and renames it when complete; one that cannot be read back is refused in one
+line naming its folder (``UserError``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from cfsl_jax.errors import UserError
 
 
 def _manager(directory: str, max_to_keep: int | None, best: bool = False
@@ -62,14 +66,13 @@ class Checkpoints:
         if step is None:
             return None
         target = {"params": _abstract(params), "opt_state": _abstract(opt_state)}
-        restored = self.latest.restore(step, args=ocp.args.StandardRestore(target))
+        restored = _restore(self.latest, step, target)
         return step, restored["params"], restored["opt_state"]
 
     def restore_pretrained(self, params: Any) -> Any | None:
         if self.pretrained.latest_step() is None:
             return None
-        return self.pretrained.restore(
-            0, args=ocp.args.StandardRestore({"params": _abstract(params)}))["params"]
+        return _restore(self.pretrained, 0, {"params": _abstract(params)})["params"]
 
     def best_epochs(self) -> list[int]:
         """Kept epochs, best validation accuracy first."""
@@ -80,12 +83,23 @@ class Checkpoints:
         """Params of the given (default: all kept) best epochs, best first."""
         epochs = self.best_epochs() if epochs is None else epochs
         target = {"params": _abstract(params)}
-        return [self.best.restore(e, args=ocp.args.StandardRestore(target))["params"]
-                for e in epochs]
+        return [_restore(self.best, e, target)["params"] for e in epochs]
 
     def close(self) -> None:
         for manager in (self.latest, self.best, self.pretrained):
             manager.close()
+
+
+def _restore(manager: ocp.CheckpointManager, step: int, target: Any) -> Any:
+    """``manager``'s checkpoint ``step`` restored as ``target``; one that cannot be read
+    (truncated, corrupt, of another run) is a UserError naming its folder."""
+    try:
+        return manager.restore(step, args=ocp.args.StandardRestore(target))
+    except Exception as error:  # noqa: BLE001  (orbax and tensorstore raise many kinds)
+        path = os.path.join(str(manager.directory), str(step))
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        raise UserError(f"checkpoint {path} cannot be read ({first}); delete it to train that "
+                        f"part of the run again, or give another workdir") from None
 
 
 def _abstract(tree: Any) -> Any:

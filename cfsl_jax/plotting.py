@@ -1,0 +1,22 @@
+"""Figures drawn with matplotlib's object API: importing the package never changes the user's
+matplotlib backend (no ``pyplot``, no ``matplotlib.use``).
+
+    figure, axis = plotting.subplots(figsize=(6, 4))
+    axis.plot(x, y)
+    figure.savefig("curve.png")      # rendered by Agg; nothing to close
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+
+def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float] | None = None,
+             **subplot_options: Any) -> tuple[Figure, Any]:
+    """A ``Figure`` on an Agg canvas and its axes, as ``pyplot.subplots`` returns them."""
+    figure = Figure(figsize=figsize)
+    FigureCanvasAgg(figure)
+    return figure, figure.subplots(nrows, ncols, **subplot_options)

@@ -1,0 +1,377 @@
+"""Sweeps and FLUID streams on SLURM: what is not done, as one job array (submitit).
+
+    from cfsl_jax import slurm, sweep
+    options = slurm.SlurmOptions(partition="gpu", gpus_per_job=1, timeout_min=240)
+    slurm.check_cluster(options)                   # submitit, sbatch on PATH, the partition
+    works = slurm.sweep_work(configs, "/shared/sweep")     # or slurm.fluid_work(config, dir)
+    slurm.submit(works, "/shared/sweep", options, slurm.RunJob(jax_options))
+    final = slurm.wait(works, "/shared/sweep")     # progress lines until none is queued
+
+Rules:
+
+- A ``Work`` item is one array element: a sweep's run (``RunJob``: exactly what
+  a worker of the local pool runs, ``sweep.execute``, with the same jax options
+  and compilation cache) or a FLUID stream (``StreamJob``); ``cfsl_jax.slurm_jobs``
+  says how a job handles preemption and time limits.
+- ``<workdir>/slurm/`` holds submitit's job files, one log per job
+  (``<job id>_0_log.out``, stdout and stderr) and ``jobs.json``: the latest
+  job id of every item submitted.
+- An item is **done** (its files say so), **queued** or **running** (its job is
+  in ``squeue``), **failed** (its job left the queue without its results) or
+  **new** (never submitted). States come from ``squeue`` and the files, never
+  from ``sacct``, which clusters without accounting lack.
+- ``submit`` submits the items that are new or failed, never one that is queued
+  or running: the same command twice submits nothing the second time.
+- Up to ``max_timeouts`` requeues after a time limit (preemptions are not counted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import getpass
+import os
+import re
+import shutil
+import subprocess
+import time
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+from cfsl_jax import progress, results
+from cfsl_jax.training.config import TrainConfig
+from cfsl_jax.errors import UserError
+from cfsl_jax.slurm_jobs import RunJob, StreamJob, _Job, handle_sigterm  # noqa: F401
+from cfsl_jax.sweep_plan import Run, run_dir, status
+
+SLURM_DIR = "slurm"
+JOBS_FILE = "jobs.json"
+RUN_STATES: tuple[str, ...] = ("done", "running", "queued", "failed", "new", "conflict")
+QUEUED = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "SPECIAL_EXIT")
+# sbatch options the launcher sets itself (a dedicated flag, or submitit's own).
+OWNED_OPTIONS: dict[str, str] = {
+    "partition": "--slurm_partition", "time": "--slurm_timeout_min",
+    "cpus-per-task": "--slurm_cpus_per_job", "gpus-per-node": "--slurm_gpus_per_job",
+    "mem": "--slurm_mem_gb", "account": "--slurm_account", "qos": "--slurm_qos",
+    "array": "--slurm_max_parallel", "job-name": "", "output": "", "error": "", "signal": "",
+    "open-mode": "", "wckey": ""}
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmOptions:
+    """The sbatch settings of every job of a sweep."""
+
+    partition: str | None = None  # None: the cluster's default partition
+    max_parallel: int = 256  # jobs of the array running at once (--array=0-N%P)
+    timeout_min: int = 240
+    max_timeouts: int = 10  # requeues after reaching timeout_min
+    cpus_per_job: int = 1
+    gpus_per_job: int = 0
+    mem_gb: float | None = None
+    account: str | None = None
+    qos: str | None = None
+    setup: tuple[str, ...] = ()  # shell lines run before each job
+    options: tuple[tuple[str, str], ...] = ()  # other sbatch options (key without dashes, value)
+    job_name: str = "cfsl"
+
+    def check(self) -> None:
+        for name in ("max_parallel", "timeout_min", "cpus_per_job"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--slurm_{name}={getattr(self, name)}: must be >= 1")
+        for name in ("max_timeouts", "gpus_per_job"):
+            if getattr(self, name) < 0:
+                raise UserError(f"--slurm_{name}={getattr(self, name)}: must be >= 0")
+        if self.mem_gb is not None and not self.mem_gb > 0:
+            raise UserError(f"--slurm_mem_gb={self.mem_gb}: must be > 0")
+        for key, _ in self.options:
+            owner = OWNED_OPTIONS.get(key)
+            if owner is not None:
+                raise UserError(f"--slurm_option={key}=...: the launcher sets --{key} itself"
+                                + (f"; use {owner}" if owner else ""))
+
+    def executor_parameters(self) -> dict[str, Any]:
+        """``submitit.AutoExecutor.update_parameters`` keyword arguments."""
+        parameters: dict[str, Any] = dict(
+            name=self.job_name, timeout_min=self.timeout_min, cpus_per_task=self.cpus_per_job,
+            slurm_array_parallelism=self.max_parallel, stderr_to_stdout=True)
+        if self.gpus_per_job:
+            parameters["gpus_per_node"] = self.gpus_per_job
+        if self.mem_gb is not None:
+            parameters["mem_gb"] = self.mem_gb
+        for name in ("partition", "account", "qos"):
+            if getattr(self, name) is not None:
+                parameters[f"slurm_{name}"] = getattr(self, name)
+        if self.setup:
+            parameters["slurm_setup"] = list(self.setup)
+        if self.options:
+            parameters["slurm_additional_parameters"] = dict(self.options)
+        return parameters
+
+
+def parse_option(text: str) -> tuple[str, str]:
+    """``"constraint=a100"`` -> ``("constraint", "a100")``: an sbatch option without its dashes
+    (``_`` and ``-`` alike) and its value; UserError for anything else."""
+    key, sep, value = text.partition("=")
+    key = key.strip().lstrip("-").replace("_", "-")
+    if not sep or not re.fullmatch(r"[a-z][a-z0-9-]*", key) or not value.strip():
+        raise UserError(f"--slurm_option={text!r} is not KEY=VALUE with an sbatch option as KEY "
+                        f"(e.g. --slurm_option=constraint=a100)")
+    return key, value.strip()
+
+
+def _command(args: Sequence[str]) -> str:
+    """The stdout of a SLURM command; RuntimeError with its stderr if it fails."""
+    result = subprocess.run(list(args), capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed: {result.stderr.strip() or result.stdout}")
+    return result.stdout
+
+
+def check_cluster(options: SlurmOptions, which: Callable[[str], str | None] = shutil.which,
+                  command: Callable[[Sequence[str]], str] = _command) -> None:
+    """UserError, before anything is submitted, when submitit or SLURM's commands are missing or
+    the partition is not one ``sinfo`` lists."""
+    options.check()
+    try:
+        import submitit  # noqa: F401
+    except ImportError:
+        raise UserError("--launcher=slurm needs submitit: pip install 'cfsl_jax[slurm]'") from None
+    missing = [tool for tool in ("sbatch", "squeue", "scancel", "sinfo", "srun")
+               if which(tool) is None]
+    if missing:
+        raise UserError(f"--launcher=slurm: {', '.join(missing)} not found on PATH (run it on a "
+                        f"machine that submits SLURM jobs, e.g. a login node)")
+    if options.partition is not None:
+        partitions = sorted({line.strip().rstrip("*")
+                             for line in command(["sinfo", "-h", "-o", "%P"]).split()})
+        if options.partition not in partitions:
+            raise UserError(f"--slurm_partition={options.partition}: no such partition; sinfo "
+                            f"lists {', '.join(partitions) or 'none'}")
+
+
+def queue(command: Callable[[Sequence[str]], str] = _command) -> dict[str, str]:
+    """``{job id: state}`` of this user's jobs in ``squeue``, one entry per array element
+    (``"123_4": "RUNNING"``)."""
+    out = command(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i|%T"])
+    jobs = {}
+    for line in out.splitlines():
+        job, sep, state = line.strip().partition("|")
+        if sep:
+            jobs[job] = state
+    return jobs
+
+
+# -- work items and their records ----------------------------------------------------------------
+
+class Work(NamedTuple):
+    """One element of a job array: a sweep's run, or a FLUID stream."""
+
+    name: str
+    key: str  # its key in jobs.json (a path relative to the workdir)
+    args: tuple  # the job's arguments
+    status: Callable[[], str]  # from its files: "done", "conflict", or anything else (to do)
+
+
+def sweep_work(configs: Sequence[TrainConfig], sweep_dir: str) -> list[Work]:
+    """The runs of a sweep, as ``RunJob(...)(config_json, workdir)`` jobs."""
+    out = []
+    for config in configs:
+        run = Run(config, run_dir(sweep_dir, config))
+        out.append(Work(run.name, os.path.relpath(run.workdir, sweep_dir),
+                        (config.to_json(), run.workdir), functools.partial(_run_status, run)))
+    return out
+
+
+def _run_status(run: Run) -> str:
+    return status(run)[0]
+
+
+def fluid_work(config, workdir: str) -> list[Work]:
+    """The streams of a FLUID experiment, as ``StreamJob(...)(config, workdir, index)`` jobs."""
+    return [Work(f"stream {index}", f"streams/{index}", (config, workdir, index),
+                 functools.partial(_stream_status, config, workdir, index))
+            for index in range(config.num_streams)]
+
+
+def _stream_status(config, workdir: str, index: int) -> str:
+    from cfsl_jax.fluid import experiment
+    stored = results.read_json(os.path.join(workdir, "results.json"), default={}) or {}
+    if len(stored.get("streams", [])) > index:
+        return "done"
+    return "done" if os.path.exists(experiment.stream_file(workdir, index)) else "todo"
+
+
+def slurm_dir(workdir: str) -> str:
+    return os.path.join(workdir, SLURM_DIR)
+
+
+def read_jobs(workdir: str) -> dict[str, str]:
+    """``{work key: job id}`` of everything submitted from ``workdir``."""
+    return results.read_json(os.path.join(slurm_dir(workdir), JOBS_FILE), default={}) or {}
+
+
+def log_path(workdir: str, job_id: str) -> str:
+    """The log (stdout and stderr) of a job: ``<workdir>/slurm/<job id>_0_log.out``."""
+    return os.path.join(slurm_dir(workdir), f"{job_id}_0_log.out")
+
+
+def log_tail(path: str, lines: int = 12) -> str:
+    """The last ``lines`` lines of a log ("" if there is none)."""
+    if not os.path.isfile(path):
+        return ""
+    with open(path, errors="replace") as f:
+        return "".join(f.readlines()[-lines:]).rstrip()
+
+
+class WorkState(NamedTuple):
+    work: Work
+    state: str  # one of RUN_STATES
+    job: str  # its latest job id ("" if none)
+
+
+def states(works: Sequence[Work], workdir: str, queued: Mapping[str, str]) -> list[WorkState]:
+    """Each item's state, from ``queued`` (``queue()``, read before the files: a job that ends
+    in between has written its results already) and its files."""
+    jobs = read_jobs(workdir)
+    out = []
+    for work in works:
+        job = jobs.get(work.key, "")
+        found = work.status()
+        if found in ("done", "conflict"):
+            state = found
+        elif job in queued:
+            state = "queued" if queued[job] in QUEUED else "running"
+        else:
+            state = "failed" if job else "new"
+        out.append(WorkState(work, state, job))
+    return out
+
+
+def counts(work_states: Sequence[WorkState]) -> dict[str, int]:
+    found = {name: 0 for name in RUN_STATES}
+    for item in work_states:
+        found[item.state] += 1
+    return found
+
+
+def progress_line(work_states: Sequence[WorkState], elapsed: float, finished_since: int) -> str:
+    """``"slurm: 3 done, 2 running, 1 queued, 0 failed of 8; ETA 4m10s"``; the ETA divides the
+    runs left by the rate at which runs finished while waiting."""
+    found = counts(work_states)
+    left = found["running"] + found["queued"]
+    eta = (progress.duration(elapsed / finished_since * left) if finished_since and left
+           else "unknown" if left else "0s")
+    return (f"slurm: {found['done']} done, {found['running']} running, {found['queued']} "
+            f"queued, {found['failed']} failed of {len(work_states)}; ETA {eta}")
+
+
+# -- submitting, waiting, cancelling -------------------------------------------------------------
+
+def make_executor(workdir: str, options: SlurmOptions, cluster: str = "slurm"):
+    """A submitit executor writing under ``<workdir>/slurm`` (``cluster="debug"``: in this
+    process, for tests)."""
+    import submitit
+    executor = submitit.AutoExecutor(folder=slurm_dir(workdir), cluster=cluster,
+                                     slurm_max_num_timeout=options.max_timeouts)
+    executor.update_parameters(**options.executor_parameters())
+    return executor
+
+
+class Submitted(NamedTuple):
+    before: list[WorkState]  # every item's state before submitting
+    jobs: dict[str, str]  # name -> job id of the items submitted now
+    jobs_objects: list  # submitit jobs submitted now (debug executors run them on .result())
+
+
+def submit(works: Sequence[Work], workdir: str, options: SlurmOptions, job: _Job,
+           executor=None, queued: Mapping[str, str] | None = None,
+           prepare: Callable[[list[Work]], None] | None = None,
+           log: Callable[[str], None] = print) -> Submitted:
+    """Submit the items that are new or failed as one job array of ``job`` (``prepare`` runs
+    first, with them); returns what it did."""
+    before = states(works, workdir, queue() if queued is None else queued)
+    todo = [item for item in before if item.state in ("new", "failed")]
+    for item in before:
+        if item.state == "failed":
+            tail = log_tail(log_path(workdir, item.job), 5)
+            log(f"resubmitting {item.work.name}: its job {item.job} ended without results"
+                + (f"; its log ends:\n{_indent(tail)}" if tail else ""))
+        elif item.state == "conflict":
+            log(f"conflict: {item.work.name} holds a run with another config; use another "
+                f"workdir")
+    found = counts(before)
+    if not todo:
+        log(f"slurm: submitted nothing: {found['done']} done, {found['running']} running, "
+            f"{found['queued']} queued, {found['conflict']} conflicting of {len(works)}")
+        return Submitted(before, {}, [])
+    if prepare is not None:
+        prepare([item.work for item in todo])
+    executor = executor or make_executor(workdir, options)
+    jobs = executor.map_array(job, *zip(*[item.work.args for item in todo]))
+    recorded = read_jobs(workdir)
+    recorded.update({item.work.key: j.job_id for item, j in zip(todo, jobs)})
+    results.write_json(os.path.join(slurm_dir(workdir), JOBS_FILE), recorded)
+    ids = [j.job_id for j in jobs]
+    array = ids[0].split("_")[0] if len(set(i.split("_")[0] for i in ids)) == 1 else ", ".join(ids)
+    log(f"slurm: submitted {len(todo)} run(s) as job array {array} ({found['new']} new, "
+        f"{found['failed']} failed before); {found['running'] + found['queued']} already queued "
+        f"or running, {found['done']} done; logs in {slurm_dir(workdir)}")
+    return Submitted(before, {item.work.name: j.job_id for item, j in zip(todo, jobs)},
+                     list(jobs))
+
+
+def prepare_datasets(works: Sequence[Work], log: Callable[[str], None] = print) -> None:
+    """Load (preparing on first use) each dataset on disk of the sweep runs ``works`` here,
+    once, so that jobs never prepare the same TFDS dataset at the same time (synthetic data is
+    made by each run)."""
+    from cfsl_jax import sweep
+    configs = [TrainConfig(**work.args[0]) for work in works]
+    sources = {(c.dataset, c.data_dir, c.manual_dir, repr(sorted(c.dataset_options.items()))): c
+               for c in configs if c.dataset != "synthetic"}
+    for config in sources.values():
+        log(f"loading (preparing on first use) {config.dataset} ...")
+        error = sweep.prepare_data(config.to_json())
+        if error:
+            raise UserError(f"--dataset={config.dataset}: {error}")
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"    {line}" for line in text.splitlines())
+
+
+def wait(works: Sequence[Work], workdir: str, interval: float = 10.0,
+         queue_fn: Callable[[], Mapping[str, str]] = queue, log: Callable[[str], None] = print,
+         clock: Callable[[], float] = time.monotonic,
+         sleep: Callable[[float], None] = time.sleep) -> list[WorkState]:
+    """Poll until nothing is queued or running, printing a progress line each ``interval``
+    seconds and a failed item's name with its last log lines; returns the states."""
+    started = clock()
+    done_before = None
+    reported: set[str] = set()
+    while True:
+        current = states(works, workdir, queue_fn())
+        done = counts(current)["done"]
+        done_before = done if done_before is None else done_before
+        for item in current:
+            if item.state == "failed" and item.work.name not in reported:
+                reported.add(item.work.name)
+                tail = log_tail(log_path(workdir, item.job))
+                log(f"failed: {item.work.name} (job {item.job}, log "
+                    f"{log_path(workdir, item.job)})" + (f":\n{_indent(tail)}" if tail else ""))
+        log(progress_line(current, clock() - started, done - done_before))
+        found = counts(current)
+        if not found["running"] and not found["queued"]:
+            return current
+        sleep(interval)
+
+
+def cancel(works: Sequence[Work], workdir: str, queued: Mapping[str, str] | None = None,
+           command: Callable[[Sequence[str]], str] = _command,
+           log: Callable[[str], None] = print) -> list[str]:
+    """``scancel`` the jobs of ``works`` that are queued or running; returns their ids."""
+    current = states(works, workdir, queue() if queued is None else queued)
+    ids = [item.job for item in current if item.state in ("queued", "running")]
+    if ids:
+        command(["scancel", *ids])
+    log(f"slurm: cancelled {len(ids)} job(s)" + (f": {' '.join(ids)}" if ids else "")
+        + "; the same command without --cancel submits them again (runs resume)")
+    return ids

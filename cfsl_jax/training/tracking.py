@@ -1,0 +1,110 @@
+"""A run's scalars, for a researcher to watch: JSON lines, and TensorBoard or W&B when asked.
+
+    tracking = Tracking(workdir, tensorboard=True)
+    tracking.scalars("train", step, {"loss": 0.41, "acc": 0.88, "steps_per_s": 3.2})
+    tracking.close()
+
+Every record is one line of ``workdir/metrics.jsonl``: ``{"phase": ..., "step": ..., "time":
+unix seconds, <name>: <value>, ...}``. Phases: ``train`` / ``pretrain`` (the mean loss and
+accuracy of the steps since the last record, the last step's loss, steps/s; a record per log
+interval), ``val`` (accuracy and cross-entropy after each epoch), ``test`` (the test metrics,
+per-group accuracy as ``group_acc_<g>``). A resumed run appends to the file.
+
+``tensorboard=True`` also writes TensorBoard event files to ``workdir/tensorboard`` with
+tensorboardX (the ``[tracking]`` extra; no TensorFlow), tag ``<phase>/<name>``;
+``wandb_project`` logs the same scalars to a Weights & Biases run of that project (``wandb``
+installed separately), named after the workdir.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import time
+from typing import Any, Mapping
+
+from cfsl_jax import results
+from cfsl_jax.errors import UserError
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _optional(module: str, flag: str, package: str) -> Any:
+    try:
+        return __import__(module, fromlist=["_"])
+    except ImportError:
+        raise UserError(f"{flag} needs the {package} package, which is not installed: "
+                        f"pip install {package}") from None
+
+
+class Tracking:
+    """The scalar sinks of one run (``workdir`` None: none)."""
+
+    def __init__(self, workdir: str | None, tensorboard: bool = False,
+                 wandb_project: str | None = None, config: Mapping[str, Any] | None = None):
+        self.path = os.path.join(workdir, METRICS_FILE) if workdir else None
+        self.writer = self.wandb_run = None
+        primary = results.is_primary()
+        if workdir and tensorboard and primary:
+            writer = _optional("tensorboardX", "--tensorboard", "tensorboardX")
+            self.writer = writer.SummaryWriter(logdir=os.path.join(workdir, "tensorboard"))
+        if workdir and wandb_project and primary:
+            wandb = _optional("wandb", "--wandb_project", "wandb")
+            self.wandb_run = wandb.init(project=wandb_project, name=os.path.basename(
+                os.path.abspath(workdir)), config=dict(config or {}))
+        if not primary:
+            self.path = None
+
+    def scalars(self, phase: str, step: int, values: Mapping[str, Any]) -> None:
+        """Record ``values`` (numbers, or lists of numbers: one scalar per entry) at ``step``."""
+        flat = {}
+        for name, value in values.items():
+            if isinstance(value, (list, tuple)):
+                flat.update({f"{name}_{i}": float(v) for i, v in enumerate(value)})
+            elif isinstance(value, numbers.Real):
+                flat[name] = value if isinstance(value, int) else float(value)
+        if self.path:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            line = {"phase": phase, "step": int(step), "time": round(time.time(), 3), **{
+                k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
+                for k, v in flat.items()}}
+            with open(self.path, "a") as f:
+                f.write(json.dumps(line, sort_keys=True) + "\n")
+        if self.writer is not None:
+            for name, value in flat.items():
+                self.writer.add_scalar(f"{phase}/{name}", value, int(step))
+            self.writer.flush()
+        if self.wandb_run is not None:
+            self.wandb_run.log({f"{phase}/{name}": v for name, v in flat.items()}, step=int(step))
+
+    def recorded(self, phase: str, step: int, name: str) -> Any:
+        """The value of ``name`` in the last ``phase`` record at ``step``, or None."""
+        found = None
+        for record in read(self.path) if self.path else ():
+            if record.get("phase") == phase and record.get("step") == step and name in record:
+                found = record[name]
+        return found
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+            self.wandb_run = None
+
+
+def read(path: str) -> list[dict[str, Any]]:
+    """The records of a metrics file; a line cut short by a kill (the last) is skipped."""
+    if not os.path.isfile(path):
+        return []
+    records = []
+    with open(path) as f:
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
