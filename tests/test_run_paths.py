@@ -6,7 +6,8 @@ import os
 
 from absl import flags
 
-from cfsl_jax import runs, train, verify
+from cfsl_jax import verify
+from cfsl_jax.training import runs, train
 from launch_inprocess import command_module
 from test_cli import write_tiny_workdir
 
