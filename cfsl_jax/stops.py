@@ -17,8 +17,9 @@ produced it.
 ``install()`` handles only the signals whose handler is still Python's default (``SIG_DFL``, or
 ``default_int_handler`` for SIGINT): a signal ignored by the parent (a background job's SIGINT)
 stays ignored, and a scheduler library's own handler (e.g. submitit's SIGUSR2 handler, which
-raises ``SystemExit``) is left in place; the training loop checkpoints on that ``SystemExit``
-too.
+raises ``SystemExit``) is left in place; ``deferred()`` holds its signal to the block's end
+too (then calls it), and the training loop checkpoints on that ``SystemExit``. A handler that
+calls ``handle`` itself is marked with ``aware``.
 
 Python drops an exception raised while a garbage-collector callback or ``__del__`` runs (it
 prints "Exception ignored in ..."), so a signal that lands there would be lost: the note stays,
@@ -69,6 +70,7 @@ class _Note:
     def __init__(self) -> None:
         self.signum: int | None = None
         self.depth = 0
+        self.held: list[int] = []  # signals for other libraries' handlers, held by deferred
 
 
 _note = _Note()  # signals are delivered to the process: one note per process
@@ -79,6 +81,20 @@ def handle(signum: int, frame: Any = None) -> None:
     _note.signum = signum
     if not _note.depth:
         raise StopRequested(signum)
+
+
+handle.stops_aware = True  # type: ignore[attr-defined]  (it honours deferred blocks itself)
+
+
+def aware(handler: Callable[[int, Any], None]) -> Callable[[int, Any], None]:
+    """Mark a handler that calls ``handle`` (so honours ``deferred`` blocks) as such."""
+    handler.stops_aware = True  # type: ignore[attr-defined]
+    return handler
+
+
+def _hold(signum: int, frame: Any = None) -> None:
+    """Inside ``deferred``: a signal for another library's handler waits for the block's end."""
+    _note.held.append(signum)
 
 
 def pending() -> int | None:
@@ -98,12 +114,27 @@ def raise_pending() -> None:
 
 @contextlib.contextmanager
 def deferred() -> Iterator[None]:
-    """A stop signal inside is noted and raised when the block ends (not if it raised)."""
+    """A stop signal inside is noted and raised when the block ends (not if it raised). A
+    signal handled by another library (a scheduler's handler that raises ``SystemExit``) is
+    held too, and its handler runs when the block ends."""
+    foreign = {}
+    if _note.depth == 0 and threading.current_thread() is threading.main_thread():
+        for signum in SIGNALS:
+            current = signal.getsignal(signum)
+            if callable(current) and not getattr(current, "stops_aware", False) and (
+                    current is not signal.default_int_handler):
+                foreign[signum] = current
+                signal.signal(signum, _hold)
     _note.depth += 1
     try:
         yield
     finally:
         _note.depth -= 1
+        for signum, handler in foreign.items():
+            signal.signal(signum, handler)
+        held, _note.held = _note.held, []
+    for signum in held:
+        foreign[signum](signum, None)
     raise_pending()
 
 

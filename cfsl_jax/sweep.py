@@ -100,6 +100,7 @@ def worker_env(platform: str, slot: int, devices: int) -> dict[str, str]:
 _stopping = False  # a worker that saw Ctrl-C starts no further run
 
 
+@stops.aware
 def _on_interrupt(signum, frame) -> None:
     """A worker's SIGINT: the first interrupts its run (which checkpoints); later ones and
     every queued run are ignored."""

@@ -137,7 +137,9 @@ def check_chain(monkeypatch, capsys, tmp_path, config, moments, seed):
             if foreign:
                 assert isinstance(stop, SystemExit) and stop.code == -1
                 message = capsys.readouterr().err.strip().splitlines()[-1]
-                assert " at step " in message and message.endswith("to resume"), message
+                assert (" at step " in message and message.endswith("to resume")) or (
+                    message.endswith("during the test; training is complete and checkpointed "
+                                     f"in {workdir}: re-run the same command to test")), message
                 stopped_at.append(message)
                 continue
             message = str(stop)
@@ -173,12 +175,14 @@ def test_stops_during_meta_training_validation_and_test_resume_exactly(monkeypat
 
 def test_stops_during_pretraining_on_tasks_resume_exactly(monkeypatch, capsys, tmp_path):
     """Pretrain+Tune's task pretraining (the default): SIGTERM and SIGINT at random steps, and
-    a scheduler library's SIGUSR2 handler raising SystemExit."""
+    a scheduler library's SIGUSR2 handler raising SystemExit, at a random step and in the
+    test."""
     assert PRETRAIN.pretrain_data == "tasks"
     stopped = check_chain(monkeypatch, capsys, tmp_path, PRETRAIN, [
-        (SIGTERM, "[pretrain] ", 4), (SIGINT, "[pretrain] ", 4), (-SIGUSR2, "[pretrain] ", 3)],
-        seed=1)
-    assert all(" at step " in line for line in stopped)
+        (SIGTERM, "[pretrain] ", 4), (SIGINT, "[pretrain] ", 4), (-SIGUSR2, "[pretrain] ", 3),
+        (-SIGUSR2, "eval", 1)], seed=1)
+    assert all(" at step " in line for line in stopped[:-1])
+    assert "during the test" in stopped[-1]
 
 
 def test_a_stop_inside_a_deferred_block_waits_for_its_end():
@@ -196,3 +200,19 @@ def test_a_stop_inside_a_deferred_block_waits_for_its_end():
     finally:
         stops.clear()
         signal.signal(SIGUSR1, previous)
+
+
+def test_a_scheduler_handler_inside_a_deferred_block_runs_at_its_end():
+    """A foreign handler (as submitit's, raising SystemExit) never cuts a checkpoint short."""
+    previous = signal.getsignal(SIGUSR2)
+    try:
+        signal.signal(SIGUSR2, scheduler_exit)
+        done = []
+        with pytest.raises(SystemExit):
+            with stops.deferred():
+                os.kill(os.getpid(), SIGUSR2)
+                time.sleep(0.01)  # the signal arrived: held
+                done.append(1)
+        assert done == [1] and signal.getsignal(SIGUSR2) is scheduler_exit
+    finally:
+        signal.signal(SIGUSR2, previous)

@@ -177,10 +177,11 @@ def run(phase: Phase, state: TrainState, step_for: Callable[[int, TrainState], S
 
     def epoch_end(epoch: int, done: Committed, train_loss: float | None) -> None:
         val, keep = validate(epoch, done.state)
-        ckpt.save_best(epoch, keep, val["acc_mean"])
-        history.append({"epoch": epoch, "val_acc": val["acc_mean"], "val_ce": val["ce_mean"],
-                        "train_loss": train_loss})
-        results.write_json(history_path, history)
+        with stops.deferred():  # a checkpoint is never cut short by a signal
+            ckpt.save_best(epoch, keep, val["acc_mean"])
+            history.append({"epoch": epoch, "val_acc": val["acc_mean"],
+                            "val_ce": val["ce_mean"], "train_loss": train_loss})
+            results.write_json(history_path, history)
         tracking.scalars("val", done.step, {"acc": val["acc_mean"], "ce": val["ce_mean"],
                                             "epoch": epoch})
         progress.say(f"[{phase.name}] epoch {epoch}: val acc {val['acc_mean']:.4f} "

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from typing import Any
 
@@ -241,7 +242,8 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
                                       steps=config.pretrain_steps,
                                       batch_size=config.pretrain_batch,
                                       weight_decay=config.weight_decay)
-                ckpt.save_pretrained(pretrained)
+                with stops.deferred():
+                    ckpt.save_pretrained(pretrained)
             params = pretrained
         try:
             report = evaluate(learner, params, splits["test"], num_tasks=config.test_tasks,
@@ -252,12 +254,15 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
                 with progress.stage("[test] counting the MACs of a meta-training step (XLA)"):
                     report["macs_per_meta_step"] = per_task_meta_step_macs(
                         config, learner, member, tuple(splits["train"].images.shape[1:]))
-        except stops.StopRequested as stop:
+        except (stops.StopRequested, SystemExit) as stop:  # SystemExit: a scheduler's handler
             stops.clear()
-            raise loop.Stopped(
-                f"interrupted by {stops.name(stop.signum)} during the test; training is "
-                f"complete and checkpointed in {workdir}: re-run the same command to test",
-                stop.exit_status) from None
+            cause = f" by {stops.name(stop.signum)}" if hasattr(stop, "signum") else ""
+            message = (f"interrupted{cause} during the test; training is complete and "
+                       f"checkpointed in {workdir}: re-run the same command to test")
+            if isinstance(stop, SystemExit):
+                print(message, file=sys.stderr, flush=True)
+                raise
+            raise loop.Stopped(message, stop.exit_status) from None
         out = results.record(config, learner, splits, report, workdir,
                              wall_seconds=time.perf_counter() - started,
                              best_epochs=ckpt.best_epochs() if ensemble else [],
