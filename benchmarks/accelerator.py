@@ -34,7 +34,6 @@ given, so compile seconds are real compilations.
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import resource
@@ -49,7 +48,8 @@ import numpy as np
 
 from cfsl_jax import backend, data, parallel
 from cfsl_jax.evaluate import evaluate
-from cfsl_jax.learners import LEARNERS, get_learner
+from cfsl_jax.learners import LEARNERS, get_learner, options_class, parse_learner_options
+from cfsl_jax.options import names as option_names
 from cfsl_jax.sampler import sample_task
 from cfsl_jax.spec import TaskSpec
 from cfsl_jax.train import TrainConfig, make_optimizer, make_train_step
@@ -112,19 +112,11 @@ def _median_seconds(fn) -> tuple[float, float]:
 
 
 def _options(learner: str, spec: TaskSpec, image_shape) -> dict:
-    """The --learner_option pairs that ``learner`` accepts (each tried alone)."""
-    options = {}
-    for pair in _LEARNER_OPTIONS.value:
-        name, _, value = pair.partition("=")
-        try:
-            value = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            pass
-        try:
-            get_learner(learner, spec, image_shape=image_shape, **{name: value})
-        except (TypeError, ValueError):
-            continue
-        options[name] = value
+    """The --learner_option pairs whose name is an option of ``learner``, typed."""
+    del spec, image_shape
+    valid = option_names(options_class(learner))
+    options = parse_learner_options(learner, [
+        pair for pair in _LEARNER_OPTIONS.value if pair.partition("=")[0] in valid])
     return options
 
 

@@ -160,7 +160,8 @@ def run(main: Callable[[list[str]], None], interrupted: str = "interrupted: re-r
         progress.handle_interrupts()  # a Ctrl-C is never lost in a callback
         with boundary(interrupted):
             quiet_logs()
-            from .options import apply_backend_flags
+            from .options import apply_backend_flags, apply_deprecated_flags
+            apply_deprecated_flags()
             apply_backend_flags()
             main(argv)
 

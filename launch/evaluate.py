@@ -28,6 +28,7 @@ FLAGS = flags.FLAGS
 
 def main(argv) -> None:
     del argv
+    train_cli.require_workdir()
     workdir = FLAGS.workdir
     mesh = train_cli.mesh_from_flags()
     if os.path.exists(os.path.join(workdir, "config.json")):

@@ -17,13 +17,13 @@ from absl import flags
 
 from cfsl_jax import budgets, parallel, train
 from cfsl_jax.data import DATASETS
-from cfsl_jax.learners import COMPUTE_DTYPES, LEARNERS
+from cfsl_jax.learners import COMPUTE_DTYPES, LEARNERS, options_class
 from cfsl_jax.pretrain import PRETRAIN_DATA
 from cfsl_jax.spec import LABEL_OFFSETS, TARGET_MODES
 
 from . import cli
-from .options import (check_learner_options, define_backend_flags, define_data_flags,
-                      flag_names, parse_options)
+from .options import (define_backend_flags, define_data_flags, define_deprecated_flag,
+                      flag_names, learner_options_from_flag, list_options, parse_options)
 
 _DEFAULTS = train.TrainConfig()
 
@@ -31,7 +31,7 @@ flags.DEFINE_enum("learner", _DEFAULTS.learner, LEARNERS, "Learner to train.")
 flags.DEFINE_enum("dataset", _DEFAULTS.dataset, DATASETS, "Dataset.")
 flags.DEFINE_string("task", _DEFAULTS.task, "Paper cell (B3, D8, ...), type (A-D) or type+NSS "
                     "(B7); any case.")
-flags.DEFINE_string("workdir", None, "Run directory (checkpoints, results).", required=True)
+flags.DEFINE_string("workdir", None, "Run directory (checkpoints, results); required.")
 flags.DEFINE_integer("nss", None, "Override: support sets per task.")
 flags.DEFINE_integer("nc", None, "Override: classes per support set.")
 flags.DEFINE_integer("ks", None, "Override: shots per class in a support set.")
@@ -61,7 +61,8 @@ flags.DEFINE_integer("iters_per_epoch", _DEFAULTS.iters_per_epoch, "Meta-steps p
 flags.DEFINE_integer("meta_batch", _DEFAULTS.meta_batch, "Tasks per meta-step.")
 flags.DEFINE_float("learning_rate", _DEFAULTS.learning_rate, "Outer (Adam) learning rate.")
 flags.DEFINE_integer("val_tasks", _DEFAULTS.val_tasks, "Validation tasks after each epoch.")
-flags.DEFINE_integer("eval_tasks", _DEFAULTS.test_tasks, "Test tasks.")
+flags.DEFINE_integer("test_tasks", _DEFAULTS.test_tasks, "Test tasks.")
+define_deprecated_flag("eval_tasks")
 flags.DEFINE_integer("eval_batch", _DEFAULTS.eval_batch,
                      "Tasks per device per evaluation program.")
 flags.DEFINE_integer("keep_best", _DEFAULTS.keep_best, "Best epochs kept and ensembled.")
@@ -73,7 +74,9 @@ flags.DEFINE_integer("log_every", _DEFAULTS.log_every, "Meta-steps between progr
 flags.DEFINE_bool("retest", False, "Test a finished run again (otherwise its stored results "
                   "are printed); the recorded wall time stays the training run's.")
 flags.DEFINE_multi_string("learner_option", [], "Learner option NAME=VALUE (repeatable), "
-                          "e.g. --learner_option=inner_steps=3.")
+                          "e.g. --learner_option=inner_steps=3; --list_options lists them.")
+flags.DEFINE_bool("list_options", False, "Print the options of --learner (type, default, help) "
+                  "and exit.")
 define_data_flags()
 define_backend_flags()
 
@@ -81,7 +84,7 @@ FLAGS = flags.FLAGS
 _SPEC_FLAGS = ("nss", "nc", "ks", "kt", "cci", "overwrite", "target_mode", "label_offset")
 # Flags a --budget sets -> their TrainConfig fields (an explicit flag wins over the budget).
 _BUDGET_FLAGS = {"epochs": "epochs", "iters_per_epoch": "iters_per_epoch",
-                 "meta_batch": "meta_batch", "val_tasks": "val_tasks", "eval_tasks": "test_tasks",
+                 "meta_batch": "meta_batch", "val_tasks": "val_tasks", "test_tasks": "test_tasks",
                  "keep_best": "keep_best", "pretrain_data": "pretrain_data"}
 
 
@@ -90,30 +93,37 @@ def config_from_flags() -> train.TrainConfig:
     try:
         config = _config_from_flags()
         config.check()
-        check_learner_options(config.learner, config.spec, config.learner_options)
     except ValueError as error:
         raise cli.UserError(flag_names(str(error))) from None
     return config
 
 
-def _config_from_flags() -> train.TrainConfig:
+def _config_from_flags(learner_options: dict | None = None) -> train.TrainConfig:
+    """The TrainConfig of the flags; ``learner_options`` in place of --learner_option's."""
     explicit = [field for flag, field in _BUDGET_FLAGS.items() if FLAGS[flag].present]
-    return budgets.apply(_plain_config_from_flags(), FLAGS.budget, keep=explicit)
+    if learner_options is None:
+        learner_options = learner_options_from_flag(FLAGS.learner, FLAGS.learner_option)
+    return budgets.apply(_plain_config_from_flags(learner_options), FLAGS.budget, keep=explicit)
 
 
-def _plain_config_from_flags() -> train.TrainConfig:
+def _plain_config_from_flags(learner_options: dict) -> train.TrainConfig:
     return train.TrainConfig(
         learner=FLAGS.learner, dataset=FLAGS.dataset, task=FLAGS.task.strip().upper(),
-        learner_options=parse_options(FLAGS.learner_option, "learner_option"),
+        learner_options=learner_options,
         dataset_options=parse_options(FLAGS.dataset_option, "dataset_option"),
         spec_overrides={k: FLAGS[k].value for k in _SPEC_FLAGS if FLAGS[k].value is not None},
         seed=FLAGS.seed, compute_dtype=FLAGS.compute_dtype, epochs=FLAGS.epochs, iters_per_epoch=FLAGS.iters_per_epoch,
         meta_batch=FLAGS.meta_batch, learning_rate=FLAGS.learning_rate,
-        val_tasks=FLAGS.val_tasks, test_tasks=FLAGS.eval_tasks, eval_batch=FLAGS.eval_batch,
+        val_tasks=FLAGS.val_tasks, test_tasks=FLAGS.test_tasks, eval_batch=FLAGS.eval_batch,
         keep_best=FLAGS.keep_best, checkpoint_every=FLAGS.checkpoint_every,
         pretrain_steps=FLAGS.pretrain_steps, pretrain_data=FLAGS.pretrain_data,
         log_every=FLAGS.log_every, data_dir=FLAGS.data_dir,
         manual_dir=FLAGS.manual_dir, download=FLAGS.download)
+
+
+def require_workdir() -> None:
+    if not FLAGS.workdir:
+        raise cli.UserError("--workdir is required")
 
 
 def mesh_from_flags():
@@ -125,6 +135,11 @@ def mesh_from_flags():
 
 def main(argv) -> None:
     del argv  # cli.run refuses extra arguments
+    if FLAGS.list_options:
+        print(list_options(f"options of --learner={FLAGS.learner} (--learner_option=NAME=VALUE)",
+                           options_class(FLAGS.learner)))
+        return
+    require_workdir()
     config = config_from_flags()
     mesh = mesh_from_flags()
     train.train_and_evaluate(config, FLAGS.workdir, mesh=mesh, retest=FLAGS.retest)

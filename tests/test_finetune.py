@@ -11,6 +11,7 @@ from flax import traverse_util
 
 from cfsl_jax import data, episode, metrics
 from cfsl_jax.datasets.synthetic import generate
+from cfsl_jax.errors import UserError
 from cfsl_jax.learners import get_learner
 from cfsl_jax.learners.finetune import (EwcState, TuneState, diagonal_fisher, ewc_init,
                                         init_tune, merge, pretrain_tune, split_norm)
@@ -384,15 +385,18 @@ def test_pretrain_refuses_bad_values(small_split, pretrainer):
 # ---- options and the episode ------------------------------------------------------------------
 
 @pytest.mark.parametrize("options, message", [
-    (dict(inner_steps=0), "inner_steps must be a positive integer, got 0"),
-    (dict(learning_rate=-0.1), "learning_rate must be a finite number > 0, got -0.1"),
-    (dict(ewc_lambda=float("nan")), "ewc_lambda must be a finite number >= 0, got nan"),
-    (dict(filters=2.5), "filters must be a positive integer, got 2.5"),
-    (dict(activation="gelu"), "activation must be one of .*, got 'gelu'"),
-    (dict(conv="cudnn"), "conv must be one of .*, got 'cudnn'"),
+    (dict(inner_steps=0), "learner 'ewc_init': option inner_steps=0 must be an integer >= 1"),
+    (dict(learning_rate=-0.1), "option learning_rate=-0.1 must be a number > 0"),
+    (dict(ewc_lambda=float("nan")), "option ewc_lambda=nan must be a finite number"),
+    (dict(filters=2.5), "option filters=2.5 must be an integer"),
+    (dict(activation="gelu"), r"option activation='gelu' must be one of \('relu', 'leaky_relu'\)"),
+    (dict(conv="cudnn"), "option conv='cudnn' must be one of "),
+    (dict(weight_init="original"), r"weight_init='original' must be one of \('xavier', 'torch', "
+                                   r"'lecun'\)"),
+    (dict(inner_step=2), "learner 'ewc_init': no option inner_step; valid: activation, "),
 ])
 def test_bad_options_are_refused(options, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(UserError, match=message):
         get_learner("ewc_init", B3, **options)
 
 
@@ -427,7 +431,7 @@ def test_every_conv_impl_adapts_and_predicts_the_same(tuned, two_sets, glyphs):
 
 
 def test_ewc_lambda_is_not_an_option_of_plain_fine_tuning():
-    with pytest.raises(ValueError, match="ewc_lambda"):
+    with pytest.raises(UserError, match="learner 'init_tune': no option ewc_lambda"):
         get_learner("init_tune", B3, ewc_lambda=1.0)
 
 

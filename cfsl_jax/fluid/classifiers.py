@@ -135,13 +135,6 @@ def unseen_score(detector: str, feature: jax.Array, logits: jax.Array,
     return max_softmax_score(logits, seen_mask)
 
 
-def check_detector(detector: str, metric: str | None = None) -> None:
-    if detector not in DETECTORS:
-        raise UserError(f"detector={detector!r}; valid: {DETECTORS}")
-    if metric is not None and metric not in MDT_METRICS:
-        raise UserError(f"mdt_metric={metric!r}; valid: {MDT_METRICS}")
-
-
 def masked_cross_entropy(logits: jax.Array, labels: jax.Array, sample_mask: jax.Array,
                          seen_mask: jax.Array) -> jax.Array:
     """Mean CE over the masked samples of [B, K] logits, softmax over the seen classes only."""

@@ -261,8 +261,8 @@ def run_experiment(config: FluidConfig, workdir: str) -> dict[str, Any]:
     split = load(config)
     image_shape = tuple(split.images.shape[1:])
     k = config.stream.num_classes
-    built = {name: fluid_methods.get_method(name, k, image_shape, filters=config.filters,
-                                            **config.method_options.get(name, {}))
+    built = {name: fluid_methods.get_method(name, k, image_shape,
+                                            **method_options(config, name))
              for name in config.methods}
     for name, method in built.items():
         schedule = schedule_for(method, config)
@@ -301,3 +301,8 @@ def _write_table(results: dict, config: FluidConfig, workdir: str) -> None:
                               streams=f"{len(results['streams'])} {config.streams} stream(s)")
     with open(os.path.join(workdir, "results.txt"), "w") as f:
         f.write(text + "\n")
+
+
+def method_options(config: FluidConfig, name: str) -> dict:
+    """Method ``name``'s options: ``config.filters``, then its ``method_options``."""
+    return {"filters": config.filters, **config.method_options.get(name, {})}

@@ -165,7 +165,7 @@ class InnerLoop(NamedTuple):
 
 def make_inner_loop(spec: TaskSpec, image_shape: tuple[int, ...], net: nn.Module,
                     options: InnerLoopOptions, embed: nn.Module | None = None,
-                    extra_steps: int = 0) -> InnerLoop:
+                    extra_steps: int = 0, embed_init: str = "torch") -> InnerLoop:
     """The MAML++ pieces for ``net`` (called as ``net.apply(p, features, step)``).
 
     ``net`` has a ``num_steps`` field: the rows of its per-step tables
@@ -174,8 +174,8 @@ def make_inner_loop(spec: TaskSpec, image_shape: tuple[int, ...], net: nn.Module
 
     ``embed`` (optional) maps each set of images to the features ``net`` sees;
     ``extra_steps`` adds LSLR/BN entries after the NSS*S support-set steps.
-    With ``weight_init="original"`` the net is drawn Xavier-uniform and the
-    embedding with PyTorch's default (``models.init``).
+    The net's layers are drawn by ``options.weight_init``, the embedding's by
+    ``embed_init`` (schemes of ``models.init``).
     """
     S = options.inner_steps
     num_steps = spec.nss * S + extra_steps
@@ -188,15 +188,13 @@ def make_inner_loop(spec: TaskSpec, image_shape: tuple[int, ...], net: nn.Module
         check_image_shape(example_x, image_shape)
         embed_key, net_key = jax.random.split(key)
         params = {}
-        original = options.weight_init == "original"
         if embed is not None:
             params["embed"] = reinitialize(embed.init(embed_key, example_x)["params"],
-                                           jax.random.fold_in(embed_key, 1),
-                                           "torch" if original else "lecun")
+                                           jax.random.fold_in(embed_key, 1), embed_init)
         features = jax.eval_shape(featurize, params, example_x)
         params["net"] = reinitialize(
             net.init(net_key, jnp.zeros(features.shape, features.dtype), 0)["params"],
-            jax.random.fold_in(net_key, 1), "xavier" if original else "lecun")
+            jax.random.fold_in(net_key, 1), options.weight_init)
         if options.lslr:
             fast, _ = split_fast(params["net"])
             params["lslr"] = jax.tree.map(

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
-SCHEMES: tuple[str, ...] = ("xavier", "torch", "lecun")
+WEIGHT_INITS: tuple[str, ...] = ("xavier", "torch", "lecun")  # the schemes, module doc
 
 
 def _fans(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -44,8 +44,8 @@ def reinitialize(params: Any, key: jax.Array, scheme: str) -> Any:
     and bias U(+-1 / sqrt(fan_in)). "lecun": ``params`` unchanged. Deterministic
     in ``key``; shapes and dtypes are kept.
     """
-    if scheme not in SCHEMES:
-        raise ValueError(f"weight init scheme must be one of {SCHEMES}, got {scheme!r}")
+    if scheme not in WEIGHT_INITS:
+        raise ValueError(f"weight init scheme must be one of {WEIGHT_INITS}, got {scheme!r}")
     if scheme == "lecun":
         return params
     flat = traverse_util.flatten_dict(params)
