@@ -40,9 +40,11 @@ def option(default: Any, help: str, *, choices: Sequence[Any] | None = None,  # 
 
 
 def positive_int(name: str, value: object, minimum: int = 1) -> int:
-    """``value`` if it is an int (not a bool) >= ``minimum``; else a UserError naming ``name``."""
+    """``value`` if it is an int (not a bool) >= ``minimum``; else a UserError naming ``name``,
+    the value and the limit (the one integer check of the package)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise UserError(f"{name}={value!r} must be an integer >= {minimum}")
+        limit = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise UserError(f"{name} must be {limit}, got {value!r}")
     return value
 
 

@@ -33,6 +33,8 @@ import math
 import re
 from typing import Literal
 
+from cfsl_jax.options import positive_int
+
 TargetMode = Literal["per_support_set", "per_class"]
 TARGET_MODES: tuple[str, ...] = ("per_support_set", "per_class")
 LabelOffset = Literal["per_class_group", "per_support_set"]
@@ -51,11 +53,6 @@ _TYPE_DEFAULTS: dict[str, tuple[int, int]] = {"A": (3, 3), "B": (3, 1), "C": (3,
 _PAPER_SHAPE = dict(nc=5, ks=1, kt=5, target_mode="per_class")
 
 
-def _check_positive_int(field: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"TaskSpec.{field} must be a positive integer, got {value!r}")
-
-
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
     """A CFSL task specification (symbols as in the README's table)."""
@@ -71,7 +68,7 @@ class TaskSpec:
 
     def __post_init__(self):
         for field in ("nss", "nc", "ks", "kt", "cci"):
-            _check_positive_int(field, getattr(self, field))
+            positive_int(f"TaskSpec.{field}", getattr(self, field))
         if not isinstance(self.overwrite, bool):
             raise ValueError(f"TaskSpec.overwrite must be a bool, got {self.overwrite!r}")
         if self.target_mode not in TARGET_MODES:

@@ -256,8 +256,7 @@ def _has_checkpoints(workdir: str) -> bool:
 
 
 def _is_user_error(error: BaseException) -> bool:
-    return isinstance(error, UserError) or (type(error).__name__ in (
-        "XlaRuntimeError", "JaxRuntimeError") and "RESOURCE_EXHAUSTED" in str(error))
+    return isinstance(error, UserError) or memory.is_out_of_memory(error)
 
 
 def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int | None,

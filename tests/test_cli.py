@@ -289,15 +289,13 @@ def test_out_of_memory_is_refused_before_anything_is_written(tmp_path, monkeypat
 
 
 def test_xla_out_of_memory_becomes_one_line(capsys):
+    import jax
     from cfsl_jax.launch import cli
-
-    class XlaRuntimeError(RuntimeError):
-        pass
 
     with pytest.raises(SystemExit) as exit:
         with cli.boundary():
-            raise XlaRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 38654705664 "
-                                  "bytes.\nmore XLA detail")
+            raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating "
+                                             "38654705664 bytes.\nmore XLA detail")
     assert exit.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: out of device memory (RESOURCE_EXHAUSTED: Out of memory allocating "
@@ -306,6 +304,9 @@ def test_xla_out_of_memory_becomes_one_line(capsys):
     with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
         with cli.boundary():
             1 / 0
+    with pytest.raises(RuntimeError):  # the same words in another error class are not memory
+        with cli.boundary():
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 1 bytes.")
 
 
 def test_progress_lines_give_rate_and_eta(monkeypatch, capsys):

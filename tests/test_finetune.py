@@ -19,6 +19,7 @@ from cfsl_jax.models import init as weight_init
 from cfsl_jax.models.conv4 import Conv4, LinearHead
 from cfsl_jax.pretrain import entry_pool, init_state, pretrain, train_step
 from cfsl_jax.spec import TaskSpec
+from conftest import traces_counted
 
 IMAGE = (28, 28, 1)
 B3 = TaskSpec.preset("B3")  # NSS=3, NC=5, KS=1, KT=5, 15 outputs
@@ -348,13 +349,15 @@ def test_pretrain_train_step_reduces_the_loss_and_compiles_once(small_split, pre
                        PRETRAIN["learning_rate"], PRETRAIN["weight_decay"])
     pool = entry_pool(small_split.class_table)
     assert pool.image_idx.shape == (150,) and int(pool.labels[-1]) == 14
-    train_step.clear_cache()
-    losses = []
-    for i in range(30):
-        state, loss, _ = train_step(state, small_split, pool, jax.random.fold_in(
-            jax.random.key(13), i), learner=learner, num_classes=num_classes, **PRETRAIN)
-        losses.append(float(loss))
-    assert train_step._cache_size() == 1
+    losses, keys = [], [jax.random.fold_in(jax.random.key(13), i) for i in range(30)]
+    with traces_counted() as traced:
+        for i, key in enumerate(keys):
+            state, loss, _ = train_step(state, small_split, pool, key, learner=learner,
+                                        num_classes=num_classes, **PRETRAIN)
+            losses.append(float(loss))
+            if i == 0:
+                first = traced[0]  # the step's program, and the ops around it, once
+    assert traced[0] == first  # 29 more steps trace nothing
     assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10])
 
 

@@ -37,6 +37,15 @@ def test_summarize_known_values():
     assert summary["ci95"] == pytest.approx(1.96 * math.sqrt(0.05) / 2)
 
 
+def test_across_runs_is_the_sample_std_with_a_student_t_interval():
+    spread = metrics.across_runs([1.0, 2.0, 3.0])  # std (ddof=1) 1, t(0.975, 2) = 4.303
+    assert spread == (2.0, 1.0, pytest.approx(4.303 / math.sqrt(3)), 3)
+    assert metrics.across_runs([0.5]) == (0.5, 0.0, 0.0, 1)
+    assert metrics.t975(1) == 12.706 and metrics.t975(30) == 2.042
+    assert metrics.t975(60) == pytest.approx(2.000, abs=1e-3)  # the table's value at 60
+    assert metrics.t975(120) == pytest.approx(1.980, abs=1e-3)
+
+
 def test_group_accuracy_known_values():
     logits = jax.nn.one_hot(jnp.array([0, 1, 2, 3, 0, 0]), 4)  # predictions 0 1 2 3 0 0
     labels = jnp.array([0, 1, 2, 2, 3, 0])

@@ -41,7 +41,7 @@ import numpy as np
 from absl import logging
 
 import cfsl_jax
-from cfsl_jax import data, results as results_io, seeding
+from cfsl_jax import data, metrics, results as results_io, seeding
 from cfsl_jax.errors import UserError
 from cfsl_jax.fluid import methods as fluid_methods
 from cfsl_jax.fluid import report
@@ -201,7 +201,8 @@ def run_one_stream(config: FluidConfig, split: data.Split, built: dict, index: i
 
 
 def summarise(per_stream: list[dict]) -> dict[str, dict]:
-    """Per method: mean and std (ddof=1 when >1 stream) over streams of each number."""
+    """Per method: mean, sample std and Student-t 95% half-width over streams of each number
+    (``metrics.across_runs``)."""
     summary = {}
     for name in per_stream[0]:
         runs = [stream[name] for stream in per_stream]
@@ -211,11 +212,10 @@ def summarise(per_stream: list[dict]) -> dict[str, dict]:
         for key in keys:
             values = [report.lookup(run, key) for run in runs]
             if any(v is None for v in values):
-                entry[key] = {"mean": None, "std": None}
+                entry[key] = {"mean": None, "std": None, "ci95": None}
                 continue
-            values = np.asarray(values, np.float64)
-            entry[key] = {"mean": float(values.mean()),
-                          "std": float(values.std(ddof=1)) if values.size > 1 else 0.0}
+            spread = metrics.across_runs(values)
+            entry[key] = {"mean": spread.mean, "std": spread.std, "ci95": spread.ci95}
         summary[name] = entry
     return summary
 

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cfsl_jax import data, progress
+from cfsl_jax import data, metrics, progress
 from cfsl_jax.data import Split
 from cfsl_jax.fluid import classifiers as cls
 from cfsl_jax.fluid.protocol import Method, Params
@@ -58,7 +58,7 @@ def _prototype_loss(method, trainable, support_x, support_y, query_x, query_y, w
     query = method.embed_apply(trainable["embed"], query_x)
     prototypes = jax.ops.segment_sum(support, support_y, way) / (support.shape[0] / way)
     logits = (cls.cosine_logits(query, prototypes, trainable["temperature"]) if cosine
-              else cls.euclidean_logits(query, prototypes))
+              else metrics.neg_sq_euclidean(query, prototypes))
     return optax.softmax_cross_entropy_with_integer_labels(logits, query_y).mean()
 
 

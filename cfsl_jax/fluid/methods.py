@@ -55,6 +55,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from cfsl_jax import metrics
 from cfsl_jax.errors import UserError
 from cfsl_jax.fluid import classifiers as cls
 from cfsl_jax.fluid import heads
@@ -212,7 +213,7 @@ def build_method(name: str, spec: Spec, num_classes: int,
         def loss_fn(weights):
             features = embed_with(params, weights, inputs) if head.trains_backbone else inputs
             logits = head.logits(weights, state.memory, features)
-            loss = cls.masked_cross_entropy(logits, labels, mask, cls.seen(state.memory))
+            loss = metrics.masked_cross_entropy(logits, labels, mask, cls.seen(state.memory))
             if head.penalty is not None:
                 loss = loss + head.penalty(params, weights, inputs, features, mask)
             return loss

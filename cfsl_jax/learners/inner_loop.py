@@ -137,14 +137,6 @@ def msl_weights(progress: jax.Array, num_losses: int, fraction: float
     return final, (1.0 - final) / (num_losses - 1)
 
 
-def masked_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean cross-entropy (at least float32) over the samples where ``mask`` holds (0 if none)."""
-    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    mask = mask.astype(losses.dtype)
-    return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-
-
 # ---- the building blocks -------------------------------------------------------------
 
 
@@ -300,7 +292,7 @@ def make_inner_loop(spec: TaskSpec, image_shape: tuple[int, ...], net: nn.Module
                 @functools.partial(jax.checkpoint, prevent_cse=False)
                 def intermediate(params, state, seen):
                     target_logits = logits(params, state.fast, target_features, state.step)
-                    return masked_cross_entropy(target_logits, target_y, seen[target_y])
+                    return metrics.masked_cross_entropy(target_logits, target_y, seen[target_y])
 
                 loss = jax.lax.cond((each_w > 0) & (n < spec.nss - 1), intermediate,
                                     lambda *_: jnp.float32(0.0), params, state, seen)

@@ -29,6 +29,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from cfsl_jax import metrics
 from cfsl_jax.learners.base import Learner, check_image_shape, embedding_dim
 from cfsl_jax.models.conv4 import ACTIVATIONS, Conv4
 from cfsl_jax.models.init import WEIGHT_INITS, reinitialize
@@ -109,8 +110,7 @@ def protonets(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
         if distance == "dot":
             logits = features @ prototypes.T
         else:
-            logits = -(jnp.sum(features**2, -1, keepdims=True) - 2 * features @ prototypes.T
-                       + jnp.sum(prototypes**2, -1))
+            logits = metrics.neg_sq_euclidean(features, prototypes)
         return jnp.where(state.counts > 0, logits, jnp.finfo(features.dtype).min)
 
     return Learner("protonets", spec, init_params, init, adapt, predict)
