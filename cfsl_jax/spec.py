@@ -16,8 +16,7 @@ and samples (1 < cci < nss, no overwrite).
 Labels without overwrite (``label_offset``): ``"per_class_group"`` (default, the
 specification) labels class group g with g*NC..g*NC+NC-1, so every support set
 of a group shows its classes under the same labels. ``"per_support_set"`` is
-what the authors' paper-era code did (commit 5b814ac, ``data.py``; fixed in
-97c2d3f): support set n, and its target part, are labelled n*NC..n*NC+NC-1, so
+what the authors' paper-era code did (docs/fidelity.md): support set n, and its target part, are labelled n*NC..n*NC+NC-1, so
 when CCI > 1 one class carries a different label in each support set of its
 group, ``num_outputs`` becomes NSS*NC, and a learner can be right on at most one
 of the m = min(CCI, NSS) labels of a class: the published D accuracies (every

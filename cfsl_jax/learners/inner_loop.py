@@ -14,8 +14,7 @@ set -- and to the target set -- on its own, once per set, and is only
 meta-learned.
 
 MAML++ features, each an option (see ``InnerLoopOptions``; defaults as the
-authors' released configs and code, FewShotContinualLearning commit 39025a3,
-``few_shot_learning_system.py`` and ``experiment_template_config/*.json``):
+authors' released configs and code, docs/fidelity.md):
 
 - LSLR: a learnable rate per adapted leaf and per inner step, initialised at
   ``inner_lr``; the step index k runs over all inner steps of the task
@@ -26,13 +25,13 @@ authors' released configs and code, FewShotContinualLearning commit 39025a3,
   made after k inner steps uses row k: the target prediction after all
   support sets has its own row NSS*S (as the authors' ``step_idx``);
   ``target_bn_row=False`` drops that row and reuses the last support step's
-  (row NSS*S - 1: the previous cfsl_jax behaviour).
+  (row NSS*S - 1).
 - Second-order meta-gradients; ``first_order=True`` stops the gradient
   through the inner gradients, and ``first_order_epochs=K`` meta-trains
   first-order for epochs < K (``Learner.for_epoch``; derivative-order
   annealing). Evaluation never differentiates, so both orders predict alike.
-- Multi-step loss, off by default (``use_multi_step_loss_optimization`` is
-  false in all 432 released configs): after each support set n the target
+- Multi-step loss, off by default (as the released configs): after each
+  support set n the target
   loss over the target samples whose labels the task has shown so far;
   ``meta_loss`` weighs the NSS losses from uniform (progress 0) linearly to
   the final loss alone (progress >= ``msl_fraction``, default 0.1). Once
@@ -41,14 +40,11 @@ authors' released configs and code, FewShotContinualLearning commit 39025a3,
 - ``restart_each_support_set=True`` (off; "as published"): every support set
   starts again from the meta-learned weights instead of the fast weights the
   previous set left (the step counter still advances), so only the last
-  support set reaches the target prediction. The paper-era MAML++ low-end
-  code did this (``VGGMAMLFewShotClassifier.forward`` re-copies
-  ``names_weights_copy`` inside the support-set loop, commit 39025a3; fixed
-  upstream in Aug 2020).
-- ``weight_init``: "original" (default) draws the adapted network's kernels
-  Xavier-uniform with zero biases and the embedding's (``maml_high``) with
-  PyTorch's default, as the authors' code (``models.init``); "lecun" keeps
-  Flax's LeCun-normal init (the previous behaviour).
+  support set reaches the target prediction, as the paper-era MAML++ low-end
+  code.
+- ``weight_init`` ("xavier": Xavier-uniform kernels, zero biases, as the
+  authors' code) draws the adapted network; ``maml.MamlHighOptions.embed_init``
+  ("torch") the embedding (``models.init`` names the schemes).
 
 State (the ATM): ``InnerState(fast, step)``: the fast weights and, when LSLR
 or per-step BN is on, an int32 step counter k (4 bytes) that indexes them.
