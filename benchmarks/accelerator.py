@@ -159,11 +159,11 @@ def measure_eval(name: str, split, spec: TaskSpec, image_shape) -> dict:
     evaluate(learner, params, split, **kwargs)
     first = time.perf_counter() - start
     report = evaluate(learner, params, split, **kwargs)
-    per_task = report["seconds"] / report["num_tasks"]
+    per_task = report.seconds / report.num_tasks
     return {"kind": "eval", "learner": name, "cell": _cell_name(spec), "options": options,
-            "tasks": report["num_tasks"], "batch": _EVAL_BATCH.value,
+            "tasks": report.num_tasks, "batch": _EVAL_BATCH.value,
             "s_per_task": round(per_task, 6), "tasks_per_s": round(1 / per_task, 1),
-            "compile_s": round(first - report["seconds"], 3)}
+            "compile_s": round(first - report.seconds, 3)}
 
 
 def measure_train(name: str, split, spec: TaskSpec, image_shape, meta_batch: int) -> dict:

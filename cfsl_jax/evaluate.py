@@ -41,6 +41,7 @@ from jax.sharding import Mesh
 
 from cfsl_jax import data, episode, metrics, parallel, progress, seeding
 from cfsl_jax.learners.base import Learner
+from cfsl_jax.records import EvalRecord
 from cfsl_jax.sampler import check_split, sample_task, sample_tasks
 from cfsl_jax.spec import TaskSpec
 
@@ -120,15 +121,16 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
              num_tasks: int = 600, seed: int = 0, purpose: str = "eval",
              batch_size: int = 50, ensemble: bool = False,
              cost_metrics: bool = True, mesh: Mesh | None = None,
-             per_task: bool = False) -> dict[str, Any]:
+             per_task: bool = False) -> EvalRecord:
     """Evaluate ``learner`` on ``num_tasks`` tasks of ``split``, over ``mesh`` (default: all).
 
-    Returns a dict with acc_mean/std/ci95, ce_mean/std/ci95, group_acc (mean
-    accuracy per class group), atm, macs_adapt, macs_predict, macs_per_task
-    (unless ``cost_metrics=False``), num_tasks, devices, task_fingerprint,
-    seconds and tasks_per_s; with ``per_task=True`` also ``per_task``: each task's
-    ``acc`` and ``ce`` in task order (for paired comparisons of two learners on the
-    same tasks). ``batch_size`` is tasks per device per program.
+    Returns an ``EvalRecord``: acc_mean/std/ci95, ce_mean/std/ci95, group_acc
+    (mean accuracy per class group), num_tasks, devices, task_fingerprint,
+    dataset_identity, seconds, tasks_per_s, and atm, macs_adapt, macs_predict,
+    macs_per_task (None with ``cost_metrics=False``); with ``per_task=True`` also
+    ``per_task``: each task's ``acc`` and ``ce`` in task order (for paired
+    comparisons of two learners on the same tasks). ``batch_size`` is tasks per
+    device per program.
     """
     spec = spec or learner.spec
     if spec != learner.spec:
@@ -174,11 +176,12 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
     for name in ("acc", "ce"):
         for stat, value in metrics.summarize(values[name]).items():
             report[f"{name}_{stat}"] = value
-    report["group_acc"] = values["group_acc"].mean(axis=0).tolist()
+    report["group_acc"] = tuple(values["group_acc"].mean(axis=0).tolist())
     report["num_tasks"] = num_tasks
     report["devices"] = mesh.size
     # the tasks the program sampled: task_fingerprint(split, spec, num_tasks, seed, purpose)
     report["task_fingerprint"] = _digest(split, [values[name] for name in FINGERPRINTED])
+    report["dataset_identity"] = dataset_identity(split)
     report["seconds"] = seconds
     report["tasks_per_s"] = num_tasks / seconds
     if per_task:
@@ -188,4 +191,4 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
         with progress.stage(f"[{label}] measuring ATM and MACs (XLA cost analysis)"):
             report["atm"] = metrics.atm(learner, member, image_shape)
             report.update(metrics.learner_macs(learner, member, image_shape))
-    return report
+    return EvalRecord(**report)

@@ -67,9 +67,9 @@ def masked_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array,
 
 def neg_sq_euclidean(features: jax.Array, centres: jax.Array) -> jax.Array:
     """Logits ``-||f - c_k||^2``: [n, D] x [K, D] -> [n, K], expanded into one matrix product
-    (``2 f.c - |f|^2 - |c|^2``)."""
-    return (2 * features @ centres.T - jnp.sum(features**2, -1, keepdims=True)
-            - jnp.sum(centres**2, -1)[None])
+    (``-(|f|^2 - 2 f.c + |c|^2)``)."""
+    return -(jnp.sum(features**2, -1, keepdims=True) - 2 * features @ centres.T
+             + jnp.sum(centres**2, -1))
 
 
 def group_accuracy(logits: jax.Array, labels: jax.Array, groups: jax.Array,

@@ -35,6 +35,7 @@ import numpy as np
 
 from cfsl_jax import figures, metrics, paper_results
 from cfsl_jax.learners import LEARNERS
+from cfsl_jax.records import EvalRecord
 from cfsl_jax.spec import PAPER_GRID
 from cfsl_jax.sweep import safe_name
 
@@ -82,7 +83,7 @@ def aggregate(results: Iterable[dict[str, Any]], metric: str) -> dict[Key, Aggre
     grouped: dict[Key, list[tuple[int, float, dict]]] = {}
     for result in results:
         key = (result["dataset"], result["learner"], result["config"]["task"])
-        value = result["test"].get(field)
+        value = EvalRecord.from_json(result["test"]).get(field)
         if value is not None:
             grouped.setdefault(key, []).append((result["seed"], float(value), result["spec"]))
     out = {}

@@ -252,7 +252,7 @@ def evaluate_run(workdir: str, num_tasks: int | None = None,
         ckpt.close()
     stored = results.read_json(os.path.join(workdir, "results.json"), default={})
     if "macs_per_meta_step" in stored.get("test", {}):
-        report["macs_per_meta_step"] = stored["test"]["macs_per_meta_step"]
+        report = report.replace(macs_per_meta_step=stored["test"]["macs_per_meta_step"])
     wall = stored.get("wall_seconds", time.perf_counter() - started)
     return results.record(config, learner, splits, report, workdir, wall_seconds=wall,
                           best_epochs=best)

@@ -296,8 +296,8 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
         if learner.training == "meta":
             member = jax.device_get(jax.tree.map(lambda x: x[0], params))
             with progress.stage("[test] counting the MACs of a meta-training step (XLA)"):
-                report["macs_per_meta_step"] = per_task_meta_step_macs(
-                    config, learner, member, tuple(splits["train"].images.shape[1:]))
+                report = report.replace(macs_per_meta_step=per_task_meta_step_macs(
+                    config, learner, member, tuple(splits["train"].images.shape[1:])))
         out = results.record(config, learner, splits, report, workdir,
                              wall_seconds=time.perf_counter() - started,
                              best_epochs=ckpt.best_epochs() if ensemble else [])
