@@ -46,7 +46,6 @@ from cfsl_jax.sampler import check_split, sample_task, sample_tasks
 from cfsl_jax.spec import TaskSpec
 
 PIXELS_IN_FLIGHT = 10_000_000  # target pixels per device per evaluation program
-LABELS = {"eval": "test", "val": "val"}  # purpose -> the name progress lines use
 _compiled: set = set()  # (learner, ensemble, mesh, shapes) of programs compiled in this process
 
 
@@ -59,7 +58,7 @@ FINGERPRINTED = ("support_idx", "support_labels", "target_idx", "target_labels")
 
 
 def task_fingerprint(split: data.Split, spec: TaskSpec, num_tasks: int, seed: int,
-                     purpose: str = "eval") -> str:
+                     purpose: str = "test") -> str:
     """SHA-256 of the split's identity (dataset and variant, split, class and image counts,
     image shape) and all evaluation tasks' support/target indices and labels (hex)."""
     tasks = sample_tasks(task_keys(seed, purpose, num_tasks), split.class_table,
@@ -118,7 +117,7 @@ def _evaluate_chunk(learner: Learner, params: Any, split: data.Split, key_data: 
 
 
 def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | None = None,
-             num_tasks: int = 600, seed: int = 0, purpose: str = "eval",
+             num_tasks: int = 600, seed: int = 0, purpose: str = "test",
              batch_size: int = 50, ensemble: bool = False,
              cost_metrics: bool = True, mesh: Mesh | None = None,
              per_task: bool = False) -> EvalRecord:
@@ -148,7 +147,7 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
     params = parallel.replicate(params, mesh)
     split = parallel.place_split(split, mesh, shard=parallel.is_sharded(split.images) or None)
     start = time.perf_counter()
-    label = LABELS.get(purpose, purpose)
+    label = seeding.ALIASES.get(purpose, purpose)
     program = (learner, ensemble, mesh, split.images.shape, split.class_table.shape, batch_size,
                jax.tree.structure(params), tuple(np.shape(x) for x in jax.tree.leaves(params)))
     bar = progress.tracker(label, num_tasks, "tasks", first_line=False)

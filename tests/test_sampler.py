@@ -288,3 +288,11 @@ def test_labels_per_support_set_needs_per_support_set_targets_where_it_relabels(
     assert not b3.relabels_within_groups and b3.num_outputs == 15
     a5 = dataclasses.replace(TaskSpec.preset("A5"), label_offset="per_support_set")
     assert not a5.relabels_within_groups and a5.num_outputs == 5
+
+
+def test_the_test_purpose_keeps_the_key_of_its_older_name_eval():
+    from cfsl_jax import seeding
+    keys = [jax.random.key_data(seeding.purpose_key(7, purpose)) for purpose in ("test", "eval")]
+    expected = jax.random.key_data(jax.random.fold_in(jax.random.key(7), 3))  # its index
+    np.testing.assert_array_equal(keys[0], expected)
+    np.testing.assert_array_equal(keys[1], expected)
