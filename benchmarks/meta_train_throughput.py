@@ -46,6 +46,7 @@ import optax
 
 from cfsl_jax import episode
 from cfsl_jax.learners import get_learner, parse_learner_options
+from cfsl_jax.optimizers import optimizer as make_optimizer
 from cfsl_jax.spec import TaskSpec
 
 TARGETS = {("maml_low", "train", 3): 0.37, ("maml_low", "eval", 10): 0.48}
@@ -126,7 +127,7 @@ def measure(name: str, nss: int, options: dict) -> list[dict]:
                 target_size=spec.target_size, options=options, backend=jax.default_backend())
     rows = []
     if "train" in _MODES.value:
-        optimizer = optax.chain(optax.add_decayed_weights(1e-5), optax.adam(1e-3))
+        optimizer = make_optimizer("adam", 1e-3, 1e-5)
         opt_state = optimizer.init(params)
         tasks = _tasks(spec, _META_BATCH.value, jax.random.key(1))
         progress = jnp.float32(_PROGRESS.value)

@@ -54,7 +54,7 @@ import numpy as np
 import optax
 from absl import logging
 
-from cfsl_jax import data, progress, results, sampler, seeding
+from cfsl_jax import data, optimizers, progress, results, sampler, seeding
 from cfsl_jax.learners.base import Learner, Params
 from cfsl_jax.models.conv4 import LinearHead
 
@@ -84,7 +84,7 @@ def entry_pool(class_table) -> Pool:
 
 def optimizer(learning_rate: float, weight_decay: float) -> optax.GradientTransformation:
     """PyTorch's ``Adam(lr=learning_rate, weight_decay=weight_decay)``: L2 into the gradient."""
-    return optax.chain(optax.add_decayed_weights(weight_decay), optax.adam(learning_rate))
+    return optimizers.optimizer("adam", learning_rate, weight_decay)
 
 
 @functools.partial(jax.jit, donate_argnums=0,

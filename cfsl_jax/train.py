@@ -37,7 +37,7 @@ import optax
 from jax.sharding import Mesh
 
 from cfsl_jax import checkpoints, data, episode, memory, metrics, parallel, progress, results
-from cfsl_jax import seeding
+from cfsl_jax import optimizers, seeding
 from cfsl_jax.errors import UserError
 from cfsl_jax.evaluate import evaluate
 from cfsl_jax.learners import get_learner
@@ -59,8 +59,7 @@ class Stopped(KeyboardInterrupt):
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    return optax.chain(optax.add_decayed_weights(config.weight_decay),
-                       optax.adam(config.learning_rate))
+    return optimizers.optimizer("adam", config.learning_rate, config.weight_decay)
 
 
 def make_train_step(learner: Learner, optimizer: optax.GradientTransformation, meta_batch: int,

@@ -33,6 +33,7 @@ from cfsl_jax import data, metrics, progress
 from cfsl_jax.data import Split
 from cfsl_jax.fluid import classifiers as cls
 from cfsl_jax.fluid.protocol import Method, Params
+from cfsl_jax.optimizers import optimizer
 
 EPISODES = {"protonets": (30, 5, 5), "meta_baseline": (30, 5, 5), "maml": (5, 5, 5)}
 
@@ -92,7 +93,7 @@ def meta_train(method: Method, params: Params, split: Split, key: jax.Array, str
     else:
         loss_fn = functools.partial(_prototype_loss, method, way=way,
                                     cosine=strategy == "meta_baseline")
-    opt = optax.adam(learning_rate)
+    opt = optimizer("adam", learning_rate)
 
     @jax.jit
     def step(trainable, opt_state, key):

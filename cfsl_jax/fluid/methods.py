@@ -62,6 +62,7 @@ from cfsl_jax.fluid import heads
 from cfsl_jax.fluid.backbone import conv4_backbone, feature_dim
 from cfsl_jax.fluid.protocol import Method, Schedule
 from cfsl_jax.models.conv4 import ACTIVATIONS
+from cfsl_jax.optimizers import optimizer as make_optimizer
 from cfsl_jax.options import build, check_fields, option, parse, positive_int
 
 PAPER_SCHEDULE = Schedule()  # 4 epochs every 5,000 samples, batch 256
@@ -172,8 +173,7 @@ def build_method(name: str, spec: Spec, num_classes: int,
     init_params, embed_apply = conv4_backbone(image_shape, opts.filters, opts.activation)
     head = spec.head(num_classes, embed_apply, opts)
     detector, mdt_metric = opts.detector, opts.mdt_metric or head.mdt
-    optimizer = (optax.chain(optax.add_decayed_weights(opts.weight_decay),
-                             optax.sgd(learning_rate, momentum=opts.momentum))
+    optimizer = (make_optimizer("sgd", learning_rate, opts.weight_decay, opts.momentum)
                  if learning_rate is not None else None)
     known_classes = opts.known_classes
 
