@@ -36,7 +36,7 @@ TINY_FLAGS = ["--learners=protonets,init_tune", "--cells=B2,C2", "--seeds=0,1",
               "--learner_option=filters=8", "--learner_option=init_tune:inner_steps=1",
               "--dataset_option=num_classes=60", "--dataset_option=samples_per_class=8",
               "--nc=3", "--kt=2", "--epochs=2", "--iters_per_epoch=3", "--meta_batch=2",
-              "--val_tasks=4", "--eval_tasks=4", "--eval_batch=4", "--keep_best=2",
+              "--val_tasks=4", "--test_tasks=4", "--eval_batch=4", "--keep_best=2",
               "--log_every=2"]
 
 
