@@ -28,6 +28,8 @@ FLAGS = flags.FLAGS
 
 def main(argv) -> None:
     del argv
+    if train_cli.listed_options():
+        return
     train_cli.require_workdir()
     workdir = FLAGS.workdir
     mesh = train_cli.mesh_from_flags()

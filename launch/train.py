@@ -121,6 +121,14 @@ def _plain_config_from_flags(learner_options: dict) -> train.TrainConfig:
         manual_dir=FLAGS.manual_dir, download=FLAGS.download)
 
 
+def listed_options() -> bool:
+    """With --list_options: print the options of --learner and return True."""
+    if FLAGS.list_options:
+        print(list_options(f"options of --learner={FLAGS.learner} (--learner_option=NAME=VALUE)",
+                           options_class(FLAGS.learner)))
+    return FLAGS.list_options
+
+
 def require_workdir() -> None:
     if not FLAGS.workdir:
         raise cli.UserError("--workdir is required")
@@ -135,9 +143,7 @@ def mesh_from_flags():
 
 def main(argv) -> None:
     del argv  # cli.run refuses extra arguments
-    if FLAGS.list_options:
-        print(list_options(f"options of --learner={FLAGS.learner} (--learner_option=NAME=VALUE)",
-                           options_class(FLAGS.learner)))
+    if listed_options():
         return
     require_workdir()
     config = config_from_flags()
