@@ -43,6 +43,7 @@ from absl import logging
 import cfsl_jax
 from cfsl_jax import data, metrics, results as results_io, seeding
 from cfsl_jax.errors import UserError
+from cfsl_jax.options import positive_int
 from cfsl_jax.fluid import methods as fluid_methods
 from cfsl_jax.fluid import report
 from cfsl_jax.fluid.metrics import rolling_accuracy, stream_metrics
@@ -105,9 +106,7 @@ class FluidConfig:
             raise UserError(f"unknown dataset {self.dataset!r}; valid: {data.DATASETS}")
         if self.streams not in STREAM_KINDS:
             raise UserError(f"streams={self.streams!r}; valid: {STREAM_KINDS}")
-        if isinstance(self.num_streams, bool) or not isinstance(self.num_streams, int) \
-                or self.num_streams < 1:
-            raise UserError(f"num_streams={self.num_streams!r} is invalid: must be an int >= 1")
+        positive_int("num_streams", self.num_streams)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
