@@ -34,7 +34,6 @@ given, so compile seconds are real compilations.
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import resource
@@ -49,7 +48,8 @@ import numpy as np
 
 from cfsl_jax import backend, data, parallel
 from cfsl_jax.evaluate import evaluate
-from cfsl_jax.learners import LEARNERS, get_learner
+from cfsl_jax.learners import LEARNERS, get_learner, options_class, parse_learner_options
+from cfsl_jax.options import names as option_names
 from cfsl_jax.sampler import sample_task
 from cfsl_jax.spec import TaskSpec
 from cfsl_jax.training.config import TrainConfig
@@ -113,19 +113,11 @@ def _median_seconds(fn) -> tuple[float, float]:
 
 
 def _options(learner: str, spec: TaskSpec, image_shape) -> dict:
-    """The --learner_option pairs that ``learner`` accepts (each tried alone)."""
-    options = {}
-    for pair in _LEARNER_OPTIONS.value:
-        name, _, value = pair.partition("=")
-        try:
-            value = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            pass
-        try:
-            get_learner(learner, spec, image_shape=image_shape, **{name: value})
-        except (TypeError, ValueError):
-            continue
-        options[name] = value
+    """The --learner_option pairs whose name is an option of ``learner``, typed."""
+    del spec, image_shape
+    valid = option_names(options_class(learner))
+    options = parse_learner_options(learner, [
+        pair for pair in _LEARNER_OPTIONS.value if pair.partition("=")[0] in valid])
     return options
 
 
@@ -168,11 +160,11 @@ def measure_eval(name: str, split, spec: TaskSpec, image_shape) -> dict:
     evaluate(learner, params, split, **kwargs)
     first = time.perf_counter() - start
     report = evaluate(learner, params, split, **kwargs)
-    per_task = report["seconds"] / report["num_tasks"]
+    per_task = report.seconds / report.num_tasks
     return {"kind": "eval", "learner": name, "cell": _cell_name(spec), "options": options,
-            "tasks": report["num_tasks"], "batch": _EVAL_BATCH.value,
+            "tasks": report.num_tasks, "batch": _EVAL_BATCH.value,
             "s_per_task": round(per_task, 6), "tasks_per_s": round(1 / per_task, 1),
-            "compile_s": round(first - report["seconds"], 3)}
+            "compile_s": round(first - report.seconds, 3)}
 
 
 def measure_train(name: str, split, spec: TaskSpec, image_shape, meta_batch: int) -> dict:

@@ -57,12 +57,12 @@ def main(argv) -> None:
         evaluate(learner, params, split, **kwargs)
         first = time.perf_counter() - start
         report = evaluate(learner, params, split, **kwargs)
-        per_task = report["seconds"] / report["num_tasks"]
+        per_task = report.seconds / report.num_tasks
         row = dict(benchmark="eval_throughput", learner=name, task=_TASK.value,
-                   dataset=_DATASET.value, split=split_name, num_tasks=report["num_tasks"],
+                   dataset=_DATASET.value, split=split_name, num_tasks=report.num_tasks,
                    batch_size=_BATCH.value, s_per_task=round(per_task, 5),
                    tasks_per_s=round(1 / per_task, 2),
-                   compile_s=round(first - report["seconds"], 2),
+                   compile_s=round(first - report.seconds, 2),
                    backend=jax.default_backend())
         if name in TARGET_S_PER_TASK:
             row["target_s_per_task"] = TARGET_S_PER_TASK[name]

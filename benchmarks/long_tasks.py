@@ -59,8 +59,8 @@ def child(name: str) -> dict:
     return {"benchmark": "long_tasks", "learner": name, "task": spec.name, "nss": spec.nss,
             "target_size": spec.target_size, "tasks": FLAGS.tasks,
             "seconds": round(seconds, 1), "peak_rss_gb": round(peak / 2**30, 2),
-            "xla_temp_gb": round(temp / 2**30, 2), "acc": round(report["acc_mean"], 4),
-            "atm": report["atm"], "macs_per_task": report["macs_per_task"],
+            "xla_temp_gb": round(temp / 2**30, 2), "acc": round(report.acc_mean, 4),
+            "atm": report.atm, "macs_per_task": report.macs_per_task,
             "backend": jax.default_backend()}
 
 

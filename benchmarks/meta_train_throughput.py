@@ -33,7 +33,6 @@ NSS=10 evaluation; compile under 30 s).
 
 from __future__ import annotations
 
-import ast
 import json
 import resource
 import statistics
@@ -46,7 +45,8 @@ import jax.numpy as jnp
 import optax
 
 from cfsl_jax import episode
-from cfsl_jax.learners import get_learner
+from cfsl_jax.learners import get_learner, parse_learner_options
+from cfsl_jax.optimizers import optimizer as make_optimizer
 from cfsl_jax.spec import TaskSpec
 
 TARGETS = {("maml_low", "train", 3): 0.37, ("maml_low", "eval", 10): 0.48}
@@ -54,25 +54,13 @@ TARGET_COMPILE_S = 30.0
 
 _LEARNERS = flags.DEFINE_list("learners", ["maml_low", "maml_high"], "Learners to measure.")
 _NSS = flags.DEFINE_list("nss", ["3", "10", "40"], "Support sets per task.")
-_OPTIONS = flags.DEFINE_list("options", [], "Learner options as key=value (Python literals).")
+_OPTIONS = flags.DEFINE_list("options", [], "Learner options as key=value (typed as the learner's option).")
 _META_BATCH = flags.DEFINE_integer("meta_batch", 2, "Tasks per meta-training step.")
 _EVAL_BATCH = flags.DEFINE_integer("eval_batch", 2, "Tasks per evaluation call.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed runs after compilation (median).")
 _PROGRESS = flags.DEFINE_float("progress", 0.5, "Meta-training progress passed to meta_loss.")
 _MODES = flags.DEFINE_list("modes", ["train", "eval"], "What to measure: train, eval.")
 _IMAGE = (28, 28, 1)
-
-
-def _parse_options(items: list[str]) -> dict:
-    """key=value strings -> a dict of Python literals (plain strings if not literals)."""
-    options = {}
-    for item in items:
-        key, _, value = item.partition("=")
-        try:
-            options[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            options[key] = value
-    return options
 
 
 def _time(compiled, *args) -> tuple[float, float]:
@@ -139,7 +127,7 @@ def measure(name: str, nss: int, options: dict) -> list[dict]:
                 target_size=spec.target_size, options=options, backend=jax.default_backend())
     rows = []
     if "train" in _MODES.value:
-        optimizer = optax.chain(optax.add_decayed_weights(1e-5), optax.adam(1e-3))
+        optimizer = make_optimizer("adam", 1e-3, 1e-5)
         opt_state = optimizer.init(params)
         tasks = _tasks(spec, _META_BATCH.value, jax.random.key(1))
         progress = jnp.float32(_PROGRESS.value)
@@ -183,14 +171,13 @@ def measure(name: str, nss: int, options: dict) -> list[dict]:
 
 def main(argv) -> None:
     del argv
-    options = _parse_options(_OPTIONS.value)
     print(f"{'learner':10s} {'nss':>4s} {'mode':5s} {'s/task':>8s} {'spread':>6s} "
           f"{'compile s':>9s} {'(cpu s)':>7s} {'XLA MB':>8s} {'RSS MB':>8s}  target",
           file=sys.stderr)
     rows = []
     for name in _LEARNERS.value:
         for nss in (int(n) for n in _NSS.value):
-            for row in measure(name, nss, options):
+            for row in measure(name, nss, parse_learner_options(name, _OPTIONS.value)):
                 rows.append(row)
                 target = (f"{row['target_s_per_task']} s ({row['ratio_to_target']}x)"
                           if "target_s_per_task" in row else "")

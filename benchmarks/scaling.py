@@ -53,7 +53,7 @@ def time_eval(learner, params, split, mesh) -> float:
                   cost_metrics=False, mesh=mesh)
     evaluate(learner, params, split, **kwargs)  # compile
     report = evaluate(learner, params, split, **kwargs)
-    return report["num_tasks"] / report["seconds"]
+    return report.num_tasks / report.seconds
 
 
 def time_train(learner, params, split, mesh) -> float:

@@ -1,15 +1,14 @@
 """Backend policy: the same numbers on every backend, one precision rule, compile once per machine.
 
-Four rules, one place (docs/backend.md says why):
+Four rules, one place (docs/metrics.md says why for MACs and compile time):
 
 - **MACs are XLA:CPU's count, on every backend.** ``counting_device()`` is the
   first CPU device; ``metrics.xla_macs`` compiles the program for it from
   abstract arguments placed there (nothing is copied) while
   ``lowering_platform()`` reads ``"cpu"``, so every trace-time choice that
   depends on the platform (``models.conv``'s "auto", ``scan_unroll``) takes
-  its CPU branch. XLA:GPU's cost analysis does not count cuDNN convolutions
-  (a ProtoNets B3 task: 2.857e7 "MACs" on an H100 against 8.112e8 on CPU), so
-  the accelerator's own count is never used.
+  its CPU branch. XLA:GPU's cost analysis does not count cuDNN convolutions,
+  so the accelerator's own count is never used.
 - **Precision.** ``--precision`` sets ``jax_default_matmul_precision`` for
   float32 matmuls and convolutions: ``default`` (the backend's fastest: TF32
   tensor cores on NVIDIA Ampere and later, one bf16 pass on TPU), ``high``

@@ -49,6 +49,7 @@ import numpy as np
 
 from cfsl_jax import progress
 from cfsl_jax.errors import UserError
+from cfsl_jax.options import positive_int
 
 DATASETS: tuple[str, ...] = ("synthetic", "omniglot", "omniglot/full", "omniglot/small",
                              "slimagenet64")
@@ -204,9 +205,7 @@ def _synthetic(split: str, num_classes: int = 1623, samples_per_class: int = 20,
     for option, value, low in (("num_classes", num_classes, 3),
                                ("samples_per_class", samples_per_class, 1),
                                ("image_size", image_size, 8)):
-        if not isinstance(value, int) or value < low:
-            raise ValueError(f"synthetic option {option} must be an integer >= {low}, "
-                             f"got {value!r}")
+        positive_int(f"synthetic option {option}", value, low)
     images, labels = _generated(num_classes, samples_per_class, image_size, seed)
     classes = omniglot.split_ranges(num_classes)[split]
     keep = (labels >= classes.start) & (labels < classes.stop)

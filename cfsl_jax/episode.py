@@ -1,10 +1,13 @@
-"""The episode protocol: the only code that walks a task.
+"""The episode protocol: the code that walks a task for evaluation and meta-training.
 
 ``run_task`` initialises a fresh adaptation state, ``lax.scan``s ``adapt``
 over the support sets -- so ``adapt`` is traced once and only ever sees the
 current support set -- and predicts the whole target set from the final
 state. ``run_tasks`` maps it over a batch of tasks. Meta-training
-differentiates the target loss of ``run_task`` with respect to ``params``.
+differentiates the target loss of ``run_task`` with respect to ``params``
+(``meta_loss``), unless the learner brings its own ``Learner.meta_loss``:
+MAML++ and SCA scan the support sets themselves there, to add the multi-step
+loss and the critic step.
 """
 
 from __future__ import annotations

@@ -41,11 +41,11 @@ from jax.sharding import Mesh
 
 from cfsl_jax import data, episode, metrics, parallel, progress, seeding
 from cfsl_jax.learners.base import Learner
+from cfsl_jax.records import EvalRecord
 from cfsl_jax.sampler import check_split, sample_task, sample_tasks
 from cfsl_jax.spec import TaskSpec
 
 PIXELS_IN_FLIGHT = 10_000_000  # target pixels per device per evaluation program
-LABELS = {"eval": "test", "val": "val"}  # purpose -> the name progress lines use
 COMPILE_QUIET_S = 1.0  # a compilation shorter than this prints no line
 
 
@@ -58,7 +58,7 @@ FINGERPRINTED = ("support_idx", "support_labels", "target_idx", "target_labels")
 
 
 def task_fingerprint(split: data.Split, spec: TaskSpec, num_tasks: int, seed: int,
-                     purpose: str = "eval") -> str:
+                     purpose: str = "test") -> str:
     """SHA-256 of the split's identity (dataset and variant, split, class and image counts,
     image shape) and all evaluation tasks' support/target indices and labels (hex)."""
     tasks = sample_tasks(task_keys(seed, purpose, num_tasks), split.class_table,
@@ -117,18 +117,19 @@ def _evaluate_chunk(learner: Learner, params: Any, split: data.Split, key_data: 
 
 
 def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | None = None,
-             num_tasks: int = 600, seed: int = 0, purpose: str = "eval",
+             num_tasks: int = 600, seed: int = 0, purpose: str = "test",
              batch_size: int = 50, ensemble: bool = False,
              cost_metrics: bool = True, mesh: Mesh | None = None,
-             per_task: bool = False) -> dict[str, Any]:
+             per_task: bool = False) -> EvalRecord:
     """Evaluate ``learner`` on ``num_tasks`` tasks of ``split``, over ``mesh`` (default: all).
 
-    Returns a dict with acc_mean/std/ci95, ce_mean/std/ci95, group_acc (mean
-    accuracy per class group), atm, macs_adapt, macs_predict, macs_per_task
-    (unless ``cost_metrics=False``), num_tasks, devices, task_fingerprint,
-    seconds and tasks_per_s; with ``per_task=True`` also ``per_task``: each task's
-    ``acc`` and ``ce`` in task order (for paired comparisons of two learners on the
-    same tasks). ``batch_size`` is tasks per device per program.
+    Returns an ``EvalRecord``: acc_mean/std/ci95, ce_mean/std/ci95, group_acc
+    (mean accuracy per class group), num_tasks, devices, task_fingerprint,
+    dataset_identity, seconds, tasks_per_s, and atm, macs_adapt, macs_predict,
+    macs_per_task (None with ``cost_metrics=False``); with ``per_task=True`` also
+    ``per_task``: each task's ``acc`` and ``ce`` in task order (for paired
+    comparisons of two learners on the same tasks). ``batch_size`` is tasks per
+    device per program.
     """
     spec = spec or learner.spec
     if spec != learner.spec:
@@ -146,7 +147,7 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
     params = parallel.replicate(params, mesh)
     split = parallel.place_split(split, mesh, shard=parallel.is_sharded(split.images) or None)
     start = time.perf_counter()
-    label = LABELS.get(purpose, purpose)
+    label = seeding.ALIASES.get(purpose, purpose)
     chunk_keys = [parallel.global_array(keys[i * batch_size:(i + 1) * batch_size], mesh)
                   for i in range(num_chunks)]
     # jax keeps compiled programs in memory: a program compiled before is found at once, and
@@ -172,11 +173,12 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
     for name in ("acc", "ce"):
         for stat, value in metrics.summarize(values[name]).items():
             report[f"{name}_{stat}"] = value
-    report["group_acc"] = values["group_acc"].mean(axis=0).tolist()
+    report["group_acc"] = tuple(values["group_acc"].mean(axis=0).tolist())
     report["num_tasks"] = num_tasks
     report["devices"] = mesh.size
     # the tasks the program sampled: task_fingerprint(split, spec, num_tasks, seed, purpose)
     report["task_fingerprint"] = _digest(split, [values[name] for name in FINGERPRINTED])
+    report["dataset_identity"] = dataset_identity(split)
     report["seconds"] = seconds
     report["tasks_per_s"] = num_tasks / seconds
     if per_task:
@@ -186,4 +188,4 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
         with progress.stage(f"[{label}] measuring ATM and MACs (XLA cost analysis)"):
             report["atm"] = metrics.atm(learner, member, image_shape)
             report.update(metrics.learner_macs(learner, member, image_shape))
-    return report
+    return EvalRecord(**report)

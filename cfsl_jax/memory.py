@@ -19,6 +19,17 @@ import jax
 from cfsl_jax.errors import UserError
 
 GIB = 2**30
+# jax's runtime error class (``XlaRuntimeError`` is its older name, where still exported).
+RUNTIME_ERRORS: tuple[type[BaseException], ...] = tuple(
+    cls for cls in (getattr(jax.errors, "JaxRuntimeError", None),
+                    getattr(jax.errors, "XlaRuntimeError", None)) if cls is not None)
+OUT_OF_MEMORY_TEXTS = ("RESOURCE_EXHAUSTED", "Out of memory")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is jax's runtime error for an allocation that did not fit."""
+    return isinstance(error, RUNTIME_ERRORS) and any(
+        text in str(error) for text in OUT_OF_MEMORY_TEXTS)
 
 
 def available_ram() -> int | None:

@@ -5,6 +5,9 @@ Definitions (as in the README, "Metrics"):
 - accuracy / cross-entropy: per task, on the whole target set; then mean, std
   (population, ddof=0) and a 95% confidence interval half-width
   ``1.96 * std / sqrt(num_tasks)`` over the evaluation tasks.
+- across runs (seeds, streams): ``across_runs``: the mean, the sample std
+  (ddof=1) and a Student-t 95% interval half-width ``t(0.975, n-1) * std /
+  sqrt(n)``, as a few runs call for.
 - per-group accuracy: accuracy on the target samples of the classes of each
   class group -- a curve over groups that shows forgetting.
 - ATM (across-task memory): bytes of the adaptation state carried from one
@@ -28,7 +31,7 @@ Definitions (as in the README, "Metrics"):
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +52,26 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(axis=-1)
 
 
+def masked_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array,
+                         classes: jax.Array | None = None) -> jax.Array:
+    """Mean cross-entropy (at least float32) of [n, K] ``logits`` over the samples where
+    ``mask`` [n] holds (0 if none); with ``classes`` [K], the softmax runs over those classes
+    only. A negative label (padding) counts as class 0 and should be masked out."""
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    if classes is not None:  # a large negative (not -inf) keeps masked gradients finite
+        logits = jnp.where(classes, logits, -1e9)
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(labels, 0))
+    mask = mask.astype(losses.dtype)
+    return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def neg_sq_euclidean(features: jax.Array, centres: jax.Array) -> jax.Array:
+    """Logits ``-||f - c_k||^2``: [n, D] x [K, D] -> [n, K], expanded into one matrix product
+    (``-(|f|^2 - 2 f.c + |c|^2)``)."""
+    return -(jnp.sum(features**2, -1, keepdims=True) - 2 * features @ centres.T
+             + jnp.sum(centres**2, -1))
+
+
 def group_accuracy(logits: jax.Array, labels: jax.Array, groups: jax.Array,
                    num_groups: int) -> jax.Array:
     """Accuracy on the target samples of each class group: [..., num_groups]."""
@@ -64,6 +87,43 @@ def summarize(values) -> dict[str, float]:
     std = float(values.std()) if values.size else math.nan
     return {"mean": float(values.mean()), "std": std,
             "ci95": 1.96 * std / math.sqrt(values.size)}
+
+
+# t(0.975, df) for df = 1..30 (Student's t table); beyond, the Cornish-Fisher expansion.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t975(df: int) -> float:
+    """The 0.975 quantile of Student's t with ``df`` degrees of freedom (3 decimals)."""
+    if df < 1:
+        raise ValueError(f"df must be >= 1, got {df}")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+class Spread(NamedTuple):
+    """A number across runs (seeds, streams)."""
+
+    mean: float
+    std: float  # sample std, ddof=1 (0.0 for one run)
+    ci95: float  # Student-t 95% half-width t(0.975, n-1) * std / sqrt(n) (0.0 for one run)
+    runs: int
+
+
+def across_runs(values) -> Spread:
+    """Mean, sample std and Student-t 95% interval of one number over a few runs."""
+    values = np.asarray(values, np.float64)
+    if values.size == 0:
+        raise ValueError("across_runs needs at least one value")
+    if values.size == 1:
+        return Spread(float(values[0]), 0.0, 0.0, 1)
+    std = float(values.std(ddof=1))
+    return Spread(float(values.mean()), std, t975(values.size - 1) * std / math.sqrt(values.size),
+                  int(values.size))
 
 
 def tree_bytes(tree: Any) -> int:

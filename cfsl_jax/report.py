@@ -10,8 +10,8 @@ Rules:
   by (dataset, learner, cell); a cell is the run config's ``task`` (``B3``,
   ``D8``, ...). Runs without results (unfinished, failed) are not counted.
 - Statistic: per run, the test metric's mean over its test tasks; then the
-  mean and the standard deviation (population, ddof=0, as ``metrics.summarize``)
-  of those values across the seeds of a cell.
+  mean, the sample standard deviation (ddof=1) and a Student-t 95% interval of
+  those values across the seeds of a cell (``metrics.across_runs``).
 - Metrics (``METRICS``): test accuracy (shown in percent, as the paper),
   cross-entropy (nats), ATM and MACs per task. An entry shows no ``± std``
   where the std is 0 (one seed; ATM and MACs, which every seed shares).
@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import csv
 import functools
-import json
 import os
 from typing import Any, Iterable, NamedTuple, Sequence
 
-import numpy as np
 
-from cfsl_jax import figures, paper_results, results as results_io
+from cfsl_jax import figures, metrics, paper_results, results as results_io
 from cfsl_jax.learners import LEARNERS
+from cfsl_jax.records import EvalRecord
 from cfsl_jax.spec import PAPER_GRID
 from cfsl_jax.sweep_plan import safe_name
 from cfsl_jax.training.config import from_json
@@ -53,10 +52,11 @@ class Aggregate(NamedTuple):
     """One (dataset, learner, cell) of a sweep: a metric across seeds."""
 
     mean: float
-    std: float  # population std across seeds (ddof=0)
+    std: float  # sample std across seeds (ddof=1; 0.0 for one seed)
     values: tuple[float, ...]  # per seed, in seed order
     seeds: tuple[int, ...]
     spec: dict  # the TaskSpec fields (nss, cci, overwrite, ...)
+    ci95: float = 0.0  # Student-t 95% half-width across seeds (metrics.across_runs)
 
 
 Key = tuple[str, str, str]  # (dataset, learner, cell)
@@ -82,7 +82,7 @@ def aggregate(results: Iterable[dict[str, Any]], metric: str) -> dict[Key, Aggre
     grouped: dict[Key, list[tuple[int, float, dict]]] = {}
     for result in results:
         key = (result["dataset"], result["learner"], result["config"]["task"])
-        value = result["test"].get(field)
+        value = EvalRecord.from_json(result["test"]).get(field)
         if value is not None:
             grouped.setdefault(key, []).append((result["seed"], float(value), result["spec"]))
     out = {}
@@ -92,9 +92,9 @@ def aggregate(results: Iterable[dict[str, Any]], metric: str) -> dict[Key, Aggre
         if len(set(seeds)) != len(seeds):
             raise ValueError(f"{key} has two results for one seed ({seeds}); one sweep "
                              f"directory must hold one run per (dataset, learner, cell, seed)")
-        values = np.array([run[1] for run in runs], np.float64)
-        out[key] = Aggregate(float(values.mean()), float(values.std()),
-                             tuple(values.tolist()), seeds, runs[0][2])
+        spread = metrics.across_runs([run[1] for run in runs])
+        out[key] = Aggregate(spread.mean, spread.std, tuple(run[1] for run in runs), seeds,
+                             runs[0][2], spread.ci95)
     return out
 
 
@@ -214,7 +214,7 @@ def long_rows(aggregates: dict[Key, Aggregate], dataset: str, metric: str,
             row = {"dataset": dataset, "learner": learner, "cell": cell,
                    "nss": found.spec["nss"], "cci": found.spec["cci"],
                    "overwrite": found.spec["overwrite"], "seeds": len(found.seeds),
-                   "mean": found.mean, "std": found.std}
+                   "mean": found.mean, "std": found.std, "ci95": found.ci95}
             if metric == "acc" and paper is not None:
                 theirs = paper_value(paper, dataset, learner, cell)
                 row["paper_mean"] = theirs["mean"] / 100.0 if theirs else ""
@@ -240,7 +240,8 @@ def dataset_markdown(results: Sequence[dict], dataset: str, paper: dict) -> str:
     budget = from_json(runs[0]["config"]).to_json() if runs else {}
     seeds = max(len(a.seeds) for a in aggregate(runs, "acc").values()) if runs else 0
     spread = ("one seed per cell, so no ± on accuracy and cross-entropy" if seeds <= 1 else
-              "mean ± std across seeds; no ± where the seeds agree")
+              "mean ± sample std (ddof=1) across seeds; no ± where the seeds agree; the CSV "
+              "also gives a Student-t 95% interval")
     parts = [f"# Table 1 on {dataset}",
              f"{_count(len(runs), 'run')}; each run's mean over "
              f"{_count(budget['test_tasks'], 'test task')} ({spread}). Budget per run: "

@@ -19,6 +19,7 @@ import jax
 import cfsl_jax
 from cfsl_jax import backend
 from cfsl_jax.errors import UserError
+from cfsl_jax.records import EvalRecord
 
 CSV_FIELDS = ("learner", "dataset", "spec", "seed", "acc_mean", "acc_std", "acc_ci95",
               "ce_mean", "ce_std", "atm", "macs_per_task", "macs_per_meta_step",
@@ -75,11 +76,12 @@ def split_sizes(splits) -> dict[str, dict[str, int]]:
             for name, s in splits.items()}
 
 
-def record(config, learner, splits, report: dict[str, Any], workdir: str,
+def record(config, learner, splits, report: EvalRecord, workdir: str,
            wall_seconds: float, best_epochs: list[int],
            compile_since: dict[str, float] | None = None,
            run_stats: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write workdir/results.json and workdir/results.csv, print the table; return the dict.
+    """Write workdir/results.json (``test``: ``report.to_json()``) and workdir/results.csv,
+    print the table; return the results.json dict.
 
     ``dataset`` is the variant the splits came from (``omniglot/small``, not ``omniglot``);
     ``compile_since``: ``backend.compile_totals()`` at the run's start (its own compile
@@ -98,12 +100,12 @@ def record(config, learner, splits, report: dict[str, Any], workdir: str,
         "jax_version": jax.__version__,
         "backend": jax.default_backend(),
         **(backend.compile_stats(compile_since) if run_stats is None else run_stats),
-        "devices": report.get("devices", 1),
+        "devices": report.devices,
         "best_epochs": best_epochs,
         "wall_seconds": wall_seconds,
         "config": config.to_json(),
-        "test": report,
-        "task_fingerprint": report["task_fingerprint"],
+        "test": report.to_json(),
+        "task_fingerprint": report.task_fingerprint,
     }
     if is_primary():
         write_json(os.path.join(workdir, "results.json"), out)
@@ -112,8 +114,13 @@ def record(config, learner, splits, report: dict[str, Any], workdir: str,
     return out
 
 
+def test_record(result: dict[str, Any]) -> EvalRecord:
+    """The test metrics of a results.json dict, as a record."""
+    return EvalRecord.from_json(result["test"])
+
+
 def csv_row(result: dict[str, Any]) -> dict[str, Any]:
-    test = result["test"]
+    test = test_record(result)
     row = {"learner": result["learner"], "dataset": result["dataset"],
            "spec": result["spec_name"], "seed": result["seed"],
            "wall_seconds": round(result["wall_seconds"], 2)}
@@ -135,21 +142,21 @@ def write_csv_row(path: str, row: dict[str, Any]) -> None:
 
 def table(result: dict[str, Any]) -> str:
     """A readable summary of one run's test metrics."""
-    test = result["test"]
+    test = test_record(result)
     lines = [f"{result['learner']} on {result['dataset']} {result['spec_name']} "
-             f"seed {result['seed']} ({test['num_tasks']} test tasks)",
-             f"  accuracy       {test['acc_mean']:.4f} ± {test['acc_std']:.4f} "
-             f"(95% CI ± {test['acc_ci95']:.4f})",
-             f"  cross-entropy  {test['ce_mean']:.4f} ± {test['ce_std']:.4f}"]
-    if "group_acc" in test:
-        lines.append("  per-group acc  " + " ".join(f"{a:.3f}" for a in test["group_acc"]))
-    if "atm" in test:
-        lines.append(f"  ATM            {test['atm']:.4g}")
-        lines.append(f"  MACs per task  {test['macs_per_task']:.4g} "
-                     f"(adapt {test['macs_adapt']:.4g} x NSS + predict "
-                     f"{test['macs_predict']:.4g})")
-    if "macs_per_meta_step" in test:
-        lines.append(f"  MACs per meta-training step per task  {test['macs_per_meta_step']:.4g}")
+             f"seed {result['seed']} ({test.num_tasks} test tasks)",
+             f"  accuracy       {test.acc_mean:.4f} ± {test.acc_std:.4f} "
+             f"(95% CI ± {test.acc_ci95:.4f})",
+             f"  cross-entropy  {test.ce_mean:.4f} ± {test.ce_std:.4f}"]
+    if test.group_acc:
+        lines.append("  per-group acc  " + " ".join(f"{a:.3f}" for a in test.group_acc))
+    if test.atm is not None:
+        lines.append(f"  ATM            {test.atm:.4g}")
+        lines.append(f"  MACs per task  {test.macs_per_task:.4g} "
+                     f"(adapt {test.macs_adapt:.4g} x NSS + predict "
+                     f"{test.macs_predict:.4g})")
+    if test.macs_per_meta_step is not None:
+        lines.append(f"  MACs per meta-training step per task  {test.macs_per_meta_step:.4g}")
     lines.append(f"  task fingerprint {result['task_fingerprint'][:16]}…  "
                  f"wall time {result['wall_seconds']:.1f}s")
     return "\n".join(lines)

@@ -16,8 +16,7 @@ and samples (1 < cci < nss, no overwrite).
 Labels without overwrite (``label_offset``): ``"per_class_group"`` (default, the
 specification) labels class group g with g*NC..g*NC+NC-1, so every support set
 of a group shows its classes under the same labels. ``"per_support_set"`` is
-what the authors' paper-era code did (commit 5b814ac, ``data.py``; fixed in
-97c2d3f): support set n, and its target part, are labelled n*NC..n*NC+NC-1, so
+what the authors' paper-era code did (docs/fidelity.md): support set n, and its target part, are labelled n*NC..n*NC+NC-1, so
 when CCI > 1 one class carries a different label in each support set of its
 group, ``num_outputs`` becomes NSS*NC, and a learner can be right on at most one
 of the m = min(CCI, NSS) labels of a class: the published D accuracies (every
@@ -32,6 +31,8 @@ import dataclasses
 import math
 import re
 from typing import Literal
+
+from cfsl_jax.options import positive_int
 
 TargetMode = Literal["per_support_set", "per_class"]
 TARGET_MODES: tuple[str, ...] = ("per_support_set", "per_class")
@@ -51,11 +52,6 @@ _TYPE_DEFAULTS: dict[str, tuple[int, int]] = {"A": (3, 3), "B": (3, 1), "C": (3,
 _PAPER_SHAPE = dict(nc=5, ks=1, kt=5, target_mode="per_class")
 
 
-def _check_positive_int(field: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"TaskSpec.{field} must be a positive integer, got {value!r}")
-
-
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
     """A CFSL task specification (symbols as in the README's table)."""
@@ -71,7 +67,7 @@ class TaskSpec:
 
     def __post_init__(self):
         for field in ("nss", "nc", "ks", "kt", "cci"):
-            _check_positive_int(field, getattr(self, field))
+            positive_int(f"TaskSpec.{field}", getattr(self, field))
         if not isinstance(self.overwrite, bool):
             raise ValueError(f"TaskSpec.overwrite must be a bool, got {self.overwrite!r}")
         if self.target_mode not in TARGET_MODES:

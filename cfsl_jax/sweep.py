@@ -18,9 +18,8 @@ Rules:
   imported jax is never forked). ``workers=None`` probes a fresh process for
   the backend: one worker per GPU (each sees only its own GPU through
   ``CUDA_VISIBLE_DEVICES``), one per host on TPU (one process owns the
-  host's chips), one per CPU core on CPU. (Single-threaded XLA per CPU worker,
-  ``--xla_cpu_multi_thread_eigen=false``, was measured and not adopted: no
-  gain with 2 workers on 2 cores, and it would split the compilation cache.)
+  host's chips), one per CPU core on CPU; each worker keeps XLA's own
+  threading.
   ``workers=0`` runs everything in this process (tests, notebooks,
   debugging), with this process's jax configuration.
 - A run that raises is recorded as failed (its traceback goes to the log and

@@ -9,7 +9,7 @@ from cfsl_jax import progress, results
 from cfsl_jax.training import runs
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.errors import UserError
-from cfsl_jax.evaluate import task_fingerprint
+from cfsl_jax.evaluate import dataset_identity, task_fingerprint
 
 CHECKED_METRICS = ("acc_mean", "acc_std", "ce_mean", "ce_std")
 
@@ -48,6 +48,11 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
     if fingerprint != recorded["task_fingerprint"]:
         differences.append(f"task_fingerprint: recorded {recorded['task_fingerprint']}, "
                            f"now {fingerprint}")
+    stored = results.test_record(recorded)
+    if stored.dataset_identity is not None and \
+            stored.dataset_identity != dataset_identity(splits["test"]):
+        differences.append(f"dataset: recorded {stored.dataset_identity!r}, "
+                           f"now {dataset_identity(splits['test'])!r}")
     if metrics and not differences:
         params = runs.restore_params(config, learner, splits, workdir, ensemble=True)
         from cfsl_jax.evaluate import evaluate
@@ -55,7 +60,7 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
                           seed=config.seed, batch_size=config.eval_batch,
                           ensemble=runs.selects_epochs(config, learner), cost_metrics=False)
         for name in CHECKED_METRICS:
-            if report[name] != recorded["test"][name]:
-                differences.append(f"{name}: recorded {recorded['test'][name]!r}, "
-                                   f"now {report[name]!r}")
+            if getattr(report, name) != getattr(stored, name):
+                differences.append(f"{name}: recorded {getattr(stored, name)!r}, "
+                                   f"now {getattr(report, name)!r}")
     return differences

@@ -25,8 +25,8 @@ down) is `val` and the remainder `test`. full: 1200/211/212; small: 179/31/32.
 `label` is the class index within its split, in that order.
 
 The authors' split (`class_split="authors"` of `cfsl_jax.data.load_split`, full
-config only; `authors_split` here): their code (commit 5b814ac,
-`utils/dataset_tools.py` `get_data_paths` and `load_dataset`) names a class by
+config only; `authors_split` here): their code (docs/fidelity.md gives the
+source) names a class by
 the folders `[-3, -2]` of an image's path ("Alphabet/characterNN"), sorts the
 1623 names (Python's string order), numbers them 0..1622 in that order,
 shuffles the numbers with `numpy.random.RandomState(100).shuffle` (seed: the

@@ -48,7 +48,6 @@ PATH_FLAGS = ("workdir", "sweep_dir", "out_dir", "out", "data_dir", "manual_dir"
 _NOT_RECORDED = ("validate_only", "verbose", "retest", "dry_run")
 _HELP = ("--help", "-h", "-?", "--helpshort", "--help=true", "--helpshort=true")
 _HELPFULL = ("--helpfull", "--helpfull=true")
-_OUT_OF_MEMORY = ("RESOURCE_EXHAUSTED", "Out of memory")
 
 
 def verbose() -> bool:
@@ -78,14 +77,10 @@ def user_message(error: BaseException) -> str:
     return str(error)
 
 
-def is_out_of_memory(error: BaseException) -> bool:
-    return type(error).__name__ in ("XlaRuntimeError", "JaxRuntimeError") and any(
-        text in str(error) for text in _OUT_OF_MEMORY)
-
-
 def out_of_memory_message(error: BaseException) -> str:
+    from cfsl_jax.memory import OUT_OF_MEMORY_TEXTS
     first = next((line for line in str(error).splitlines() if any(
-        text in line for text in _OUT_OF_MEMORY)), str(error).splitlines()[0])
+        text in line for text in OUT_OF_MEMORY_TEXTS)), str(error).splitlines()[0])
     return (f"out of device memory ({first.strip()[:200]}); lower --meta_batch, --eval_batch, "
             f"--nc, --nss or --kt, or use --compute_dtype=bfloat16")
 
@@ -147,6 +142,7 @@ def boundary(interrupted: str = "interrupted") -> Iterator[None]:
             traceback.print_exc()
         fail(user_message(error))
     except Exception as error:  # noqa: BLE001  (out of memory is the user's setting; else a bug)
+        from cfsl_jax.memory import is_out_of_memory  # imports jax: only once it failed
         if not is_out_of_memory(error):
             raise
         if verbose():
@@ -179,12 +175,13 @@ def run(main: Callable[[list[str]], None], interrupted: str = "interrupted: re-r
         stops.install()  # stop signals end the command cleanly, never lost in a callback
         with boundary(interrupted):
             quiet_logs()
+            from .options import apply_backend_flags, apply_deprecated_flags
+            apply_deprecated_flags()
             if FLAGS.validate_only:
                 if check is not None:
                     check()
                 print("valid: nothing was run (--validate_only)", flush=True)
                 return
-            from .options import apply_backend_flags
             apply_backend_flags()
             main(argv)
 

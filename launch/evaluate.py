@@ -31,6 +31,7 @@ FLAGS = flags.FLAGS
 def check() -> TrainConfig | None:
     """None for a workdir holding a run, else the config of a learner that needs no training
     (checked; nothing is created)."""
+    train_cli.require_workdir()
     workdir = FLAGS.workdir
     check_data_flags()
     if os.path.exists(os.path.join(workdir, "config.json")):
@@ -56,6 +57,8 @@ def check() -> TrainConfig | None:
 
 def main(argv) -> None:
     del argv
+    if train_cli.listed_options():
+        return
     config = check()
     mesh = train_cli.mesh_from_flags()
     if config is None:

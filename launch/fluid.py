@@ -31,7 +31,7 @@ from cfsl_jax.data import DATASETS
 from cfsl_jax.errors import UserError
 from cfsl_jax.fluid import study
 from cfsl_jax.fluid.experiment import PRESETS, STREAM_KINDS, preset, run_experiment
-from cfsl_jax.fluid.methods import METHODS
+from cfsl_jax.fluid.methods import METHODS, options_class, parse_method_options
 from cfsl_jax.fluid.protocol import Schedule
 from cfsl_jax.fluid.sequences import ORDERS
 
@@ -39,7 +39,7 @@ from . import cluster
 from .checks import absolute, check_data_flags, check_output_dir
 from .cli import flags_recorded
 from .flag_types import define_list
-from .options import define_backend_flags, define_data_flags, parse_options
+from .options import define_backend_flags, define_data_flags, list_options, parse_options
 
 flags.DEFINE_enum("preset", "paper", sorted(PRESETS), "Stream scale preset.")
 flags.DEFINE_enum("study", None, ["update_strategy"], "Run a study instead of the table.")
@@ -68,10 +68,12 @@ flags.DEFINE_integer("filters", 64, "Conv-4 width.")
 flags.DEFINE_integer("pretrain_steps", None, "Pretraining steps (default: the preset's).")
 flags.DEFINE_integer("window", None, "Rolling-accuracy window (default max(10, L // 20)).")
 flags.DEFINE_multi_string("method_option", [], "METHOD:NAME=VALUE (repeatable), e.g. "
-                          "--method_option=ncm:metric=cosine.")
+                          "--method_option=ncm:metric=cosine; --list_options lists them.")
+flags.DEFINE_bool("list_options", False, "Print the options of each --method (type, default, "
+                  "help) and exit.")
 define_data_flags()
 define_backend_flags()
-flags.DEFINE_string("workdir", None, "Where results are written.", required=True)
+flags.DEFINE_string("workdir", None, "Where results are written; required.")
 
 FLAGS = flags.FLAGS
 _STREAM_FLAGS = {"stream_classes": "num_classes", "stream_length": "length",
@@ -81,13 +83,18 @@ _STREAM_FLAGS = {"stream_classes": "num_classes", "stream_length": "length",
 
 
 def method_options(pairs: list[str]) -> dict[str, dict]:
-    options: dict[str, dict] = {}
+    """--method_option METHOD:NAME=VALUE strings -> {method: {name: typed value}}, checked."""
+    per_method: dict[str, list[str]] = {}
     for pair in pairs:
         method, sep, rest = pair.partition(":")
         if not sep:
             raise UserError(f"--method_option={pair!r} is not METHOD:NAME=VALUE")
-        options.setdefault(method, {}).update(parse_options([rest], "method_option"))
-    return options
+        if method not in METHODS:
+            raise UserError(f"--method_option={pair}: unknown FLUID method {method!r}; valid: "
+                            f"{', '.join(METHODS)}")
+        per_method.setdefault(method, []).append(rest)
+    return {method: parse_method_options(method, own, f"--method_option for {method}")
+            for method, own in per_method.items()}
 
 
 def config_from_flags():
@@ -153,6 +160,8 @@ def flag_words(message: str) -> str:
 
 def check():
     """The run's FluidConfig, every flag checked (nothing is created)."""
+    if not FLAGS.workdir:
+        raise UserError("--workdir is required")
     check_data_flags()
     check_output_dir("workdir", FLAGS.workdir)
     check_stream_flags()
@@ -171,6 +180,11 @@ def check():
 def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if FLAGS.list_options:
+        for name in FLAGS.method:
+            print(list_options(f"options of FLUID method {name} (--method_option={name}:NAME="
+                               f"VALUE)", options_class(name)))
+        return
     config = check()
     slurm_options = cluster.options_from_flags()
     if slurm_options is not None:

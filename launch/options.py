@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ast
-
 from absl import app, flags
 
 
@@ -41,17 +39,51 @@ def apply_backend_flags() -> None:
 
 
 def parse_options(pairs: list[str], flag: str) -> dict:
-    """NAME=VALUE strings -> dict, values read as Python literals where they parse."""
+    """NAME=VALUE strings -> {NAME: VALUE} (text values: the dataset builder checks them)."""
     options = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
             raise app.UsageError(f"--{flag}={pair} is not NAME=VALUE")
-        try:
-            options[name] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            options[name] = value
+        options[name] = _dataset_value(value)
     return options
+
+
+def _dataset_value(text: str):
+    """A dataset option's value: an int or a float where the text is one, else the text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
+
+
+# Old flag names, accepted with one deprecation line: old -> new.
+DEPRECATED_FLAGS = {"eval_tasks": "test_tasks", "compilation_cache": "compilation_cache_dir"}
+
+
+def define_deprecated_flag(old: str) -> None:
+    """Define ``--old`` as the deprecated spelling of ``--DEPRECATED_FLAGS[old]``."""
+    new = DEPRECATED_FLAGS[old]
+    flags.DEFINE_string(old, None, f"Deprecated: use --{new}.")
+
+
+def apply_deprecated_flags() -> None:
+    """Move each given deprecated flag's value to its new flag, with one line on stderr."""
+    import sys
+    for old, new in DEPRECATED_FLAGS.items():
+        if old not in flags.FLAGS or new not in flags.FLAGS or not flags.FLAGS[old].present:
+            continue
+        print(f"warning: --{old} is deprecated; use --{new}", file=sys.stderr, flush=True)
+        if flags.FLAGS[new].present:
+            raise app.UsageError(f"--{old} and --{new} are the same flag: give only --{new}")
+        flag = flags.FLAGS[new]
+        try:
+            flag.value = flag.parser.parse(flags.FLAGS[old].value)
+        except ValueError as error:
+            raise app.UsageError(f"--{old}={flags.FLAGS[old].value}: {error}") from None
+        flag.present = 1
 
 
 class _ThirdPartyInfoFilter:
@@ -71,76 +103,25 @@ def quiet_third_party_logs() -> None:
     logging.get_absl_handler().addFilter(_ThirdPartyInfoFilter())
 
 
-# ---- learner options: the valid names, from the factories' signatures -----------------------
-
-def _keyword_defaults(fn, seen: set) -> dict:
-    """{name: default} of the keyword parameters ``fn`` takes, following ``**options`` into the
-    functions and classes of ``cfsl_jax.learners`` that its body names."""
-    import importlib
-    import inspect
-    if fn in seen:
+def learner_options_from_flag(learner: str, pairs: list[str]) -> dict:
+    """--learner_option NAME=VALUE strings of ``learner``, typed and checked (UserError)."""
+    from cfsl_jax.learners import LEARNERS, parse_learner_options
+    if learner not in LEARNERS or not pairs:
         return {}
-    seen.add(fn)
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return {}
-    found, forwards = {}, False
-    for p in signature.parameters.values():
-        if p.kind == p.VAR_KEYWORD:
-            forwards = True
-        elif p.default is not p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
-            found[p.name] = p.default
-    if forwards and hasattr(fn, "__code__"):
-        module = importlib.import_module(fn.__module__)
-        for name in fn.__code__.co_names:
-            callee = getattr(module, name, None)
-            if callable(callee) and str(getattr(callee, "__module__", "")).startswith(
-                    "cfsl_jax.learners"):
-                for key, value in _keyword_defaults(callee, seen).items():
-                    found.setdefault(key, value)
-    return found
+    return parse_learner_options(learner, pairs, f"--learner_option for --learner={learner}")
 
 
-def learner_option_names(learner: str, spec) -> list[str]:
-    """The option names learner ``learner`` accepts (each checked by building it with the
-    option at its default)."""
-    import importlib
-    from cfsl_jax import learners
-    module, factory = learners._REGISTRY[learner]
-    build = getattr(importlib.import_module(f"cfsl_jax.learners.{module}"), factory)
-    valid = []
-    for name, default in _keyword_defaults(build, set()).items():
-        if name in ("name", "spec", "image_shape", "compute_dtype"):
-            continue
-        try:
-            learners.get_learner(learner, spec, **{name: default})
-        except (TypeError, ValueError) as error:
-            if isinstance(error, TypeError) or "bad option" in str(error):
-                continue
-        valid.append(name)
-    return sorted(valid)
-
-
-def check_learner_options(learner: str, spec, options: dict) -> None:
-    """UserError naming ``--learner_option`` and the valid names for an unknown option."""
-    from cfsl_jax.errors import UserError
-    from cfsl_jax.learners import LEARNERS
-    if learner not in LEARNERS or not options:
-        return
-    valid = learner_option_names(learner, spec)
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        raise UserError(f"--learner_option {', '.join(unknown)}: not an option of learner "
-                        f"{learner!r}; valid: {', '.join(valid)}")
+def list_options(title: str, options_class: type) -> str:
+    """The text ``--list_options`` prints for one learner or method."""
+    from cfsl_jax.options import describe
+    return "\n".join([f"{title} (NAME: TYPE = DEFAULT, then its help):", *describe(options_class)])
 
 
 def flag_names(message: str) -> str:
-    """``TrainConfig.test_tasks`` -> ``--eval_tasks``, ``TaskSpec.nc`` -> ``--nc``: a config
+    """``TrainConfig.test_tasks`` -> ``--test_tasks``, ``TaskSpec.nc`` -> ``--nc``: a config
     error in the words of the command line."""
     import re
-    renamed = {"test_tasks": "eval_tasks", "learner_options": "learner_option",
-               "dataset_options": "dataset_option"}
+    renamed = {"dataset_options": "dataset_option"}
     message = re.sub(r"^(cannot parse task|unknown task preset)", r"--task: \1", message)
     return re.sub(r"\b(?:TrainConfig|TaskSpec)\.(\w+)",
                   lambda m: f"--{renamed.get(m.group(1), m.group(1))}", message)

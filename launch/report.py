@@ -26,6 +26,7 @@ from cfsl_jax.learners import LEARNERS
 from . import cli
 from .checks import check_input_dir, check_input_file, check_output_dir
 from .flag_types import define_list
+from .options import define_deprecated_flag
 
 flags.DEFINE_string("sweep_dir", None, "Sweep directory (launch.sweep --workdir).")
 flags.DEFINE_string("out_dir", None, "Where to write (default: SWEEP_DIR/report or ./cfsl_report).")
@@ -38,20 +39,19 @@ define_list("learners", [], f"Figure 4 learners (default: all of {','.join(LEARN
 define_list("nss", [str(n) for n in figures.FIGURE4_NSS], "Figure 4 NSS values.")
 flags.DEFINE_enum("task_type", "C", ["A", "B", "C", "D"], "Figure 4 task type.")
 define_list("image_shape", ["28", "28", "1"], "Figure 4 image shape H,W,C.")
-flags.DEFINE_string("compilation_cache", None, "Persistent XLA cache for Figure 4 (default: "
-                    "OUT_DIR/xla_cache; '' for none).")
+flags.DEFINE_string("compilation_cache_dir", None, "Persistent XLA cache for Figure 4 "
+                    "(default: OUT_DIR/xla_cache; '' for none).")
+define_deprecated_flag("compilation_cache")
 
 FLAGS = flags.FLAGS
 
 
 def figure4(out_dir: str) -> str:
-    import jax
+    from cfsl_jax import backend
 
-    cache = FLAGS.compilation_cache
-    cache = os.path.join(out_dir, "xla_cache") if cache is None else cache
-    if cache:
-        jax.config.update("jax_compilation_cache_dir", os.path.abspath(cache))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    cache = FLAGS.compilation_cache_dir
+    backend.enable_compilation_cache(os.path.join(out_dir, "xla_cache") if cache is None
+                                     else cache)
     curves, skipped = figures.cost_curves(
         FLAGS.learners or LEARNERS, [int(n) for n in FLAGS.nss], FLAGS.task_type,
         tuple(int(n) for n in FLAGS.image_shape))

@@ -2,7 +2,7 @@
 
     python -m launch.sweep --workdir=/tmp/sweep --dry_run          # what would run
     python -m launch.sweep --workdir=/tmp/sweep --learners=protonets,init_tune \\
-        --cells=B3,C3 --seeds=0,1 --epochs=2 --iters_per_epoch=50 --eval_tasks=100
+        --cells=B3,C3 --seeds=0,1 --epochs=2 --iters_per_epoch=50 --test_tasks=100
     python -m launch.sweep --workdir=/tmp/omniglot --dataset=omniglot \\
         --manual_dir=../shared/data/omniglot --epochs=20 --iters_per_epoch=500
 
@@ -13,7 +13,7 @@ finished runs and resumes interrupted ones, so a sweep killed at any point
 continues where it stopped. The per-run budget and options are the flags of
 launch.train (--budget=paper for the paper's schedule in one word, or --epochs,
 --iters_per_epoch, --meta_batch, --val_tasks,
---eval_tasks, --nc, ...), the same for every run; --learner_option=NAME=VALUE
+--test_tasks, --nc, ...), the same for every run; --learner_option=NAME=VALUE
 goes to every learner, --learner_option=LEARNER:NAME=VALUE to one. At the end
 the report (launch.report) is written to WORKDIR/report and Table 1 printed.
 
@@ -35,19 +35,19 @@ after submitting; --cancel cancels the sweep's jobs:
 
 from __future__ import annotations
 
-import dataclasses
 
 from absl import flags
 
 from cfsl_jax import report, slurm, sweep
-from cfsl_jax.learners import LEARNERS
+from cfsl_jax.learners import LEARNERS, options_class, parse_learner_options
+from cfsl_jax.options import names as option_names
 from cfsl_jax.spec import PAPER_GRID
 
 from . import cli, cluster
 from .checks import check_data_flags, check_output_dir
 from .flag_types import define_list
 from . import train as train_cli  # noqa: F401  (defines the per-run flags; --workdir)
-from .options import check_learner_options, flag_names, learner_option_names
+from .options import flag_names
 
 define_list("learners", [], f"Learners (default: all of {','.join(LEARNERS)} that build).")
 define_list("cells", list(PAPER_GRID), "Task cells: paper cells (B3, D8, ...) or "
@@ -63,32 +63,32 @@ FLAGS = flags.FLAGS
 _SINGULAR = {"learner": "learners", "task": "cells", "seed": "seeds"}
 
 
-def split_learner_options(options: dict) -> tuple[dict, dict[str, dict]]:
-    """{"filters": 8, "init_tune:inner_steps": 1} -> ({"filters": 8}, {"init_tune":
-    {"inner_steps": 1}})."""
-    common, per_learner = {}, {}
-    for key, value in options.items():
-        learner, sep, name = key.partition(":")
-        if not sep:
-            common[key] = value
-        elif learner not in LEARNERS or not name:
-            raise cli.UserError(f"--learner_option={key}=... names unknown learner "
-                                f"{learner!r}; valid: {', '.join(LEARNERS)}")
+def sweep_learner_options(pairs: list[str], learners) -> tuple[dict, dict[str, dict]]:
+    """--learner_option strings -> (options of every learner, {learner: its own options}):
+    ``NAME=VALUE`` goes to every learner (typed as the first of ``learners`` that takes it),
+    ``LEARNER:NAME=VALUE`` to one; UserError for a name no learner concerned takes."""
+    common, per_learner = [], {}
+    for pair in pairs:
+        head, sep, rest = pair.partition(":")
+        if sep and "=" not in head:
+            if head not in LEARNERS:
+                raise cli.UserError(f"--learner_option={pair} names unknown learner {head!r}; "
+                                    f"valid: {', '.join(LEARNERS)}")
+            per_learner.setdefault(head, []).append(rest)
         else:
-            per_learner.setdefault(learner, {})[name] = value
-    return common, per_learner
-
-
-def check_options(learners, cell_spec, common: dict, per_learner: dict[str, dict]) -> None:
-    """UserError for an option no chosen learner takes (common) or its learner does not."""
-    for learner, options in per_learner.items():
-        check_learner_options(learner, cell_spec, options)
-    for name in common:
-        if not any(name in learner_option_names(learner, cell_spec) for learner in learners):
-            valid = sorted({n for learner in learners
-                            for n in learner_option_names(learner, cell_spec)})
+            common.append(pair)
+    typed = {learner: parse_learner_options(learner, own, f"--learner_option for {learner}")
+             for learner, own in per_learner.items()}
+    values = {}
+    for pair in common:
+        name = pair.partition("=")[0].strip()
+        takers = [learner for learner in learners if name in option_names(options_class(learner))]
+        if not takers:
+            valid = sorted({n for learner in learners for n in option_names(options_class(learner))})
             raise cli.UserError(f"--learner_option {name}: no learner of the sweep takes it; "
                                 f"valid: {', '.join(valid)}")
+        values.update(parse_learner_options(takers[0], [pair], f"--learner_option for {takers[0]}"))
+    return values, typed
 
 
 def check_lists() -> None:
@@ -119,17 +119,16 @@ def check():
     for singular, plural in _SINGULAR.items():
         if FLAGS[singular].present:
             raise cli.UserError(f"--{singular} is one run's flag; a sweep takes --{plural}")
+    train_cli.require_workdir()
     check_data_flags()
     check_output_dir("workdir", FLAGS.workdir)
     check_lists()
     try:
-        base = train_cli._config_from_flags()
+        learners = FLAGS.learners or LEARNERS
+        common, per_learner = sweep_learner_options(FLAGS.learner_option, learners)
+        base = train_cli._config_from_flags(learner_options=common)
         base.check()
-        common, per_learner = split_learner_options(base.learner_options)
-        base = dataclasses.replace(base, learner_options=common)
         cells = [cell.strip().upper() for cell in FLAGS.cells]
-        check_options(FLAGS.learners or LEARNERS, dataclasses.replace(base, task=cells[0]).spec
-                      if cells else base.spec, common, per_learner)
         configs, skipped = sweep.grid(
             base, learners=FLAGS.learners or None, cells=cells,
             seeds=[int(seed) for seed in FLAGS.seeds], datasets=FLAGS.datasets or None,

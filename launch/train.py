@@ -17,16 +17,16 @@ from __future__ import annotations
 from absl import flags
 
 from cfsl_jax import parallel
-from cfsl_jax.training import budgets, train
+from cfsl_jax.training import budgets, runs, train
 from cfsl_jax.data import DATASETS
-from cfsl_jax.learners import COMPUTE_DTYPES, LEARNERS
+from cfsl_jax.learners import COMPUTE_DTYPES, LEARNERS, options_class
 from cfsl_jax.training.config import PRETRAIN_DATA, TrainConfig
 from cfsl_jax.spec import LABEL_OFFSETS, TARGET_MODES
 
 from . import cli
 from .checks import absolute, check_data_flags, check_output_dir
-from .options import (check_learner_options, define_backend_flags, define_data_flags,
-                      flag_names, parse_options)
+from .options import (define_backend_flags, define_data_flags, define_deprecated_flag,
+                      flag_names, learner_options_from_flag, list_options, parse_options)
 
 _DEFAULTS = TrainConfig()
 
@@ -34,7 +34,7 @@ flags.DEFINE_enum("learner", _DEFAULTS.learner, LEARNERS, "Learner to train.")
 flags.DEFINE_enum("dataset", _DEFAULTS.dataset, DATASETS, "Dataset.")
 flags.DEFINE_string("task", _DEFAULTS.task, "Paper cell (B3, D8, ...), type (A-D) or type+NSS "
                     "(B7); any case.")
-flags.DEFINE_string("workdir", None, "Run directory (checkpoints, results).", required=True)
+flags.DEFINE_string("workdir", None, "Run directory (checkpoints, results); required.")
 flags.DEFINE_integer("nss", None, "Override: support sets per task.")
 flags.DEFINE_integer("nc", None, "Override: classes per support set.")
 flags.DEFINE_integer("ks", None, "Override: shots per class in a support set.")
@@ -64,7 +64,8 @@ flags.DEFINE_integer("iters_per_epoch", _DEFAULTS.iters_per_epoch, "Meta-steps p
 flags.DEFINE_integer("meta_batch", _DEFAULTS.meta_batch, "Tasks per meta-step.")
 flags.DEFINE_float("learning_rate", _DEFAULTS.learning_rate, "Outer (Adam) learning rate.")
 flags.DEFINE_integer("val_tasks", _DEFAULTS.val_tasks, "Validation tasks after each epoch.")
-flags.DEFINE_integer("eval_tasks", _DEFAULTS.test_tasks, "Test tasks.")
+flags.DEFINE_integer("test_tasks", _DEFAULTS.test_tasks, "Test tasks.")
+define_deprecated_flag("eval_tasks")
 flags.DEFINE_integer("eval_batch", _DEFAULTS.eval_batch,
                      "Tasks per device per evaluation program.")
 flags.DEFINE_integer("keep_best", _DEFAULTS.keep_best, "Best epochs kept and ensembled.")
@@ -81,7 +82,9 @@ flags.DEFINE_string("wandb_project", _DEFAULTS.wandb_project, "Also log the run'
 flags.DEFINE_bool("retest", False, "Test a finished run again (otherwise its stored results "
                   "are printed); the recorded wall time stays the training run's.")
 flags.DEFINE_multi_string("learner_option", [], "Learner option NAME=VALUE (repeatable), "
-                          "e.g. --learner_option=inner_steps=3.")
+                          "e.g. --learner_option=inner_steps=3; --list_options lists them.")
+flags.DEFINE_bool("list_options", False, "Print the options of --learner (type, default, help) "
+                  "and exit.")
 define_data_flags()
 define_backend_flags()
 
@@ -89,7 +92,7 @@ FLAGS = flags.FLAGS
 _SPEC_FLAGS = ("nss", "nc", "ks", "kt", "cci", "overwrite", "target_mode", "label_offset")
 # Flags a --budget sets -> their TrainConfig fields (an explicit flag wins over the budget).
 _BUDGET_FLAGS = {"epochs": "epochs", "iters_per_epoch": "iters_per_epoch",
-                 "meta_batch": "meta_batch", "val_tasks": "val_tasks", "eval_tasks": "test_tasks",
+                 "meta_batch": "meta_batch", "val_tasks": "val_tasks", "test_tasks": "test_tasks",
                  "keep_best": "keep_best", "pretrain_data": "pretrain_data"}
 
 
@@ -98,31 +101,46 @@ def config_from_flags() -> TrainConfig:
     try:
         config = _config_from_flags()
         config.check()
-        check_learner_options(config.learner, config.spec, config.learner_options)
     except ValueError as error:
         raise cli.UserError(flag_names(str(error))) from None
     return config
 
 
-def _config_from_flags() -> TrainConfig:
+def _config_from_flags(learner_options: dict | None = None) -> TrainConfig:
+    """The TrainConfig of the flags; ``learner_options`` in place of --learner_option's."""
     explicit = [field for flag, field in _BUDGET_FLAGS.items() if FLAGS[flag].present]
-    return budgets.apply(_plain_config_from_flags(), FLAGS.budget, keep=explicit)
+    if learner_options is None:
+        learner_options = learner_options_from_flag(FLAGS.learner, FLAGS.learner_option)
+    return budgets.apply(_plain_config_from_flags(learner_options), FLAGS.budget, keep=explicit)
 
 
-def _plain_config_from_flags() -> TrainConfig:
+def _plain_config_from_flags(learner_options: dict) -> TrainConfig:
     return TrainConfig(
         learner=FLAGS.learner, dataset=FLAGS.dataset, task=FLAGS.task.strip().upper(),
-        learner_options=parse_options(FLAGS.learner_option, "learner_option"),
+        learner_options=learner_options,
         dataset_options=parse_options(FLAGS.dataset_option, "dataset_option"),
         spec_overrides={k: FLAGS[k].value for k in _SPEC_FLAGS if FLAGS[k].value is not None},
         seed=FLAGS.seed, compute_dtype=FLAGS.compute_dtype, epochs=FLAGS.epochs, iters_per_epoch=FLAGS.iters_per_epoch,
         meta_batch=FLAGS.meta_batch, learning_rate=FLAGS.learning_rate,
-        val_tasks=FLAGS.val_tasks, test_tasks=FLAGS.eval_tasks, eval_batch=FLAGS.eval_batch,
+        val_tasks=FLAGS.val_tasks, test_tasks=FLAGS.test_tasks, eval_batch=FLAGS.eval_batch,
         keep_best=FLAGS.keep_best, checkpoint_every=FLAGS.checkpoint_every,
         pretrain_steps=FLAGS.pretrain_steps, pretrain_data=FLAGS.pretrain_data,
         log_every=FLAGS.log_every, data_dir=absolute(FLAGS.data_dir),
         manual_dir=absolute(FLAGS.manual_dir), download=FLAGS.download,
         tensorboard=FLAGS.tensorboard, wandb_project=FLAGS.wandb_project)
+
+
+def listed_options() -> bool:
+    """With --list_options: print the options of --learner and return True."""
+    if FLAGS.list_options:
+        print(list_options(f"options of --learner={FLAGS.learner} (--learner_option=NAME=VALUE)",
+                           options_class(FLAGS.learner)))
+    return FLAGS.list_options
+
+
+def require_workdir() -> None:
+    if not FLAGS.workdir:
+        raise cli.UserError("--workdir is required")
 
 
 def mesh_from_flags():
@@ -132,17 +150,20 @@ def mesh_from_flags():
         return parallel.make_mesh(FLAGS.num_devices)
 
 
-def check() -> train.TrainConfig:
+def check() -> TrainConfig:
     """The run's config, its paths and its workdir checked (nothing is created)."""
+    require_workdir()
     check_data_flags()
     check_output_dir("workdir", FLAGS.workdir)
     config = config_from_flags()
-    train.check_workdir_config(FLAGS.workdir, config, create=False)
+    runs.check_workdir_config(FLAGS.workdir, config, create=False)
     return config
 
 
 def main(argv) -> None:
     del argv  # cli.run refuses extra arguments
+    if listed_options():
+        return
     config = check()
     mesh = mesh_from_flags()
     with cli.flags_recorded(FLAGS.workdir):

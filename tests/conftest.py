@@ -19,10 +19,12 @@ everything in one process. The workers share one persistent compilation cache, a
 test's compiled programs are released after it (peak memory per worker ~1.9 GB, not 5.5).
 """
 
+import contextlib
 import ctypes
 import gc
 import os
 import sys
+from typing import Iterator
 
 FAKE_DEVICES = 8
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -57,6 +59,35 @@ def full_optimisation():
 def cpu_mesh(num_devices: int | None = None):
     """A ``"tasks"`` mesh over the first ``num_devices`` of the 8 CPU devices, on any backend."""
     return parallel.make_mesh(num_devices, devices=jax.devices("cpu"))
+
+@contextlib.contextmanager
+def traces_counted() -> Iterator[list[int]]:
+    """``[n]``: the programs jax traced inside the block (jax.monitoring's public trace event;
+    a jit cache hit traces nothing)."""
+    count = [0]
+
+    def on_duration(event: str, seconds: float, **_) -> None:
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            count[0] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
+    try:
+        yield count
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_duration)
+
+
+# The tiny sweep of test_sweep_report and the notebooks: TrainConfig fields, per-learner
+# options, and the jax options of its worker processes.
+TINY_SWEEP = dict(
+    learner_options={"filters": 8}, dataset="synthetic",
+    dataset_options={"num_classes": 60, "samples_per_class": 8},
+    spec_overrides={"nc": 3, "kt": 2}, epochs=2, iters_per_epoch=3, meta_batch=2,
+    val_tasks=4, test_tasks=4, eval_batch=4, keep_best=2, log_every=2)
+TINY_SWEEP_LEARNER_OPTIONS = {"init_tune": {"inner_steps": 1}}
+WORKER_JAX_OPTIONS = {"jax_disable_most_optimizations": True,
+                      "jax_persistent_cache_min_compile_time_secs": 0.0}
+
 
 def interruptible_module(module: str, *args: str) -> list[str]:
     """The command line of ``python -m module args`` in which Ctrl-C raises KeyboardInterrupt,

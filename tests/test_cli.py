@@ -30,7 +30,7 @@ BIN = os.path.dirname(sys.executable)
 TINY_ARGS = ["--task=b2", "--nc=3", "--kt=2", "--learner_option=filters=8",
              "--dataset_option=num_classes=60", "--dataset_option=samples_per_class=8",
              "--epochs=2", "--iters_per_epoch=3", "--meta_batch=2", "--val_tasks=6",
-             "--eval_tasks=7", "--eval_batch=4", "--keep_best=2"]
+             "--test_tasks=7", "--eval_batch=4", "--keep_best=2"]
 LEARNERS_ENUM = "<protonets|init_tune|pretrain_tune|ewc_init|ewc_pretrain|maml_low|maml_high|sca>"
 
 DRIVER = r"""
@@ -76,14 +76,15 @@ def assert_error(outcome, expected: str) -> None:
 
 HELP_FLAGS = {
     "train": ["--manual_dir", "--data_dir", "--dataset_option", "--download", "--retest",
-              "--eval_tasks", "--learner_option", "--verbose"],
-    "evaluate": ["--workdir", "--learner", "--eval_tasks", "--manual_dir", "--verbose"],
+              "--test_tasks", "--learner_option", "--list_options", "--verbose"],
+    "evaluate": ["--workdir", "--learner", "--test_tasks", "--manual_dir", "--verbose"],
     "verify": ["--workdir", "--metrics", "--verbose"],
     "show_task": ["--task", "--manual_dir", "--dataset_option", "--verbose"],
     "sweep": ["--learners", "--cells", "--dry_run", "--epochs", "--iters_per_epoch",
-              "--eval_tasks", "--learner_option", "--manual_dir", "--verbose"],
+              "--test_tasks", "--learner_option", "--manual_dir", "--verbose"],
     "report": ["--sweep_dir", "--figure", "--nss", "--verbose"],
-    "fluid": ["--workdir", "--method", "--manual_dir", "--verbose"],
+    "fluid": ["--workdir", "--method", "--method_option", "--list_options", "--manual_dir",
+              "--verbose"],
 }
 
 
@@ -124,11 +125,15 @@ def test_train_mistakes_are_one_line_with_status_2(tmp_path, omniglot_dir, data_
     cases = {
         "help": ["--help"],
         "bad learner": ["--learner=nope", f"--workdir={workdir}"],
-        "eval_tasks": ["--eval_tasks=0", f"--workdir={workdir}"],
+        "test_tasks": ["--test_tasks=0", f"--workdir={workdir}"],
+        "deprecated eval_tasks": ["--eval_tasks=0", f"--workdir={workdir}"],
         "learner option": ["--learner=init_tune", "--learner_option=inner_step=2",
                            f"--workdir={workdir}"],
         "learner option value": ["--learner=init_tune", "--learner_option=conv=cudnn",
                                  f"--workdir={workdir}"],
+        "learner option type": ["--learner=maml_low", "--learner_option=inner_steps=two",
+                                f"--workdir={workdir}"],
+        "list options": ["--learner=maml_high", "--list_options"],
         "dataset option": ["--dataset_option=nope=1", f"--workdir={workdir}"],
         "task": ["--task=q3", f"--workdir={workdir}"],
         "no workdir": [],
@@ -144,17 +149,27 @@ def test_train_mistakes_are_one_line_with_status_2(tmp_path, omniglot_dir, data_
                                    f"--workdir={workdir}"],
         "corrupt archive": ["--dataset=omniglot/small", f"--manual_dir={corrupt}",
                             f"--data_dir={str(tmp_path / 'd2')}", f"--workdir={workdir}"],
-        "verbose": ["--eval_tasks=0", "--verbose", f"--workdir={workdir}"],
+        "verbose": ["--test_tasks=0", "--verbose", f"--workdir={workdir}"],
     }
     out = dict(zip(cases, run_cases("train", list(cases.values()))))
     assert_help(out["help"], "train")
     assert_error(out["bad learner"], f"flag --learner=nope: value should be one of {LEARNERS_ENUM}")
-    assert_error(out["eval_tasks"], "--eval_tasks must be a positive integer, got 0")
-    assert_error(out["learner option"], "--learner_option inner_step: not an option of learner "
-                                        "'init_tune'; valid: ")
-    assert "inner_steps" in out["learner option"][2]
-    assert_error(out["learner option value"], "learner 'init_tune': conv must be one of ('auto', "
-                                              "'gemm_grad', 'im2col', 'xla'), got 'cudnn'")
+    assert_error(out["test_tasks"], "--test_tasks must be a positive integer, got 0")
+    code, _, stderr = out["deprecated eval_tasks"]  # one deprecation line, then the error
+    assert code == 2 and stderr.strip().splitlines() == [
+        "warning: --eval_tasks is deprecated; use --test_tasks",
+        "error: --test_tasks must be a positive integer, got 0"], stderr
+    assert_error(out["learner option"], "--learner_option for --learner=init_tune: no option "
+                                        "inner_step; valid: activation, adapt_norm, conv, ")
+    assert_error(out["learner option value"], "--learner_option for --learner=init_tune: option "
+                                              "conv='cudnn' must be one of ('auto', 'gemm_grad', "
+                                              "'im2col', 'xla')")
+    assert_error(out["learner option type"], "--learner_option for --learner=maml_low: option "
+                                             "inner_steps=two must be an integer")
+    code, stdout, stderr = out["list options"]
+    assert code == 0 and not stderr, stderr
+    assert "  inner_steps: int = 5\n      S: SGD steps on each support set. (>= 1)" in stdout
+    assert "  embed_init: str = 'torch'\n" in stdout and "One of xavier, torch, lecun." in stdout
     assert_error(out["dataset option"], "num_classes")
     assert_error(out["task"], "--task: cannot parse task 'Q3'")
     assert_error(out["no workdir"], "--workdir is required")
@@ -177,7 +192,7 @@ def test_train_mistakes_are_one_line_with_status_2(tmp_path, omniglot_dir, data_
     assert_error(out["corrupt archive"], "images_background_small")
     code, _, stderr = out["verbose"]
     assert code == 2 and "Traceback" in stderr
-    assert stderr.strip().splitlines()[-1] == "error: --eval_tasks must be a positive integer, got 0"
+    assert stderr.strip().splitlines()[-1] == "error: --test_tasks must be a positive integer, got 0"
     assert not os.path.exists(workdir)  # no refused run wrote anything
 
 
@@ -227,8 +242,20 @@ def test_other_commands_mistakes_are_one_line_with_status_2(tmp_path, omniglot_d
     assert not os.path.exists(sweep_dir) and not os.path.exists(missing)
 
 
-def test_help_of_fluid_lists_its_flags_and_exits_0():
-    assert_help(run_cases("fluid", [["--help"]])[0], "fluid")
+def test_fluid_help_list_options_and_option_mistakes():
+    help_, listed, value, name, no_workdir = run_cases("fluid", [
+        ["--help"], ["--method=ncm,lwf", "--list_options"],
+        ["--method_option=lwf:momentum=1", "--workdir=/nonexistent/f"],
+        ["--method_option=ncm:learning_rate=0.1", "--workdir=/nonexistent/f"], []])
+    assert_help(help_, "fluid")
+    code, stdout, stderr = listed
+    assert code == 0 and not stderr, stderr
+    assert "options of FLUID method ncm" in stdout and "  metric: str = 'euclidean'" in stdout
+    assert "  distill_temperature: float = 2.0\n      Distillation temperature T. (> 0)" in stdout
+    assert_error(value, "--method_option for lwf: option momentum=1.0 must be a number >= 0 and "
+                        "< 1")
+    assert_error(name, "--method_option for ncm: no option learning_rate; valid: activation, ")
+    assert_error(no_workdir, "--workdir is required")
 
 
 def test_help_of_python_m_lists_every_flag_from_any_folder():
@@ -292,15 +319,13 @@ def test_out_of_memory_is_refused_before_anything_is_written(tmp_path, monkeypat
 
 
 def test_xla_out_of_memory_becomes_one_line(capsys):
+    import jax
     from cfsl_jax.launch import cli
-
-    class XlaRuntimeError(RuntimeError):
-        pass
 
     with pytest.raises(SystemExit) as exit:
         with cli.boundary():
-            raise XlaRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 38654705664 "
-                                  "bytes.\nmore XLA detail")
+            raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating "
+                                             "38654705664 bytes.\nmore XLA detail")
     assert exit.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: out of device memory (RESOURCE_EXHAUSTED: Out of memory allocating "
@@ -309,6 +334,9 @@ def test_xla_out_of_memory_becomes_one_line(capsys):
     with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
         with cli.boundary():
             1 / 0
+    with pytest.raises(RuntimeError):  # the same words in another error class are not memory
+        with cli.boundary():
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 1 bytes.")
 
 
 def test_progress_lines_give_rate_and_eta(monkeypatch, capsys):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from cfsl_jax import fluid
+from cfsl_jax import fluid, metrics
 from cfsl_jax.fluid import classifiers
 from cfsl_jax.fluid.metrics import average_ranks
 
@@ -50,7 +50,7 @@ def test_rolling_accuracy_known_values():
                                [1, 1 / 2, 2 / 3, 2 / 3, 2 / 3, 1 / 3])
     np.testing.assert_allclose(fluid.rolling_accuracy(correct, 100), np.cumsum(correct) /
                                np.arange(1, 7))
-    with pytest.raises(ValueError, match="window=0"):
+    with pytest.raises(ValueError, match="window must be a positive integer, got 0"):
         fluid.rolling_accuracy(correct, 0)
 
 
@@ -97,7 +97,7 @@ def test_detector_scores_known_values():
     assert float(classifiers.mdt_score(jnp.array([-3.0, 0.5]), reps, seen, "dot")) == -1.0
     assert float(classifiers.mdt_score(other, reps, jnp.zeros(3, bool), "dot")) == np.inf
     # NCM logits: minus squared distances.
-    np.testing.assert_allclose(classifiers.euclidean_logits(jnp.array([[0.0, 1.0]]), reps),
+    np.testing.assert_allclose(metrics.neg_sq_euclidean(jnp.array([[0.0, 1.0]]), reps),
                                [[-2.0, -1.0, -2.0]], atol=1e-6)
     logits = jnp.array([np.log(3.0), 0.0, 50.0])  # the unseen class's 50 is ignored
     assert float(classifiers.max_softmax_score(logits, seen)) == pytest.approx(1 - 3 / 4)

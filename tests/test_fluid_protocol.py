@@ -205,5 +205,5 @@ def test_schedule_phases_and_scaling_follow_the_paper():
     assert (small.update_every, small.warmup_every, small.warmup_until) == (500, 20, 1000)
     assert fluid.Schedule(start=10_000).scaled(900).start == 100
     assert paper.steps(5000) == 4 * math.ceil(5000 / 256)
-    with pytest.raises(ValueError, match="update_every=0"):
+    with pytest.raises(ValueError, match="update_every must be a positive integer, got 0"):
         fluid.Schedule(update_every=0)

@@ -11,6 +11,7 @@ import optax
 import pytest
 
 from cfsl_jax import data, episode, metrics
+from cfsl_jax.errors import UserError
 from cfsl_jax.learners import get_learner
 from cfsl_jax.learners.inner_loop import msl_weights
 from cfsl_jax.learners.sca import Critic
@@ -347,7 +348,8 @@ def test_the_original_critic_sums_leaky_relu_scores_of_logit_features():
     smooth_params = smooth.init(jax.random.key(0), logits)["params"]
     assert smooth_params["Dense_0"]["kernel"].shape == (8, 32) and "bias" in smooth_params[
         "Dense_0"]
-    with pytest.raises(ValueError, match="'soft'"):
+    with pytest.raises(UserError, match=r"learner 'sca': option critic='soft' must be one of "
+                                        r"\('original', 'smooth'\)"):
         get_learner("sca", TINY_SPEC, critic="soft")
 
 
@@ -369,7 +371,8 @@ def test_macs_of_adaptation_prediction_and_one_meta_training_step():
     ("maml_low", "first_order_epochs", -1), ("maml_low", "filters", 0), ("maml_low", "conv", "fft"),
     ("maml_low", "unroll", 0), ("maml_high", "growth", 0), ("sca", "critic_hidden", 0)])
 def test_bad_options_are_refused_naming_the_value(name, option, value):
-    with pytest.raises(ValueError, match=re.escape(repr(value))):
+    with pytest.raises(UserError, match=re.escape(f"learner {name!r}: option {option}={value!r} "
+                                                  f"must be ")):
         get_learner(name, TINY_SPEC, **{option: value})
 
 

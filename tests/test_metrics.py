@@ -10,6 +10,7 @@ import pytest
 
 from cfsl_jax import backend, metrics
 from cfsl_jax.learners import get_learner
+from cfsl_jax.records import EvalRecord
 from cfsl_jax.models import conv
 from cfsl_jax.learners.base import Learner
 from cfsl_jax.spec import TaskSpec
@@ -35,6 +36,15 @@ def test_summarize_known_values():
     assert summary["mean"] == pytest.approx(0.5)
     assert summary["std"] == pytest.approx(math.sqrt(0.05))
     assert summary["ci95"] == pytest.approx(1.96 * math.sqrt(0.05) / 2)
+
+
+def test_across_runs_is_the_sample_std_with_a_student_t_interval():
+    spread = metrics.across_runs([1.0, 2.0, 3.0])  # std (ddof=1) 1, t(0.975, 2) = 4.303
+    assert spread == (2.0, 1.0, pytest.approx(4.303 / math.sqrt(3)), 3)
+    assert metrics.across_runs([0.5]) == (0.5, 0.0, 0.0, 1)
+    assert metrics.t975(1) == 12.706 and metrics.t975(30) == 2.042
+    assert metrics.t975(60) == pytest.approx(2.000, abs=1e-3)  # the table's value at 60
+    assert metrics.t975(120) == pytest.approx(1.980, abs=1e-3)
 
 
 def test_group_accuracy_known_values():
@@ -164,3 +174,19 @@ def test_the_cpu_backend_is_required_to_count(monkeypatch):
     monkeypatch.setattr(jax, "devices", no_cpu)
     with pytest.raises(RuntimeError, match="MACs are counted by XLA:CPU.*JAX_PLATFORMS=cuda,cpu"):
         metrics.xla_macs(lambda x: x * 2, jnp.ones(3))
+
+
+def test_eval_record_reads_an_older_results_entry_and_writes_it_back_unchanged():
+    stored = {"acc_mean": 0.75, "acc_std": 0.1, "acc_ci95": 0.0196, "ce_mean": 0.6,
+              "ce_std": 0.2, "ce_ci95": 0.0392, "group_acc": [0.8, 0.7], "num_tasks": 100,
+              "devices": 8, "task_fingerprint": "ab" * 32, "seconds": 2.0, "tasks_per_s": 50.0,
+              "atm": 0.083, "macs_adapt": 1e6, "macs_predict": 2e6, "macs_per_task": 5e6}
+    record = EvalRecord.from_json({**stored, "unknown_key": 1})  # before dataset_identity
+    assert record.acc_mean == 0.75 and record.group_acc == (0.8, 0.7)
+    assert record.dataset_identity is None and record.macs_per_meta_step is None
+    assert record["ce_mean"] == 0.6 and "atm" in record and "per_task" not in record
+    assert record.to_json() == stored
+    newer = record.replace(dataset_identity="synthetic [generated] test 3 classes 24 images")
+    assert EvalRecord.from_json(newer.to_json()) == newer
+    with pytest.raises(KeyError):
+        record["acc"]

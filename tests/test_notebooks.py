@@ -17,7 +17,11 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from test_sweep_report import LEARNER_OPTIONS, TINY, WORKER_JAX_OPTIONS
+from cfsl_jax.training.config import TrainConfig
+from conftest import TINY_SWEEP, WORKER_JAX_OPTIONS
+from conftest import TINY_SWEEP_LEARNER_OPTIONS as LEARNER_OPTIONS
+
+TINY = TrainConfig(**TINY_SWEEP)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = ("quickstart", "reproduce_table1", "atm_macs")

@@ -21,28 +21,23 @@ import pytest
 
 from cfsl_jax import figures, paper_results, report, sweep
 from cfsl_jax.training.config import TrainConfig
-from conftest import interruptible_module
+from conftest import (TINY_SWEEP, TINY_SWEEP_LEARNER_OPTIONS, WORKER_JAX_OPTIONS,
+                      interruptible_module)
 from cfsl_jax.spec import TaskSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-TINY = TrainConfig(
-    learner_options={"filters": 8}, dataset="synthetic",
-    dataset_options={"num_classes": 60, "samples_per_class": 8},
-    spec_overrides={"nc": 3, "kt": 2}, epochs=2, iters_per_epoch=3, meta_batch=2,
-    val_tasks=4, test_tasks=4, eval_batch=4, keep_best=2, log_every=2)
+TINY = TrainConfig(**TINY_SWEEP)
 LEARNERS = ("protonets", "init_tune")
-LEARNER_OPTIONS = {"init_tune": {"inner_steps": 1}}
+LEARNER_OPTIONS = TINY_SWEEP_LEARNER_OPTIONS
 CELLS = ("B2", "C2")
 SEEDS = (0, 1)
-WORKER_JAX_OPTIONS = {"jax_disable_most_optimizations": True,
-                      "jax_persistent_cache_min_compile_time_secs": 0.0}
 # The same sweep as command-line flags (launch/sweep.py).
 TINY_FLAGS = ["--learners=protonets,init_tune", "--cells=B2,C2", "--seeds=0,1",
               "--learner_option=filters=8", "--learner_option=init_tune:inner_steps=1",
               "--dataset_option=num_classes=60", "--dataset_option=samples_per_class=8",
               "--nc=3", "--kt=2", "--epochs=2", "--iters_per_epoch=3", "--meta_batch=2",
-              "--val_tasks=4", "--eval_tasks=4", "--eval_batch=4", "--keep_best=2",
+              "--val_tasks=4", "--test_tasks=4", "--eval_batch=4", "--keep_best=2",
               "--log_every=2"]
 
 
@@ -150,9 +145,11 @@ def test_report_numbers_are_the_seed_statistics_of_the_runs(killed_and_resumed, 
             values = [r["test"]["acc_mean"] for r in sorted(runs, key=lambda r: r["seed"])
                       if r["learner"] == learner and r["config"]["task"] == cell]
             assert len(values) == 2
-            mean, std = np.mean(values), np.std(values)
+            mean, std = np.mean(values), np.std(values, ddof=1)  # sample std across seeds
             assert float(accuracy_csv[(learner, cell)]["mean"]) == pytest.approx(mean, abs=1e-12)
             assert float(accuracy_csv[(learner, cell)]["std"]) == pytest.approx(std, abs=1e-12)
+            assert float(accuracy_csv[(learner, cell)]["ci95"]) == pytest.approx(  # t(0.975, 1)
+                12.706 * std / np.sqrt(2), abs=1e-12)
             expected = f"{100 * mean:.2f}" + (f" ± {100 * std:.2f}" if std else "")
             assert table[i + 1][j + 1] == expected and expected in markdown
     for metric, field in (("ce", "ce_mean"), ("atm", "atm"), ("macs", "macs_per_task")):
@@ -194,7 +191,7 @@ def test_report_compares_with_the_shipped_paper_numbers(tmp_path):
     assert float(rows["B3"]["difference"]) == pytest.approx(0.91 - 0.953)
     assert rows["B2"]["paper_mean"] == rows["B2"]["difference"] == ""
     markdown = open(paths["markdown"]["omniglot/small"]).read()
-    assert "| protonets | B3 | 91.00 ± 1.00 | 95.30 ± 0.12 | -4.30 |" in markdown
+    assert "| protonets | B3 | 91.00 ± 1.41 | 95.30 ± 0.12 | -4.30 |" in markdown  # ddof=1
     assert "| protonets | B2 |" not in markdown.split("vs the paper")[1]
     assert paper_results.SOURCE in markdown
     assert "The paper used omniglot" in markdown  # a subset of its characters

@@ -25,7 +25,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from cfsl_jax.errors import UserError
 
@@ -95,12 +94,6 @@ def cosine_logits(features: jax.Array, representations: jax.Array, scale) -> jax
     return scale * normalise(features) @ normalise(representations).T
 
 
-def euclidean_logits(features: jax.Array, representations: jax.Array) -> jax.Array:
-    """``-||f - c_k||^2``: [n, D] x [K, D] -> [n, K] (expanded: one matrix product)."""
-    return (2.0 * features @ representations.T - jnp.sum(features**2, -1, keepdims=True)
-            - jnp.sum(representations**2, -1)[None])
-
-
 def mask_unseen(logits: jax.Array, seen_mask: jax.Array) -> jax.Array:
     return jnp.where(seen_mask, logits, -jnp.inf)
 
@@ -133,20 +126,3 @@ def unseen_score(detector: str, feature: jax.Array, logits: jax.Array,
     if detector == "mdt":
         return mdt_score(feature, representations, seen_mask, metric)
     return max_softmax_score(logits, seen_mask)
-
-
-def check_detector(detector: str, metric: str | None = None) -> None:
-    if detector not in DETECTORS:
-        raise UserError(f"detector={detector!r}; valid: {DETECTORS}")
-    if metric is not None and metric not in MDT_METRICS:
-        raise UserError(f"mdt_metric={metric!r}; valid: {MDT_METRICS}")
-
-
-def masked_cross_entropy(logits: jax.Array, labels: jax.Array, sample_mask: jax.Array,
-                         seen_mask: jax.Array) -> jax.Array:
-    """Mean CE over the masked samples of [B, K] logits, softmax over the seen classes only."""
-    # A large negative (not -inf) keeps the gradient finite for masked-out samples.
-    logits = jnp.where(seen_mask, logits, -1e9)
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(labels, 0))
-    weights = sample_mask.astype(logits.dtype)
-    return jnp.sum(losses * weights) / jnp.maximum(jnp.sum(weights), 1.0)

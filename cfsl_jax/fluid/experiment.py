@@ -40,8 +40,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import cfsl_jax
-from cfsl_jax import data, progress, results as results_io, seeding
+from cfsl_jax import data, metrics, progress, results as results_io, seeding
 from cfsl_jax.errors import UserError
+from cfsl_jax.options import positive_int
 from cfsl_jax.fluid import methods as fluid_methods
 from cfsl_jax.fluid import report
 from cfsl_jax.fluid.metrics import rolling_accuracy, stream_metrics
@@ -104,9 +105,7 @@ class FluidConfig:
             raise UserError(f"unknown dataset {self.dataset!r}; valid: {data.DATASETS}")
         if self.streams not in STREAM_KINDS:
             raise UserError(f"streams={self.streams!r}; valid: {STREAM_KINDS}")
-        if isinstance(self.num_streams, bool) or not isinstance(self.num_streams, int) \
-                or self.num_streams < 1:
-            raise UserError(f"num_streams={self.num_streams!r} is invalid: must be an int >= 1")
+        positive_int("num_streams", self.num_streams)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -200,7 +199,8 @@ def run_one_stream(config: FluidConfig, split: data.Split, built: dict, index: i
 
 
 def summarise(per_stream: list[dict]) -> dict[str, dict]:
-    """Per method: mean and std (ddof=1 when >1 stream) over streams of each number."""
+    """Per method: mean, sample std and Student-t 95% half-width over streams of each number
+    (``metrics.across_runs``)."""
     summary = {}
     for name in per_stream[0]:
         runs = [stream[name] for stream in per_stream]
@@ -210,11 +210,10 @@ def summarise(per_stream: list[dict]) -> dict[str, dict]:
         for key in keys:
             values = [report.lookup(run, key) for run in runs]
             if any(v is None for v in values):
-                entry[key] = {"mean": None, "std": None}
+                entry[key] = {"mean": None, "std": None, "ci95": None}
                 continue
-            values = np.asarray(values, np.float64)
-            entry[key] = {"mean": float(values.mean()),
-                          "std": float(values.std(ddof=1)) if values.size > 1 else 0.0}
+            spread = metrics.across_runs(values)
+            entry[key] = {"mean": spread.mean, "std": spread.std, "ci95": spread.ci95}
         summary[name] = entry
     return summary
 
@@ -287,8 +286,8 @@ def build_methods(config: FluidConfig, split: data.Split) -> dict:
     """Every method of ``config``, built for the split's images (schedules logged)."""
     image_shape = tuple(split.images.shape[1:])
     k = config.stream.num_classes
-    built = {name: fluid_methods.get_method(name, k, image_shape, filters=config.filters,
-                                            **config.method_options.get(name, {}))
+    built = {name: fluid_methods.get_method(name, k, image_shape,
+                                            **method_options(config, name))
              for name in config.methods}
     for name, method in built.items():
         schedule = schedule_for(method, config)
@@ -353,3 +352,8 @@ def _write_table(results: dict, config: FluidConfig, workdir: str) -> None:
                               streams=f"{len(results['streams'])} {config.streams} stream(s)")
     with open(os.path.join(workdir, "results.txt"), "w") as f:
         f.write(text + "\n")
+
+
+def method_options(config: FluidConfig, name: str) -> dict:
+    """Method ``name``'s options: ``config.filters``, then its ``method_options``."""
+    return {"filters": config.filters, **config.method_options.get(name, {})}

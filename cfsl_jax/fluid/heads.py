@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from cfsl_jax import metrics
 from cfsl_jax.fluid import classifiers as cls
 
 Weights = Any  # a pytree ({} for instance-based methods)
@@ -46,7 +47,7 @@ def ncm(num_classes: int, metric: str = "euclidean", scale: float = 10.0) -> Hea
     """Nearest class mean: ``-||f - m_k||^2`` on raw features (the paper), or ``scale * cos``."""
     if metric == "euclidean":
         return Head(_no_weights,
-                    lambda w, memory, f: cls.euclidean_logits(f, cls.class_means(memory)),
+                    lambda w, memory, f: metrics.neg_sq_euclidean(f, cls.class_means(memory)),
                     # MDT: the minimum cosine distance to a class mean (the paper's Figure 5a).
                     lambda w, memory: cls.class_means(memory), mdt="cosine")
 
@@ -185,7 +186,7 @@ def oltr(num_classes: int, scale: float = 16.0) -> Head:
         seen = cls.seen(memory)
         attention = jax.nn.softmax(jnp.where(seen, features @ weights["hallucinator"], -1e9))
         selector = jnp.tanh(features @ weights["selector"])
-        distances = -cls.euclidean_logits(features, means)
+        distances = -metrics.neg_sq_euclidean(features, means)
         reach = jnp.sqrt(jnp.maximum(jnp.min(jnp.where(seen, distances, jnp.inf), -1), 1e-6))
         reach = jnp.where(jnp.isfinite(reach), reach, 1.0)[:, None]
         return (features + selector * (attention @ means)) / reach

@@ -29,11 +29,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cfsl_jax import data
+from cfsl_jax import data, metrics
 from cfsl_jax.training import loop
 from cfsl_jax.data import Split
 from cfsl_jax.fluid import classifiers as cls
 from cfsl_jax.fluid.protocol import Method, Params
+from cfsl_jax.optimizers import optimizer
 
 EPISODES = {"protonets": (30, 5, 5), "meta_baseline": (30, 5, 5), "maml": (5, 5, 5)}
 
@@ -59,7 +60,7 @@ def _prototype_loss(method, trainable, support_x, support_y, query_x, query_y, w
     query = method.embed_apply(trainable["embed"], query_x)
     prototypes = jax.ops.segment_sum(support, support_y, way) / (support.shape[0] / way)
     logits = (cls.cosine_logits(query, prototypes, trainable["temperature"]) if cosine
-              else cls.euclidean_logits(query, prototypes))
+              else metrics.neg_sq_euclidean(query, prototypes))
     return optax.softmax_cross_entropy_with_integer_labels(logits, query_y).mean()
 
 
@@ -93,7 +94,7 @@ def meta_train(method: Method, params: Params, split: Split, key: jax.Array, str
     else:
         loss_fn = functools.partial(_prototype_loss, method, way=way,
                                     cosine=strategy == "meta_baseline")
-    opt = optax.adam(learning_rate)
+    opt = optimizer("adam", learning_rate)
 
     @jax.jit
     def step(trainable, opt_state, key):

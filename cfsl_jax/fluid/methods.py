@@ -47,18 +47,23 @@ discriminative centroid loss is left out. MAML is first-order (see
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+import dataclasses
+from typing import Any, Callable, Iterable, NamedTuple
 
 import chex
 import jax
 import jax.numpy as jnp
 import optax
 
+from cfsl_jax import metrics
 from cfsl_jax.errors import UserError
 from cfsl_jax.fluid import classifiers as cls
 from cfsl_jax.fluid import heads
 from cfsl_jax.fluid.backbone import conv4_backbone, feature_dim
 from cfsl_jax.fluid.protocol import Method, Schedule
+from cfsl_jax.models.conv4 import ACTIVATIONS
+from cfsl_jax.optimizers import optimizer as make_optimizer
+from cfsl_jax.options import build, check_fields, option, parse, positive_int
 
 PAPER_SCHEDULE = Schedule()  # 4 epochs every 5,000 samples, batch 256
 IMPRINTING_SCHEDULE = Schedule(start=10_000)
@@ -71,44 +76,106 @@ class FluidState(NamedTuple):
     opt_state: optax.OptState  # SGD momentum for ``weights``
 
 
-class Spec(NamedTuple):
-    """One registered method: its head builder and defaults."""
+@dataclasses.dataclass(frozen=True)
+class MethodOptions:
+    """Options of every FLUID method: the backbone, the unseen-class detector, the memory."""
 
-    head: Callable[..., heads.Head]  # (num_classes, embed_apply, **head_options) -> Head
-    detector: str
-    learning_rate: float | None  # None: instance-based
-    schedule: Schedule | None
+    filters: int = option(64, "Conv-4 width.", minimum=1)
+    activation: str = option("relu", "Conv-4 activation.", choices=tuple(ACTIVATIONS))
+    detector: str = option("mdt", "Unseen-class detector: MDT or the softmax maximum.",
+                           choices=cls.DETECTORS)
+    mdt_metric: str | None = option(None, "MDT's similarity (none: the head's own).",
+                                    choices=cls.MDT_METRICS)
+    known_classes: bool = option(True, "The memory starts with the pretrain classes known.")
+
+    def __post_init__(self):
+        check_fields(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedOptions(MethodOptions):
+    """A method with weights trained on the stream: SGD with momentum and weight decay."""
+
+    learning_rate: float = option(0.1, "SGD learning rate.", above=0)
+    momentum: float = option(0.9, "SGD momentum.", minimum=0, below=1)
+    weight_decay: float = option(1e-4, "Weight decay.", minimum=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class NcmOptions(MethodOptions):
+    metric: str = option("euclidean", "-||f - m_k||^2 to raw means, or scaled cosine to "
+                         "normalised means.", choices=("euclidean", "cosine"))
+    scale: float = option(10.0, "Cosine scale.", above=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class MetaBaselineOptions(MethodOptions):
+    scale: float = option(10.0, "Initial cosine scale tau (meta-learned).", above=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExemplarTuningOptions(TrainedOptions):
+    similarity: str = option("dot", "Class representation . feature: dot or cosine.",
+                             choices=("dot", "cosine"))
+    scale: float = option(10.0, "Cosine scale.", above=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImprintingOptions(TrainedOptions):
+    scale: float = option(10.0, "Initial cosine scale s.", above=0)
+    learn_scale: bool = option(True, "s is trained.")
+    mdt_to: str = option("means", "MDT measures to the class means or the imprinted weights.",
+                         choices=("means", "weights"))
+
+
+@dataclasses.dataclass(frozen=True)
+class OltrOptions(TrainedOptions):
+    scale: float = option(16.0, "Cosine classifier scale.", above=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearOptions(TrainedOptions):
+    detector: str = option("softmax", "Unseen-class detector: MDT or the softmax maximum.",
+                           choices=cls.DETECTORS)
+
+
+@dataclasses.dataclass(frozen=True)
+class StandardOptions(LinearOptions):
+    learning_rate: float = option(0.01, "SGD learning rate.", above=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class LwfOptions(StandardOptions):
+    distill_weight: float = option(1.0, "Weight of the distillation loss.", minimum=0)
+    distill_temperature: float = option(2.0, "Distillation temperature T.", above=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class EwcMethodOptions(StandardOptions):
+    ewc_weight: float = option(100.0, "EWC penalty weight lambda.", minimum=0)
+
+
+class Spec(NamedTuple):
+    """One registered method: its head, options and training phases."""
+
+    head: Callable[..., heads.Head]  # (num_classes, embed_apply, options) -> Head
+    options: type  # its options dataclass (MethodOptions or a subclass)
+    schedule: Schedule | None  # None: instance-based
     pretraining: str = "supervised"
-    train_on: str = "features"
 
 
 def build_method(name: str, spec: Spec, num_classes: int,
-                 image_shape: tuple[int, ...] = (28, 28, 1), *, filters: int = 64,
-                 activation: str = "relu", detector: str | None = None,
-                 mdt_metric: str | None = None, learning_rate: float | None = None, momentum: float = 0.9,
-                 weight_decay: float = 1e-4, known_classes: bool = True, **head_options) -> Method:
-    """The method ``name`` for ``num_classes`` stream classes (module doc)."""
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
-        raise UserError(f"num_classes={num_classes!r} is invalid: must be an int >= 1")
-    detector = detector or spec.detector
-    cls.check_detector(detector, mdt_metric)
-    if spec.learning_rate is None and learning_rate is not None:
-        raise UserError(f"{name} is instance-based: it takes no learning_rate "
-                        f"(got {learning_rate!r})")
-    learning_rate = spec.learning_rate if learning_rate is None else learning_rate
-    if learning_rate is not None and not learning_rate > 0:
-        raise UserError(f"learning_rate={learning_rate!r} is invalid: must be > 0")
-    if not 0 <= momentum < 1:
-        raise UserError(f"momentum={momentum!r} is invalid: must be in [0, 1)")
-    init_params, embed_apply = conv4_backbone(image_shape, filters, activation)
-    try:
-        head = spec.head(num_classes, embed_apply, known=known_classes, **head_options)
-    except TypeError as error:
-        raise UserError(f"{name}: bad option(s) {sorted(head_options)}: {error}") from None
-    mdt_metric = mdt_metric or head.mdt
-    optimizer = (optax.chain(optax.add_decayed_weights(weight_decay),
-                             optax.sgd(learning_rate, momentum=momentum))
+                 image_shape: tuple[int, ...] = (28, 28, 1), **options) -> Method:
+    """The method ``name`` for ``num_classes`` stream classes; ``options``: ``spec.options``."""
+    positive_int("num_classes", num_classes)
+    opts = build(spec.options, options, f"FLUID method {name!r}")
+    learning_rate = getattr(opts, "learning_rate", None)
+    init_params, embed_apply = conv4_backbone(image_shape, opts.filters, opts.activation)
+    head = spec.head(num_classes, embed_apply, opts)
+    detector, mdt_metric = opts.detector, opts.mdt_metric or head.mdt
+    optimizer = (make_optimizer("sgd", learning_rate, opts.weight_decay, opts.momentum)
                  if learning_rate is not None else None)
+    known_classes = opts.known_classes
 
     def init(params, key):
         dim = feature_dim(embed_apply, params["embed"], image_shape)
@@ -146,7 +213,7 @@ def build_method(name: str, spec: Spec, num_classes: int,
         def loss_fn(weights):
             features = embed_with(params, weights, inputs) if head.trains_backbone else inputs
             logits = head.logits(weights, state.memory, features)
-            loss = cls.masked_cross_entropy(logits, labels, mask, cls.seen(state.memory))
+            loss = metrics.masked_cross_entropy(logits, labels, mask, cls.seen(state.memory))
             if head.penalty is not None:
                 loss = loss + head.penalty(params, weights, inputs, features, mask)
             return loss
@@ -163,62 +230,56 @@ def build_method(name: str, spec: Spec, num_classes: int,
                   pretraining=spec.pretraining)
 
 
-def _ncm(k, embed_apply, known=True, metric="euclidean", scale=10.0):
-    if metric not in ("euclidean", "cosine"):
-        raise UserError(f"metric={metric!r}; valid: ('euclidean', 'cosine')")
-    return heads.ncm(k, metric, scale)
-
-
-def _exemplar_tuning(k, embed_apply, known=True, similarity="dot", scale=10.0):
-    if similarity not in ("dot", "cosine"):
-        raise UserError(f"similarity={similarity!r}; valid: ('dot', 'cosine')")
-    return heads.exemplar_tuning(k, similarity, scale)
-
-
-def _imprinting(k, embed_apply, known=True, scale=10.0, learn_scale=True, mdt_to="means"):
-    if mdt_to not in ("weights", "means"):
-        raise UserError(f"mdt_to={mdt_to!r}; valid: ('weights', 'means')")
-    return heads.imprinting(k, scale, learn_scale, mdt_to)
-
-
 def _linear(trains_backbone: bool, penalty: str | None = None):
-    def build(k, embed_apply, known=True, ewc_weight=100.0, distill_weight=1.0,
-              distill_temperature=2.0):
-        extra = {"lwf": lambda: heads.lwf_penalty(embed_apply, distill_temperature,
-                                                  distill_weight),
-                 "ewc": lambda: heads.ewc_penalty(ewc_weight), None: lambda: None}[penalty]()
-        return heads.linear(k, trains_backbone, known, extra)
+    def build_head(k, embed_apply, opts):
+        extra = {"lwf": lambda: heads.lwf_penalty(embed_apply, opts.distill_temperature,
+                                                  opts.distill_weight),
+                 "ewc": lambda: heads.ewc_penalty(opts.ewc_weight), None: lambda: None}[penalty]()
+        return heads.linear(k, trains_backbone, opts.known_classes, extra)
 
-    return build
-
-
-def _oltr(k, embed_apply, known=True, scale=16.0):
-    return heads.oltr(k, scale)
-
-
-def _meta_baseline(k, embed_apply, known=True, scale=10.0):
-    return heads.ncm(k, "cosine", scale)
+    return build_head
 
 
 SPECS: dict[str, Spec] = {
-    "ncm": Spec(_ncm, "mdt", None, None),
-    "exemplar_tuning": Spec(_exemplar_tuning, "mdt", 0.1, PAPER_SCHEDULE),
-    "imprinting": Spec(_imprinting, "mdt", 0.1, IMPRINTING_SCHEDULE),
-    "finetune": Spec(_linear(False), "softmax", 0.1, PAPER_SCHEDULE),
-    "standard": Spec(_linear(True), "softmax", 0.01, PAPER_SCHEDULE),
-    "lwf": Spec(_linear(True, "lwf"), "softmax", 0.01, PAPER_SCHEDULE),
-    "ewc": Spec(_linear(True, "ewc"), "softmax", 0.01, PAPER_SCHEDULE),
-    "protonets": Spec(_ncm, "mdt", None, None, pretraining="protonets"),
-    "meta_baseline": Spec(_meta_baseline, "mdt", None, None, pretraining="meta_baseline"),
-    "maml": Spec(_linear(False), "softmax", 0.1, PAPER_SCHEDULE, pretraining="maml"),
-    "oltr": Spec(_oltr, "mdt", 0.1, OLTR_SCHEDULE),
+    "ncm": Spec(lambda k, e, o: heads.ncm(k, o.metric, o.scale), NcmOptions, None),
+    "exemplar_tuning": Spec(lambda k, e, o: heads.exemplar_tuning(k, o.similarity, o.scale),
+                            ExemplarTuningOptions, PAPER_SCHEDULE),
+    "imprinting": Spec(lambda k, e, o: heads.imprinting(k, o.scale, o.learn_scale, o.mdt_to),
+                       ImprintingOptions, IMPRINTING_SCHEDULE),
+    "finetune": Spec(_linear(False), LinearOptions, PAPER_SCHEDULE),
+    "standard": Spec(_linear(True), StandardOptions, PAPER_SCHEDULE),
+    "lwf": Spec(_linear(True, "lwf"), LwfOptions, PAPER_SCHEDULE),
+    "ewc": Spec(_linear(True, "ewc"), EwcMethodOptions, PAPER_SCHEDULE),
+    "protonets": Spec(lambda k, e, o: heads.ncm(k, o.metric, o.scale), NcmOptions, None,
+                      pretraining="protonets"),
+    "meta_baseline": Spec(lambda k, e, o: heads.ncm(k, "cosine", o.scale), MetaBaselineOptions,
+                          None, pretraining="meta_baseline"),
+    "maml": Spec(_linear(False), LinearOptions, PAPER_SCHEDULE, pretraining="maml"),
+    "oltr": Spec(lambda k, e, o: heads.oltr(k, o.scale), OltrOptions, OLTR_SCHEDULE),
 }
 METHODS = tuple(SPECS)
 
 
-def get_method(name: str, num_classes: int, image_shape: tuple[int, ...] = (28, 28, 1),
-               **options) -> Method:
-    """The method ``name`` (one of ``METHODS``) for ``num_classes`` stream classes."""
+def _check_name(name: str) -> None:
     if name not in SPECS:
         raise UserError(f"unknown FLUID method {name!r}; valid: {sorted(SPECS)}")
+
+
+def options_class(name: str) -> type:
+    """The frozen dataclass of FLUID method ``name``'s options."""
+    _check_name(name)
+    return SPECS[name].options
+
+
+def parse_method_options(name: str, pairs: Iterable[str],
+                         owner: str | None = None) -> dict[str, Any]:
+    """``NAME=VALUE`` strings -> {name: value typed as method ``name``'s option}, checked."""
+    return parse(options_class(name), pairs, owner or f"FLUID method {name!r}")
+
+
+def get_method(name: str, num_classes: int, image_shape: tuple[int, ...] = (28, 28, 1),
+               **options) -> Method:
+    """The method ``name`` (one of ``METHODS``) for ``num_classes`` stream classes;
+    ``options``: ``options_class(name)``."""
+    _check_name(name)
     return build_method(name, SPECS[name], num_classes, image_shape, **options)

@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from cfsl_jax.options import positive_int
+
 CROSS_SECTIONS = ("pretrain_head", "pretrain_tail", "novel_head", "novel_tail")
 
 
@@ -65,8 +67,7 @@ def auroc(scores, positives) -> float | None:
 
 def rolling_accuracy(correct, window: int) -> np.ndarray:
     """float64 [L]: mean of ``correct`` over the last ``window`` samples up to each t."""
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window={window!r} is invalid: must be an int >= 1")
+    positive_int("window", window)
     correct = np.asarray(correct, np.float64)
     cumulative = np.r_[0.0, np.cumsum(correct)]
     t = np.arange(1, correct.size + 1)

@@ -33,6 +33,7 @@ from cfsl_jax.training import loop, pretrain as supervised
 from cfsl_jax.data import Split
 from cfsl_jax.fluid import classifiers as cls
 from cfsl_jax.fluid.protocol import Method, Params
+from cfsl_jax.optimizers import optimizer
 from cfsl_jax.fluid.sequences import StreamClasses, pretrain_class_table
 
 STRATEGIES = ("supervised", "protonets", "meta_baseline", "maml")
@@ -98,7 +99,7 @@ def fit_head(features: jax.Array, labels: jax.Array, num_classes: int, key: jax.
     dim = features.shape[-1]
     head = {"kernel": jax.random.normal(key, (dim, num_classes)) / jnp.sqrt(dim),
             "bias": jnp.zeros((num_classes,))}
-    opt = optax.adam(learning_rate)
+    opt = optimizer("adam", learning_rate)
 
     def loss_fn(head):
         logits = features @ head["kernel"] + head["bias"]

@@ -66,6 +66,7 @@ import numpy as np
 from cfsl_jax import data, metrics, progress
 from cfsl_jax.errors import UserError
 from cfsl_jax.fluid.sequences import Stream
+from cfsl_jax.options import positive_int
 
 Params = Any
 State = Any
@@ -91,9 +92,9 @@ class Schedule:
 
     def __post_init__(self):
         for name in ("update_every", "epochs_per_update", "batch_size"):
-            _check_int(name, getattr(self, name), 1)
+            positive_int(name, getattr(self, name), 1)
         for name in ("start", "warmup_every", "warmup_until"):
-            _check_int(name, getattr(self, name), 0)
+            positive_int(name, getattr(self, name), 0)
 
     def steps(self, seen: int) -> int:
         """Training steps of one phase after ``seen`` samples: E * ceil(seen / batch_size)."""
@@ -125,11 +126,6 @@ class Schedule:
         if self.warmup_every:
             text += f" (and every {self.warmup_every} up to {self.warmup_until})"
         return text + f", batch {self.batch_size}"
-
-
-def _check_int(name: str, value, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise UserError(f"{name}={value!r} is invalid: must be an int >= {low}")
 
 
 class Method(NamedTuple):

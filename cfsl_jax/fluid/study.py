@@ -22,7 +22,7 @@ from cfsl_jax import progress, results as results_io, seeding
 from cfsl_jax.errors import UserError
 from cfsl_jax.fluid import methods as fluid_methods
 from cfsl_jax.fluid import report
-from cfsl_jax.fluid.experiment import FISHER, FluidConfig, load, stream_key
+from cfsl_jax.fluid.experiment import FISHER, FluidConfig, load, method_options, stream_key
 from cfsl_jax.fluid.metrics import stream_metrics
 from cfsl_jax.fluid.pretraining import pretrain_model, prepare_params
 from cfsl_jax.fluid.protocol import Schedule, run_stream
@@ -35,16 +35,15 @@ EPOCHS = (2, 4, 8, 16)
 def run_update_strategy(config: FluidConfig, workdir: str, method_name: str = "finetune",
                         frequencies=FREQUENCIES, epochs=EPOCHS) -> list[dict]:
     method = fluid_methods.get_method(method_name, config.stream.num_classes,
-                                      filters=config.filters,
-                                      **config.method_options.get(method_name, {}))
+                                      **method_options(config, method_name))
     if method.train_step is None:
         raise UserError(f"--study_method={method_name!r} does not train; use one of "
-                        f"{[m for m, s in fluid_methods.SPECS.items() if s.learning_rate]}")
+                        f"{[m for m, s in fluid_methods.SPECS.items() if s.schedule]}")
     os.makedirs(workdir, exist_ok=True)
     split = load(config)
     method = fluid_methods.get_method(method_name, config.stream.num_classes,
-                                      tuple(split.images.shape[1:]), filters=config.filters,
-                                      **config.method_options.get(method_name, {}))
+                                      tuple(split.images.shape[1:]),
+                                      **method_options(config, method_name))
     stream, classes = make_stream(stream_key(config, 0),
                                   split.class_table, split.class_sizes, config.stream)
     params = method.init_params(seeding.purpose_key(config.seed, "init"),

@@ -7,45 +7,68 @@
 from __future__ import annotations
 
 import importlib
+from typing import Any, Iterable, Mapping
+
+from cfsl_jax import options as opt
 
 from cfsl_jax.errors import UserError
 from cfsl_jax.learners.base import Learner
 from cfsl_jax.learners.precision import COMPUTE_DTYPES, with_compute_dtype
 from cfsl_jax.spec import TaskSpec
 
-# name -> (module, factory); modules are imported on first use.
-_REGISTRY: dict[str, tuple[str, str]] = {
-    "protonets": ("protonets", "protonets"),
-    "init_tune": ("finetune", "init_tune"),
-    "pretrain_tune": ("finetune", "pretrain_tune"),
-    "ewc_init": ("finetune", "ewc_init"),
-    "ewc_pretrain": ("finetune", "ewc_pretrain"),
-    "maml_low": ("maml", "maml_low"),
-    "maml_high": ("maml", "maml_high"),
-    "sca": ("sca", "sca"),
+# name -> (module, factory, options class); modules are imported on first use.
+_REGISTRY: dict[str, tuple[str, str, str]] = {
+    "protonets": ("protonets", "protonets", "ProtoNetsOptions"),
+    "init_tune": ("finetune", "init_tune", "FinetuneOptions"),
+    "pretrain_tune": ("finetune", "pretrain_tune", "FinetuneOptions"),
+    "ewc_init": ("finetune", "ewc_init", "EwcOptions"),
+    "ewc_pretrain": ("finetune", "ewc_pretrain", "EwcOptions"),
+    "maml_low": ("maml", "maml_low", "MamlLowOptions"),
+    "maml_high": ("maml", "maml_high", "MamlHighOptions"),
+    "sca": ("sca", "sca", "ScaOptions"),
 }
 LEARNERS: tuple[str, ...] = tuple(_REGISTRY)
+# Factory keywords that are not options: the input shape and ProtoNets' carried-state dtype.
+_NOT_OPTIONS = ("image_shape", "state_dtype")
+
+
+def _check_name(name: str) -> None:
+    if name not in _REGISTRY:
+        raise UserError(f"unknown learner {name!r}; valid: {LEARNERS}")
+
+
+def options_class(name: str) -> type:
+    """The frozen dataclass of learner ``name``'s options (defaults, types, limits, help)."""
+    _check_name(name)
+    module, _, options = _REGISTRY[name]
+    return getattr(importlib.import_module(f"cfsl_jax.learners.{module}"), options)
+
+
+def learner_options(name: str, options: Mapping[str, Any]) -> Any:
+    """``options`` of learner ``name`` as its options dataclass, checked (UserError)."""
+    return opt.build(options_class(name), options, f"learner {name!r}")
+
+
+def parse_learner_options(name: str, pairs: Iterable[str],
+                          owner: str | None = None) -> dict[str, Any]:
+    """``NAME=VALUE`` strings -> {name: value typed as learner ``name``'s option}, checked;
+    a UserError starts with ``owner`` (default: "learner NAME")."""
+    return opt.parse(options_class(name), pairs, owner or f"learner {name!r}")
 
 
 def get_learner(name: str, spec: TaskSpec, compute_dtype: str = "float32",
                 **options) -> Learner:
-    """Build learner ``name`` for ``spec``; ``options`` go to its factory (e.g. image_shape).
+    """Build learner ``name`` for ``spec``; ``options`` are its options (``options_class``)
+    and the factory's ``image_shape`` (and ProtoNets' ``state_dtype``).
 
     ``compute_dtype`` other than float32 wraps it with ``precision.with_compute_dtype``.
     """
-    if name not in _REGISTRY:
-        raise UserError(f"unknown learner {name!r}; valid: {LEARNERS}")
-    module, factory = _REGISTRY[name]
+    _check_name(name)
+    module, factory, _ = _REGISTRY[name]
     build = getattr(importlib.import_module(f"cfsl_jax.learners.{module}"), factory)
-    try:
-        learner = build(spec, **options)
-    except TypeError as error:  # an option the factory does not take
-        raise UserError(f"bad option for learner {name!r}: {error}") from error
-    except ValueError as error:  # a factory refusing an option's value, in one line
-        if isinstance(error, UserError):
-            raise
-        raise UserError(f"learner {name!r}: {error}") from error
+    learner = build(spec, **options)
     return with_compute_dtype(learner, compute_dtype)
 
 
-__all__ = ["COMPUTE_DTYPES", "LEARNERS", "Learner", "get_learner"]
+__all__ = ["COMPUTE_DTYPES", "LEARNERS", "Learner", "get_learner", "learner_options",
+           "options_class", "parse_learner_options"]

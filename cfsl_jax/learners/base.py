@@ -1,7 +1,8 @@
 """The learner contract: a NamedTuple of pure functions, like optax's GradientTransformation.
 
 A learner adapts to a task one support set at a time and then predicts the
-target set. ``episode.run_task`` is the only code that walks a task:
+target set. ``episode.run_task`` walks a task (for evaluation, and for
+meta-training unless the learner has its own ``meta_loss``, as MAML++ and SCA):
 
     state = learner.init(params, key, spec)                 # fresh per task
     for each support set n:  state = learner.adapt(params, state, support_x[n], support_y[n])

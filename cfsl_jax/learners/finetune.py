@@ -7,9 +7,9 @@ authors' ``get_inner_loop_parameter_dict`` skips "norm_layer" parameters and
 their configs set ``enable_inner_loop_optimizable_bn_params: false``) are
 copied into the task's adaptation state and fine-tuned on each support set in
 turn; the weights are carried from one support set to the next. ``predict``
-applies the fast weights. ``params`` are initialised as the authors'
-``MetaConv2dLayer`` / ``MetaLinearLayer``: Xavier-uniform kernels, zero biases
-(``weight_init="original"``; "lecun": Flax's default, the previous init).
+applies the fast weights. ``params`` are drawn Xavier-uniform with zero
+biases (``weight_init="xavier"``, as the authors' ``MetaConv2dLayer`` /
+``MetaLinearLayer``).
 
 - ``init_tune``: the network is a fixed random init, a function of the init
   key (``training="none"``): the init is the model; ``init`` copies it.
@@ -18,8 +18,7 @@ applies the fast weights. ``params`` are initialised as the authors'
   ``init(params, key, spec)`` pairs it with ``params["head"]``, a random head
   that pretraining never touches and every task starts from (the authors'
   ``linear_0`` head; their pretraining trains a separate ``linear_1``).
-  ``fresh_head=True`` draws a new head from ``key`` for every task instead
-  (the previous behaviour).
+  ``fresh_head=True`` draws a new head from ``key`` for every task instead.
 - ``ewc_init`` / ``ewc_pretrain``: the two above plus Elastic Weight
   Consolidation. After fine-tuning on a support set, that set's diagonal
   Fisher is ADDED to the carried Fisher and the anchors theta* become the
@@ -46,31 +45,20 @@ XLA's cost analysis counts a while-loop body once, so a rolled loop would
 make ``metrics.learner_macs`` undercount adaptation ``inner_steps``-fold;
 unrolling a few steps of a small net only costs compile time.
 
-Options (keyword arguments of every factory) and defaults:
-``inner_steps=5`` (the paper: five inner-loop steps); ``learning_rate=0.01``
-(the configs' ``init_learning_rate``; the previous default 0.03 was tuned on
-30 synthetic-glyph tasks: B3 0.52 against 0.46 at 0.01); ``adapt_norm=False``
-(True: the norm layers' scale/bias adapt too and join the ATM, the previous
-behaviour); ``fresh_head=False`` (above); ``weight_init="original"`` (above);
-``restart_each_support_set=False`` (True, "as published": every support set
-restarts from ``params`` instead of the carried weights, so only the last
-support set reaches the target, as the paper-era
-``FineTuneFromScratchFewShotClassifier`` / ``FineTuneFromPretrainedFewShotClassifier``
-re-copied the weights inside the support-set loop, FewShotContinualLearning
-commit 39025a3, ``few_shot_learning_system.py``; with EWC the Fisher and the
-anchors still accumulate); ``filters=48``; ``activation="leaky_relu"``;
-``ewc_lambda=1e4`` (EWC learners): a fitted support set's empirical Fisher is tiny (its
-gradients are; at most ~1e-2 here), so lambda must be large to matter; 1e4
-was best among 1e2..1e5 on B3 (0.61 vs 0.52 without EWC) and B5 (0.43 vs 0.34);
-``conv="auto"``: the Conv-4's convolution implementation (``models.conv``; "auto"
-is im2col on every platform: batched GEMMs where per-task weights are vmapped
-on GPU/TPU, and 3.5x faster than "gemm_grad" for B3 evaluation on 2 CPU cores).
+Options: ``FinetuneOptions`` (``EwcOptions`` for the EWC learners: plus
+``ewc_lambda``, default 1e4: a fitted support set's empirical Fisher is tiny,
+so lambda must be large to matter). ``restart_each_support_set=True`` ("as
+published") makes every support set restart from ``params`` instead of the
+carried weights, so only the last support set reaches the target (with EWC
+the Fisher and the anchors still accumulate). ``conv="auto"`` is im2col on
+every platform (``models.conv``). docs/fidelity.md gives the sources of the
+defaults, docs/results.md the measurements behind them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import math
 from typing import Callable, NamedTuple
 
 import chex
@@ -79,16 +67,15 @@ import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
+from cfsl_jax.errors import UserError
 from cfsl_jax.learners.base import Learner, Params, check_image_shape, embedding_dim
 from cfsl_jax.models.conv import CONV_IMPLS
 from cfsl_jax.models.conv4 import ACTIVATIONS, Conv4, LinearHead
-from cfsl_jax.models.init import reinitialize
+from cfsl_jax.models.init import WEIGHT_INITS, reinitialize
+from cfsl_jax.options import build, check_fields, option
 from cfsl_jax.spec import TaskSpec
 
 LogitsFn = Callable[[Params, jax.Array], jax.Array]  # (weights, x [n,H,W,C]) -> logits [n, K]
-
-
-WEIGHT_INITS: tuple[str, ...] = ("original", "lecun")
 
 
 class TuneState(NamedTuple):
@@ -143,29 +130,36 @@ def sgd(loss_fn: Callable[[Params], jax.Array], weights: Params, steps: int,
     return weights
 
 
-def _check_options(inner_steps, learning_rate, ewc_lambda, filters, activation, flags,
-                   weight_init, conv) -> None:
-    for name, value in (("inner_steps", inner_steps), ("filters", filters)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if not isinstance(learning_rate, (int, float)) or not (
-            math.isfinite(learning_rate) and learning_rate > 0):
-        raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate!r}")
-    if ewc_lambda is not None and (not isinstance(ewc_lambda, (int, float)) or not (
-            math.isfinite(ewc_lambda) and ewc_lambda >= 0)):
-        raise ValueError(f"ewc_lambda must be a finite number >= 0, got {ewc_lambda!r}")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise ValueError(f"{name} must be a bool, got {value!r}")
-    if weight_init not in WEIGHT_INITS:
-        raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {weight_init!r}")
-    if conv not in CONV_IMPLS:
-        raise ValueError(f"conv must be one of {CONV_IMPLS}, got {conv!r}")
-    if flags["restart_each_support_set"] and flags["fresh_head"]:
-        raise ValueError("restart_each_support_set=True needs fresh_head=False (the weights "
-                         "a support set restarts from are params), got fresh_head=True")
+@dataclasses.dataclass(frozen=True)
+class FinetuneOptions:
+    """``init_tune`` / ``pretrain_tune``: the network's and the inner loop's options."""
+
+    inner_steps: int = option(5, "Full-batch SGD steps on each support set.", minimum=1)
+    learning_rate: float = option(0.01, "Inner SGD learning rate.", above=0)
+    filters: int = option(48, "Conv-4 channels.", minimum=1)
+    activation: str = option("leaky_relu", "Conv-4 activation.", choices=tuple(ACTIVATIONS))
+    adapt_norm: bool = option(False, "The norm layers' scale/bias adapt too (and join the "
+                              "ATM).")
+    fresh_head: bool = option(False, "A new random head for every task (drawn from the task's "
+                              "key) in place of params['head'].")
+    restart_each_support_set: bool = option(False, "Every support set restarts from params "
+                                            "(the paper-era code).")
+    weight_init: str = option("xavier", "Init of the Conv-4 and the head (models.init).",
+                              choices=WEIGHT_INITS)
+    conv: str = option("auto", "Convolution implementation (models.conv).", choices=CONV_IMPLS)
+
+    def __post_init__(self):
+        check_fields(self)
+        if self.restart_each_support_set and self.fresh_head:
+            raise UserError("restart_each_support_set=True needs fresh_head=False (the weights "
+                            "a support set restarts from are params), got fresh_head=True")
+
+
+@dataclasses.dataclass(frozen=True)
+class EwcOptions(FinetuneOptions):
+    """``ewc_init`` / ``ewc_pretrain``: the fine-tuning options and EWC's strength."""
+
+    ewc_lambda: float = option(1e4, "EWC penalty weight lambda.", minimum=0)
 
 
 def is_norm_leaf(path: tuple[str, ...]) -> bool:
@@ -181,27 +175,18 @@ def split_norm(weights: Params) -> tuple[Params, Params]:
 
 
 def _finetune(name: str, spec: TaskSpec, image_shape: tuple[int, int, int], *,
-              pretrained: bool, ewc_lambda: float | None, inner_steps: int = 5,
-              learning_rate: float = 0.01, filters: int = 48, activation: str = "leaky_relu",
-              adapt_norm: bool = False, fresh_head: bool = False,
-              restart_each_support_set: bool = False, weight_init: str = "original",
-              conv: str = "auto") -> Learner:
-    """The one factory behind all four learners; ``ewc_lambda=None`` means no EWC.
-
-    Options (keyword arguments of every public factory; see the module doc):
-    ``inner_steps`` (5), ``learning_rate`` (0.01), ``filters`` (48),
-    ``activation`` ("leaky_relu"), ``adapt_norm`` (False), ``fresh_head``
-    (False), ``restart_each_support_set`` (False), ``weight_init``
-    ("original"); EWC learners also take ``ewc_lambda`` (1e4).
-    """
-    flags = dict(adapt_norm=adapt_norm, fresh_head=fresh_head,
-                 restart_each_support_set=restart_each_support_set)
-    _check_options(inner_steps, learning_rate, ewc_lambda, filters, activation, flags,
-                   weight_init, conv)
+              pretrained: bool, options: dict) -> Learner:
+    """The one factory behind all four learners: EWC when ``options`` are ``EwcOptions``."""
+    opts = build(EwcOptions if name.startswith("ewc") else FinetuneOptions, options,
+                 f"learner {name!r}")
+    ewc_lambda = opts.ewc_lambda if isinstance(opts, EwcOptions) else None
+    inner_steps, learning_rate = opts.inner_steps, opts.learning_rate
+    adapt_norm, fresh_head = opts.adapt_norm, opts.fresh_head
+    restart_each_support_set = opts.restart_each_support_set
     image_shape = tuple(image_shape)
-    embed = Conv4(filters=filters, activation=activation, conv_impl=conv)
+    embed = Conv4(filters=opts.filters, activation=opts.activation, conv_impl=opts.conv)
     head = LinearHead(spec.num_outputs)
-    scheme = "xavier" if weight_init == "original" else "lecun"
+    scheme = opts.weight_init
 
     def network(weights: Params, x: jax.Array) -> jax.Array:
         return head.apply(weights["head"], embed.apply(weights["embed"], x))
@@ -274,27 +259,23 @@ def merge(adapted: Params, kept: Params) -> Params:
 
 def init_tune(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
               **options) -> Learner:
-    """Fine-tune a fixed random init on each support set in turn (options: see ``_finetune``)."""
-    return _finetune("init_tune", spec, image_shape, pretrained=False, ewc_lambda=None,
-                     **options)
+    """Fine-tune a fixed random init on each support set in turn (``FinetuneOptions``)."""
+    return _finetune("init_tune", spec, image_shape, pretrained=False, options=options)
 
 
 def pretrain_tune(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
                   **options) -> Learner:
     """Fine-tune a pretrained embedding plus its head on each support set in turn."""
-    return _finetune("pretrain_tune", spec, image_shape, pretrained=True, ewc_lambda=None,
-                     **options)
+    return _finetune("pretrain_tune", spec, image_shape, pretrained=True, options=options)
 
 
-def ewc_init(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1), *,
-             ewc_lambda: float = 1e4, **options) -> Learner:
-    """``init_tune`` with Elastic Weight Consolidation across support sets."""
-    return _finetune("ewc_init", spec, image_shape, pretrained=False, ewc_lambda=ewc_lambda,
-                     **options)
+def ewc_init(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
+             **options) -> Learner:
+    """``init_tune`` with Elastic Weight Consolidation across support sets (``EwcOptions``)."""
+    return _finetune("ewc_init", spec, image_shape, pretrained=False, options=options)
 
 
-def ewc_pretrain(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1), *,
-                 ewc_lambda: float = 1e4, **options) -> Learner:
+def ewc_pretrain(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
+                 **options) -> Learner:
     """``pretrain_tune`` with Elastic Weight Consolidation across support sets."""
-    return _finetune("ewc_pretrain", spec, image_shape, pretrained=True, ewc_lambda=ewc_lambda,
-                     **options)
+    return _finetune("ewc_pretrain", spec, image_shape, pretrained=True, options=options)

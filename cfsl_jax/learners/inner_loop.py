@@ -14,8 +14,7 @@ set -- and to the target set -- on its own, once per set, and is only
 meta-learned.
 
 MAML++ features, each an option (see ``InnerLoopOptions``; defaults as the
-authors' released configs and code, FewShotContinualLearning commit 39025a3,
-``few_shot_learning_system.py`` and ``experiment_template_config/*.json``):
+authors' released configs and code, docs/fidelity.md):
 
 - LSLR: a learnable rate per adapted leaf and per inner step, initialised at
   ``inner_lr``; the step index k runs over all inner steps of the task
@@ -26,13 +25,13 @@ authors' released configs and code, FewShotContinualLearning commit 39025a3,
   made after k inner steps uses row k: the target prediction after all
   support sets has its own row NSS*S (as the authors' ``step_idx``);
   ``target_bn_row=False`` drops that row and reuses the last support step's
-  (row NSS*S - 1: the previous cfsl_jax behaviour).
+  (row NSS*S - 1).
 - Second-order meta-gradients; ``first_order=True`` stops the gradient
   through the inner gradients, and ``first_order_epochs=K`` meta-trains
   first-order for epochs < K (``Learner.for_epoch``; derivative-order
   annealing). Evaluation never differentiates, so both orders predict alike.
-- Multi-step loss, off by default (``use_multi_step_loss_optimization`` is
-  false in all 432 released configs): after each support set n the target
+- Multi-step loss, off by default (as the released configs): after each
+  support set n the target
   loss over the target samples whose labels the task has shown so far;
   ``meta_loss`` weighs the NSS losses from uniform (progress 0) linearly to
   the final loss alone (progress >= ``msl_fraction``, default 0.1). Once
@@ -41,14 +40,11 @@ authors' released configs and code, FewShotContinualLearning commit 39025a3,
 - ``restart_each_support_set=True`` (off; "as published"): every support set
   starts again from the meta-learned weights instead of the fast weights the
   previous set left (the step counter still advances), so only the last
-  support set reaches the target prediction. The paper-era MAML++ low-end
-  code did this (``VGGMAMLFewShotClassifier.forward`` re-copies
-  ``names_weights_copy`` inside the support-set loop, commit 39025a3; fixed
-  upstream in Aug 2020).
-- ``weight_init``: "original" (default) draws the adapted network's kernels
-  Xavier-uniform with zero biases and the embedding's (``maml_high``) with
-  PyTorch's default, as the authors' code (``models.init``); "lecun" keeps
-  Flax's LeCun-normal init (the previous behaviour).
+  support set reaches the target prediction, as the paper-era MAML++ low-end
+  code.
+- ``weight_init`` ("xavier": Xavier-uniform kernels, zero biases, as the
+  authors' code) draws the adapted network; ``maml.MamlHighOptions.embed_init``
+  ("torch") the embedding (``models.init`` names the schemes).
 
 State (the ATM): ``InnerState(fast, step)``: the fast weights and, when LSLR
 or per-step BN is on, an int32 step counter k (4 bytes) that indexes them.
@@ -137,14 +133,6 @@ def msl_weights(progress: jax.Array, num_losses: int, fraction: float
     return final, (1.0 - final) / (num_losses - 1)
 
 
-def masked_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean cross-entropy (at least float32) over the samples where ``mask`` holds (0 if none)."""
-    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    mask = mask.astype(losses.dtype)
-    return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-
-
 # ---- the building blocks -------------------------------------------------------------
 
 
@@ -165,7 +153,7 @@ class InnerLoop(NamedTuple):
 
 def make_inner_loop(spec: TaskSpec, image_shape: tuple[int, ...], net: nn.Module,
                     options: InnerLoopOptions, embed: nn.Module | None = None,
-                    extra_steps: int = 0) -> InnerLoop:
+                    extra_steps: int = 0, embed_init: str = "torch") -> InnerLoop:
     """The MAML++ pieces for ``net`` (called as ``net.apply(p, features, step)``).
 
     ``net`` has a ``num_steps`` field: the rows of its per-step tables
@@ -174,8 +162,8 @@ def make_inner_loop(spec: TaskSpec, image_shape: tuple[int, ...], net: nn.Module
 
     ``embed`` (optional) maps each set of images to the features ``net`` sees;
     ``extra_steps`` adds LSLR/BN entries after the NSS*S support-set steps.
-    With ``weight_init="original"`` the net is drawn Xavier-uniform and the
-    embedding with PyTorch's default (``models.init``).
+    The net's layers are drawn by ``options.weight_init``, the embedding's by
+    ``embed_init`` (schemes of ``models.init``).
     """
     S = options.inner_steps
     num_steps = spec.nss * S + extra_steps
@@ -188,15 +176,13 @@ def make_inner_loop(spec: TaskSpec, image_shape: tuple[int, ...], net: nn.Module
         check_image_shape(example_x, image_shape)
         embed_key, net_key = jax.random.split(key)
         params = {}
-        original = options.weight_init == "original"
         if embed is not None:
             params["embed"] = reinitialize(embed.init(embed_key, example_x)["params"],
-                                           jax.random.fold_in(embed_key, 1),
-                                           "torch" if original else "lecun")
+                                           jax.random.fold_in(embed_key, 1), embed_init)
         features = jax.eval_shape(featurize, params, example_x)
         params["net"] = reinitialize(
             net.init(net_key, jnp.zeros(features.shape, features.dtype), 0)["params"],
-            jax.random.fold_in(net_key, 1), "xavier" if original else "lecun")
+            jax.random.fold_in(net_key, 1), options.weight_init)
         if options.lslr:
             fast, _ = split_fast(params["net"])
             params["lslr"] = jax.tree.map(
@@ -302,7 +288,7 @@ def make_inner_loop(spec: TaskSpec, image_shape: tuple[int, ...], net: nn.Module
                 @functools.partial(jax.checkpoint, prevent_cse=False)
                 def intermediate(params, state, seen):
                     target_logits = logits(params, state.fast, target_features, state.step)
-                    return masked_cross_entropy(target_logits, target_y, seen[target_y])
+                    return metrics.masked_cross_entropy(target_logits, target_y, seen[target_y])
 
                 loss = jax.lax.cond((each_w > 0) & (n < spec.nss - 1), intermediate,
                                     lambda *_: jnp.float32(0.0), params, state, seen)

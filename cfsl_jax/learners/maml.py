@@ -14,36 +14,32 @@ then 320, pooled to 5x5; as the authors' code), meta-learned only and
 applied to each support set and to the target set separately, then an
 ``AdaptableHead`` (``filters`` = 48) whose weights adapt (ATM = the head's
 weights, plus the step counter: 976,192 bytes on 28x28 Omniglot B3, ATM 20.75).
-Options of the previous, smaller network (126,896 bytes on B3, ATM 2.70):
 ``shrink_transitions=True`` (transitions back to ``embed_filters`` = 64
-channels) and ``se_mlp=True`` (2-layer squeeze-excite MLPs; see
-``models.densenet``).
+channels: 126,896 bytes on B3, ATM 2.70) and ``se_mlp=True`` (2-layer
+squeeze-excite MLPs; see ``models.densenet``) make the network smaller.
 
-Inner-loop options are documented in ``inner_loop.InnerLoopOptions``, with
-their defaults: ``inner_steps`` (5), ``inner_lr`` (0.01), ``lslr`` (True),
-``per_step_bn`` (True), ``target_bn_row`` (True: the target forward after
-NSS*S steps uses its own per-step BN row NSS*S; False: reuses the last
-support step's row, the previous behaviour), ``first_order`` (False),
-``first_order_epochs`` (0), ``multi_step_loss`` (False, as all the released
-configs; True: the previous default), ``msl_fraction`` (0.1),
-``restart_each_support_set`` (False; True: "as published", each support set
-restarts from the meta-weights so only the last one reaches the target, as
-the paper-era MAML++ low-end code), ``weight_init`` ("original": Xavier-
-uniform adapted layers, PyTorch-default embedding; "lecun": the previous
-Flax init), ``remat``, ``unroll``, ``unroll_inner``; ``conv`` picks the
-convolution (see ``models.conv``).
+Options: ``MamlLowOptions`` and ``MamlHighOptions`` (each the inner-loop
+options of ``InnerLoopOptions``, described in ``inner_loop``'s module doc, plus
+its network's). ``weight_init`` ("xavier") draws the adapted layers
+Xavier-uniform and ``embed_init`` ("torch") the SE-DenseNet with PyTorch's
+default, as the authors' code (``models.init``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 
+from cfsl_jax.errors import UserError
 from cfsl_jax.learners.base import Learner
 from cfsl_jax.learners.inner_loop import InnerLoop, InnerLoopOptions, assemble, make_inner_loop
 from cfsl_jax.models.conv import CONV_IMPLS, Conv
 from cfsl_jax.models.densenet import AdaptableHead, SEDenseNet, max_pool
+from cfsl_jax.models.init import WEIGHT_INITS
 from cfsl_jax.models.norm import PerStepBatchNorm
+from cfsl_jax.options import build, option, positive_int
 from cfsl_jax.spec import TaskSpec
 
 
@@ -65,66 +61,73 @@ class MamlConv4(nn.Module):
         return nn.Dense(self.num_outputs)(x.reshape(x.shape[0], -1))
 
 
-def _check_common(image_shape, filters: int, conv: str) -> tuple[int, int, int]:
+@dataclasses.dataclass(frozen=True)
+class MamlLowOptions(InnerLoopOptions):
+    """``maml_low``: the inner-loop options and the Conv-4's."""
+
+    filters: int = option(48, "Conv-4 channels.", minimum=1)
+    num_blocks: int = option(4, "Conv-4 blocks (each halves H and W).", minimum=1)
+    conv: str = option("auto", "Convolution implementation (models.conv).", choices=CONV_IMPLS)
+
+
+@dataclasses.dataclass(frozen=True)
+class MamlHighOptions(InnerLoopOptions):
+    """``maml_high``: the inner-loop options, the SE-DenseNet's and the head's."""
+
+    filters: int = option(48, "Adaptable head channels.", minimum=1)
+    embed_filters: int = option(64, "SE-DenseNet stem channels.", minimum=1)
+    growth: int = option(64, "SE-DenseNet growth rate.", minimum=1)
+    conv: str = option("auto", "Convolution implementation (models.conv).", choices=CONV_IMPLS)
+    se_mlp: bool = option(False, "2-layer squeeze-excite MLPs (models.densenet).")
+    shrink_transitions: bool = option(False, "Transitions back to embed_filters channels.")
+    embed_init: str = option("torch", "Init of the meta-learned-only layers (the embedding; "
+                             "SCA's critic).", choices=WEIGHT_INITS)
+
+
+def _check_image_shape(image_shape) -> tuple[int, int, int]:
     shape = tuple(image_shape)
-    if len(shape) != 3 or any(isinstance(d, bool) or not isinstance(d, int) or d < 1
-                              for d in shape):
-        raise ValueError(f"image_shape must be (H, W, C) positive integers, got {image_shape!r}")
-    if isinstance(filters, bool) or not isinstance(filters, int) or filters < 1:
-        raise ValueError(f"filters must be a positive integer, got {filters!r}")
-    if conv not in CONV_IMPLS:
-        raise ValueError(f"conv must be one of {CONV_IMPLS}, got {conv!r}")
+    if len(shape) != 3:
+        raise UserError(f"image_shape={image_shape!r}: must be (H, W, C)")
+    for dim in shape:
+        positive_int("image_shape", dim)
     return shape
 
 
-def maml_low_loop(spec: TaskSpec, image_shape=(28, 28, 1), filters: int = 48,
-                  num_blocks: int = 4, conv: str = "auto", **options) -> InnerLoop:
+def maml_low_loop(spec: TaskSpec, image_shape=(28, 28, 1), **options) -> InnerLoop:
     """The inner-loop pieces of ``maml_low`` (see ``maml_low``)."""
-    shape = _check_common(image_shape, filters, conv)
-    if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
-        raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
-    if min(shape[:2]) < 2**num_blocks:
-        raise ValueError(f"image_shape {shape} is too small for {num_blocks} 2x2 max-pools "
-                         f"(needs H, W >= {2**num_blocks})")
-    opts = InnerLoopOptions(**options)
+    shape = _check_image_shape(image_shape)
+    opts = build(MamlLowOptions, options, "learner 'maml_low'")
+    if min(shape[:2]) < 2**opts.num_blocks:
+        raise UserError(f"image_shape {shape} is too small for {opts.num_blocks} 2x2 max-pools "
+                        f"(needs H, W >= {2**opts.num_blocks})")
     steps = spec.nss * opts.inner_steps + opts.target_bn_row if opts.per_step_bn else 1
-    net = MamlConv4(spec.num_outputs, filters, num_blocks, steps, conv)
+    net = MamlConv4(spec.num_outputs, opts.filters, opts.num_blocks, steps, opts.conv)
     return make_inner_loop(spec, shape, net, opts)
 
 
-def maml_high_loop(spec: TaskSpec, image_shape=(28, 28, 1), filters: int = 48,
-                   embed_filters: int = 64, growth: int = 64, conv: str = "auto",
-                   extra_steps: int = 0, se_mlp: bool = False, shrink_transitions: bool = False,
-                   **options) -> InnerLoop:
+def maml_high_loop(spec: TaskSpec, image_shape=(28, 28, 1), extra_steps: int = 0,
+                   opts: MamlHighOptions | None = None) -> InnerLoop:
     """The inner-loop pieces of ``maml_high`` (SCA passes ``extra_steps=1``)."""
-    shape = _check_common(image_shape, filters, conv)
-    for name, value in (("embed_filters", embed_filters), ("growth", growth)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    shape = _check_image_shape(image_shape)
+    opts = MamlHighOptions() if opts is None else opts
     if min(shape[:2]) < 4:
-        raise ValueError(f"image_shape {shape} is too small for the SE-DenseNet (needs H, W >= 4)")
-    for name, value in (("se_mlp", se_mlp), ("shrink_transitions", shrink_transitions)):
-        if not isinstance(value, bool):
-            raise ValueError(f"{name} must be a bool, got {value!r}")
-    opts = InnerLoopOptions(**options)
+        raise UserError(f"image_shape {shape} is too small for the SE-DenseNet (needs H, W >= 4)")
     steps = (spec.nss * opts.inner_steps + extra_steps + opts.target_bn_row
              if opts.per_step_bn else 1)
-    embed = SEDenseNet(embed_filters, growth, conv_impl=conv, se_mlp=se_mlp,
-                       shrink_transitions=shrink_transitions)
-    head = AdaptableHead(spec.num_outputs, filters, steps, conv, se_mlp=se_mlp)
-    return make_inner_loop(spec, shape, head, opts, embed=embed, extra_steps=extra_steps)
+    embed = SEDenseNet(opts.embed_filters, opts.growth, conv_impl=opts.conv, se_mlp=opts.se_mlp,
+                       shrink_transitions=opts.shrink_transitions)
+    head = AdaptableHead(spec.num_outputs, opts.filters, steps, opts.conv, se_mlp=opts.se_mlp)
+    return make_inner_loop(spec, shape, head, opts, embed=embed, extra_steps=extra_steps,
+                           embed_init=opts.embed_init)
 
 
-def maml_low(spec: TaskSpec, image_shape=(28, 28, 1), filters: int = 48, num_blocks: int = 4,
-             conv: str = "auto", **options) -> Learner:
-    """MAML++ low-end: Conv-4 (``filters`` 48), every weight adapts; options: module doc."""
-    return assemble("maml_low", maml_low_loop(spec, image_shape, filters, num_blocks, conv,
-                                              **options))
+def maml_low(spec: TaskSpec, image_shape=(28, 28, 1), **options) -> Learner:
+    """MAML++ low-end: Conv-4, every weight adapts; ``options``: ``MamlLowOptions``."""
+    return assemble("maml_low", maml_low_loop(spec, image_shape, **options))
 
 
-def maml_high(spec: TaskSpec, image_shape=(28, 28, 1), filters: int = 48,
-              embed_filters: int = 64, growth: int = 64, conv: str = "auto",
-              **options) -> Learner:
-    """MAML++ high-end: SE-DenseNet embedding (outer loop only) + adaptable head."""
-    return assemble("maml_high", maml_high_loop(spec, image_shape, filters, embed_filters,
-                                                growth, conv, **options))
+def maml_high(spec: TaskSpec, image_shape=(28, 28, 1), **options) -> Learner:
+    """MAML++ high-end: SE-DenseNet embedding (outer loop only) + adaptable head;
+    ``options``: ``MamlHighOptions``."""
+    opts = build(MamlHighOptions, options, "learner 'maml_high'")
+    return assemble("maml_high", maml_high_loop(spec, image_shape, opts=opts))

@@ -6,41 +6,37 @@ not yet seen in the task are masked out of the prediction.
 
 Defaults follow the paper (Snell et al.'s ProtoNets, which the paper cites):
 a prototype is the mean embedding of a label's support samples, logits are
-negative squared Euclidean distances. The embedding is initialised as the
-authors' ``VGGEmbeddingNetwork`` (plain ``torch.nn`` layers: PyTorch's default
-uniform +-1/sqrt(fan_in), ``weight_init="original"``; "lecun": Flax's default,
-the previous init).
+negative squared Euclidean distances (``metrics.neg_sq_euclidean``). The
+embedding's layers are drawn with PyTorch's default (``weight_init="torch"``,
+as the authors' ``VGGEmbeddingNetwork`` of plain ``torch.nn`` layers).
 
-"As published" options (off by default), from the paper-era code
-(FewShotContinualLearning commit 39025a3, ``few_shot_learning_system.py``,
-``MatchingNetworkFewShotClassifier.forward``):
+"As published" options (off by default; docs/fidelity.md has the authors'
+code they follow):
 
 - ``last_sample_prototype=True``: a label's prototype is its most recent
-  support embedding divided by NSS*KS. The code meant to average the
-  embeddings, but counted them in a dict keyed by label *tensors*, which
-  never compare equal as keys: every sample was written to slot 0 of a
-  zero buffer of NSS*KS slots, and the mean over the slots is the last
-  sample / (NSS*KS). The state then carries the last embedding per label
-  (same shapes as the sums).
-- ``distance="dot"``: logits are dot products with the prototypes
-  (``calculate_cosine_distance`` computes an unnormalised dot product), in
-  place of ``"squared_euclidean"``.
+  support embedding divided by NSS*KS (the paper-era code's mean over a
+  buffer of NSS*KS slots of which only one was written). The state then
+  carries the last embedding per label (same shapes as the sums).
+- ``distance="dot"``: logits are dot products with the prototypes, in place
+  of ``"squared_euclidean"``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from cfsl_jax import metrics
 from cfsl_jax.learners.base import Learner, check_image_shape, embedding_dim
-from cfsl_jax.models.conv4 import Conv4
-from cfsl_jax.models.init import reinitialize
+from cfsl_jax.models.conv4 import ACTIVATIONS, Conv4
+from cfsl_jax.models.init import WEIGHT_INITS, reinitialize
+from cfsl_jax.options import build, check_fields, option
 from cfsl_jax.spec import TaskSpec
 
 DISTANCES: tuple[str, ...] = ("squared_euclidean", "dot")
-WEIGHT_INITS: tuple[str, ...] = ("original", "lecun")
 
 
 class ProtoState(NamedTuple):
@@ -57,29 +53,38 @@ def last_per_label(features: jax.Array, labels: jax.Array, previous: jax.Array) 
                      previous.astype(features.dtype))
 
 
+@dataclasses.dataclass(frozen=True)
+class ProtoNetsOptions:
+    """``protonets``: the embedding's and the prototype rule's options (module doc)."""
+
+    filters: int = option(64, "Conv-4 channels.", minimum=1)
+    activation: str = option("relu", "Conv-4 activation.", choices=tuple(ACTIVATIONS))
+    last_sample_prototype: bool = option(False, "A label's prototype is its last support "
+                                         "embedding / (NSS*KS), as the paper-era code.")
+    distance: str = option("squared_euclidean", "Logits: negative squared Euclidean "
+                           "distances or dot products to the prototypes.", choices=DISTANCES)
+    weight_init: str = option("torch", "Init of the embedding's layers (models.init).",
+                              choices=WEIGHT_INITS)
+
+    def __post_init__(self):
+        check_fields(self)
+
+
 def protonets(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
-              filters: int = 64, activation: str = "relu",
-              state_dtype: jnp.dtype = jnp.float32, last_sample_prototype: bool = False,
-              distance: str = "squared_euclidean", weight_init: str = "original") -> Learner:
+              state_dtype: jnp.dtype = jnp.float32, **options) -> Learner:
     """A ProtoNets learner for ``spec`` and inputs of ``image_shape``.
 
     ``state_dtype`` is the dtype of the carried sums (bf16 halves their bytes);
-    counts are int32. ``last_sample_prototype`` (False), ``distance``
-    ("squared_euclidean" or "dot") and ``weight_init`` ("original" or "lecun"):
-    see the module doc.
+    counts are int32. ``options``: ``ProtoNetsOptions``.
     """
-    if not isinstance(last_sample_prototype, bool):
-        raise ValueError(f"last_sample_prototype must be a bool, got {last_sample_prototype!r}")
-    if distance not in DISTANCES:
-        raise ValueError(f"distance must be one of {DISTANCES}, got {distance!r}")
-    if weight_init not in WEIGHT_INITS:
-        raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {weight_init!r}")
-    embed = Conv4(filters=filters, activation=activation)
-    scheme = "torch" if weight_init == "original" else "lecun"
+    opts = build(ProtoNetsOptions, options, "learner 'protonets'")
+    last_sample_prototype, distance = opts.last_sample_prototype, opts.distance
+    embed = Conv4(filters=opts.filters, activation=opts.activation)
 
     def init_params(key, example_x, spec):
         check_image_shape(example_x, image_shape)
-        return reinitialize(embed.init(key, example_x), jax.random.fold_in(key, 1), scheme)
+        return reinitialize(embed.init(key, example_x), jax.random.fold_in(key, 1),
+                            opts.weight_init)
 
     def init(params, key, spec):
         del key
@@ -105,8 +110,7 @@ def protonets(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
         if distance == "dot":
             logits = features @ prototypes.T
         else:
-            logits = -(jnp.sum(features**2, -1, keepdims=True) - 2 * features @ prototypes.T
-                       + jnp.sum(prototypes**2, -1))
+            logits = metrics.neg_sq_euclidean(features, prototypes)
         return jnp.where(state.counts > 0, logits, jnp.finfo(features.dtype).min)
 
     return Learner("protonets", spec, init_params, init, adapt, predict)

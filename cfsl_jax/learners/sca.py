@@ -14,14 +14,12 @@ second-order path even when the support-set steps are first-order
 (``first_order``): the critic is only learned through it.
 
 ``critic="original"`` (default, the authors' ``CriticNetwork`` with
-``conditional_information=["preds"]``, ``standard_neural_network_architectures.py``
-at FewShotContinualLearning commit abc7c72): features [logits, |logits|,
+``conditional_information=["preds"]``): features [logits, |logits|,
 logits^2, sign(logits)], two hidden linear layers of ``critic_hidden`` (16)
 units with LeakyReLU, a linear output, no biases anywhere, summed over the
-target samples; PyTorch's default init with ``weight_init="original"``.
-``critic="smooth"`` is the previous cfsl_jax critic: the softmax in place of
-the sign, swish, biased hidden layers, the mean over samples (it used
-``critic_hidden=32``).
+target samples; drawn by ``embed_init`` ("torch": PyTorch's default).
+``critic="smooth"``: the softmax in place of the sign, swish, biased hidden
+layers, the mean over samples.
 
 Per-step BN rows: the authors' code forwards the target set at rows NSS*S
 (logged only), NSS*S + 1 (the critic's input, and the "pre" loss) and
@@ -38,6 +36,8 @@ the post-critic ones, as ``predict``'s.
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -45,7 +45,8 @@ import jax.numpy as jnp
 from cfsl_jax import metrics
 from cfsl_jax.learners.base import Learner
 from cfsl_jax.learners.inner_loop import InnerLoop, InnerState, assemble
-from cfsl_jax.learners.maml import maml_high_loop
+from cfsl_jax.learners.maml import MamlHighOptions, maml_high_loop
+from cfsl_jax.options import build, option
 from cfsl_jax.models.init import reinitialize
 from cfsl_jax.spec import TaskSpec
 
@@ -86,20 +87,21 @@ def _critic_logits(loop: InnerLoop, critic: Critic, params, state: InnerState,
     return pre, post
 
 
-def sca(spec: TaskSpec, image_shape=(28, 28, 1), critic: str = "original",
-        critic_hidden: int = 16, **options) -> Learner:
-    """SCA: ``maml_high`` (same options) + a critic step on the target set inside ``predict``.
+@dataclasses.dataclass(frozen=True)
+class ScaOptions(MamlHighOptions):
+    """``sca``: the ``maml_high`` options and the critic's."""
 
-    ``critic``: "original" (the authors') or "smooth" (the previous cfsl_jax
-    critic); ``critic_hidden``: its hidden units (16). See the module doc.
-    """
-    if isinstance(critic_hidden, bool) or not isinstance(critic_hidden, int) or critic_hidden < 1:
-        raise ValueError(f"critic_hidden must be a positive integer, got {critic_hidden!r}")
-    if critic not in CRITICS:
-        raise ValueError(f"critic must be one of {CRITICS}, got {critic!r}")
-    loop = maml_high_loop(spec, image_shape, extra_steps=1, **options)
-    critic_net = Critic(critic_hidden, critic)
-    critic_init = "torch" if loop.options.weight_init == "original" else "lecun"
+    critic: str = option("original", "Critic network: the authors' (original) or a smooth "
+                         "variant (module doc).", choices=CRITICS)
+    critic_hidden: int = option(16, "Critic hidden units.", minimum=1)
+
+
+def sca(spec: TaskSpec, image_shape=(28, 28, 1), **options) -> Learner:
+    """SCA: ``maml_high`` + a critic step on the target set inside ``predict``;
+    ``options``: ``ScaOptions`` (module doc)."""
+    opts = build(ScaOptions, options, "learner 'sca'")
+    loop = maml_high_loop(spec, image_shape, extra_steps=1, opts=opts)
+    critic_net = Critic(opts.critic_hidden, opts.critic)
     base_init_params = loop.init_params
 
     def init_params(key, example_x, spec):
@@ -107,7 +109,7 @@ def sca(spec: TaskSpec, image_shape=(28, 28, 1), critic: str = "original",
         params = base_init_params(base_key, example_x, spec)
         logits = jnp.zeros((1, spec.num_outputs), jnp.float32)
         params["critic"] = reinitialize(critic_net.init(critic_key, logits)["params"],
-                                        jax.random.fold_in(critic_key, 1), critic_init)
+                                        jax.random.fold_in(critic_key, 1), opts.embed_init)
         return params
 
     loop = loop._replace(init_params=init_params)

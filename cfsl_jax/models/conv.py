@@ -4,8 +4,7 @@ Why: ``run_task`` walks support sets with ``lax.scan``, so the backward pass of
 meta-training computes convolution kernel gradients inside a while loop. On
 XLA:CPU that gradient (a convolution with batch and feature dimensions
 swapped) falls off the fast path inside loops and runs 30-100x slower than
-the same op outside one (measured on a 2-core Xeon, jax 0.10: 2.9 s against
-0.03 s for 4 steps of a 40x14x14x64 -> 64 channel 3x3 convolution). Here the
+the same op outside one (docs/results.md, "Implementation choices"). Here the
 kernel gradient is computed as ``patches(x)^T @ dy``, with the patches built
 from shifted slices (no compute), which is a plain GEMM everywhere. The
 forward pass and the input gradient are XLA's own convolutions, which are
@@ -17,18 +16,15 @@ again (second-order MAML).
 
 ``im2col_conv`` goes one step further: the forward pass itself is one GEMM
 over the KH*KW shifted copies of the input, so every derivative of every
-order is matmuls and pads. Second-order MAML++ on CPU runs fastest this way
-(maml_low NSS=3 meta-step 1.43 -> 0.41 s/task against XLA convolutions).
+order is matmuls and pads. Second-order MAML++ on CPU runs fastest this way.
 
 ``Conv(features, kernel_size, impl, use_bias)`` picks one with ``impl``:
 "gemm_grad" (``conv2d``), "im2col", "xla" (``lax.conv_general_dilated``,
 cuDNN on GPU), or "auto": ``AUTO_IMPLS`` of the platform the program is
 lowered for (``backend.lowering_platform()``, read at trace time). im2col on
-CPU (second-order MAML++ 3.5x faster, above) and on GPU/TPU: vmapping
-per-task weights turns XLA convolutions into grouped convolutions, which
-cuDNN runs with generic kernels, while im2col's batched GEMMs batch well
-(measured on one H100, maml_low NSS=10 at 16 tasks/step: 4.9 ms/task with
-im2col against 27 ms/task with cuDNN; 26 against 67 ms at 1 task/step).
+CPU (above) and on GPU/TPU: vmapping per-task weights turns XLA convolutions
+into grouped convolutions, which cuDNN runs with generic kernels, while
+im2col's batched GEMMs batch well (docs/results.md, "Implementation choices").
 All implementations compute the same convolution (tests/test_conv.py).
 """
 

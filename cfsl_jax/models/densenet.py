@@ -1,9 +1,7 @@
 """The MAML++ high-end networks: an SE-DenseNet embedding and an adaptable head.
 
-As the authors' code (FewShotContinualLearning: ``SqueezeExciteDenseNet`` of
-``standard_neural_network_architectures.py`` at commit abc7c72 and
-``VGGActivationNormNetworkWithAttention`` of
-``meta_neural_network_architectures.py`` at 39025a3, with the configs'
+As the authors' code (``SqueezeExciteDenseNet`` and
+``VGGActivationNormNetworkWithAttention``; docs/fidelity.md), with the configs'
 ``num_filters`` 64, ``num_blocks_per_stage`` 2, ``num_stages`` 2,
 ``output_spatial_dimensionality`` 5):
 
@@ -22,11 +20,11 @@ output repeats cells). Normalisation uses the statistics of the batch it is
 given, so a support set or the target set is embedded on its own.
 
 ``SqueezeExcite`` (the authors'): x * sigmoid(Linear_CxC(global mean of x)),
-one linear layer with a bias. ``se_mlp=True`` selects the previous cfsl_jax
-gate instead: a 2-layer MLP (hidden max(C // 4, 4), ReLU) whose gate only
-feeds the block's convs (the concatenation carries the ungated input); with
+one linear layer with a bias. ``se_mlp=True`` selects a 2-layer MLP gate
+instead (hidden max(C // 4, 4), ReLU) whose gate only feeds the block's convs
+(the concatenation carries the ungated input); with
 ``shrink_transitions=True`` the transitions go back to ``filters`` channels
-(64 -> 64 -> 64): together the two options are the previous embedding.
+(64 -> 64 -> 64): together the two options give a smaller embedding.
 
 ``AdaptableHead`` (adapted in the inner loop): [SE -> 3x3 conv (``filters``
 = 48) + ``PerStepBatchNorm`` + LeakyReLU -> 2x2 max-pool -> SE -> global
@@ -121,8 +119,8 @@ class SEDenseNet(nn.Module):
     blocks_per_stage: int = 2
     output_size: int = 5
     conv_impl: str = "auto"
-    se_mlp: bool = False  # the previous gate: 2-layer MLP, feeding the convs only
-    shrink_transitions: bool = False  # the previous transitions: back to ``filters`` channels
+    se_mlp: bool = False  # a 2-layer MLP gate, feeding the convs only
+    shrink_transitions: bool = False  # transitions back to ``filters`` channels
 
     def _conv_norm_act(self, x: jax.Array, features: int, kernel_size: int) -> jax.Array:
         x = Conv(features, kernel_size, self.conv_impl, use_bias=False)(x)
@@ -150,7 +148,7 @@ class AdaptableHead(nn.Module):
     filters: int = 48
     num_steps: int = 1
     conv_impl: str = "auto"
-    se_mlp: bool = False  # the previous 2-layer squeeze-excite MLP
+    se_mlp: bool = False  # a 2-layer squeeze-excite MLP
 
     @nn.compact
     def __call__(self, x: jax.Array, step: jax.Array | int = 0) -> jax.Array:

@@ -2,14 +2,12 @@
 
     params = reinitialize(module.init(key, x), jax.random.fold_in(key, 1), "xavier")
 
-The authors' code (AntreasAntoniou/FewShotContinualLearning, commit 39025a3,
-``meta_neural_network_architectures.py``) initialises every layer that adapts
+The authors' code (docs/fidelity.md, "Weight init") initialises every layer that adapts
 in an inner loop (``MetaConv2dLayer``, ``MetaLinearLayer``: the Conv-4 of
 MAML++ low-end and of the fine-tuning baselines, the MAML++ high-end / SCA
 head and its squeeze-excite layers) with ``nn.init.xavier_uniform_`` and zero
 biases. Its ordinary ``torch.nn`` layers (the SE-DenseNet embedding, the SCA
-critic, the ProtoNets Conv-4 of ``standard_neural_network_architectures.py``,
-commit abc7c72) keep PyTorch's default: kernel and bias uniform in
+critic, the ProtoNets Conv-4) keep PyTorch's default: kernel and bias uniform in
 +-1/sqrt(fan_in). Flax's own default (LeCun-normal kernels, zero biases) is
 ``"lecun"``: the parameters are left as ``module.init`` made them.
 
@@ -29,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
-SCHEMES: tuple[str, ...] = ("xavier", "torch", "lecun")
+WEIGHT_INITS: tuple[str, ...] = ("xavier", "torch", "lecun")  # the schemes, module doc
 
 
 def _fans(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -44,8 +42,8 @@ def reinitialize(params: Any, key: jax.Array, scheme: str) -> Any:
     and bias U(+-1 / sqrt(fan_in)). "lecun": ``params`` unchanged. Deterministic
     in ``key``; shapes and dtypes are kept.
     """
-    if scheme not in SCHEMES:
-        raise ValueError(f"weight init scheme must be one of {SCHEMES}, got {scheme!r}")
+    if scheme not in WEIGHT_INITS:
+        raise ValueError(f"weight init scheme must be one of {WEIGHT_INITS}, got {scheme!r}")
     if scheme == "lecun":
         return params
     flat = traverse_util.flatten_dict(params)

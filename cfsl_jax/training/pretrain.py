@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from cfsl_jax import data, sampler, seeding
+from cfsl_jax import data, optimizers, sampler, seeding
 from cfsl_jax.evaluate import evaluate
 from cfsl_jax.training import checkpoints, loop
 from cfsl_jax.training.config import TrainConfig
@@ -84,7 +84,7 @@ def entry_pool(class_table) -> Pool:
 
 def optimizer(learning_rate: float, weight_decay: float) -> optax.GradientTransformation:
     """PyTorch's ``Adam(lr=learning_rate, weight_decay=weight_decay)``: L2 into the gradient."""
-    return optax.chain(optax.add_decayed_weights(weight_decay), optax.adam(learning_rate))
+    return optimizers.optimizer("adam", learning_rate, weight_decay)
 
 
 @functools.partial(jax.jit, donate_argnums=0,

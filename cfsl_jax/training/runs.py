@@ -189,9 +189,10 @@ def evaluate_run(workdir: str, num_tasks: int | None = None,
         ckpt.close()
     stored = results.read_json(os.path.join(workdir, "results.json"), default={})
     if "macs_per_meta_step" in stored.get("test", {}):
-        report["macs_per_meta_step"] = stored["test"]["macs_per_meta_step"]
+        report = report.replace(macs_per_meta_step=stored["test"]["macs_per_meta_step"])
     wall = stored.get("wall_seconds", time.perf_counter() - started)
-    report["retest_compile_seconds"] = backend.compile_stats(compiled)["compile_seconds"]
+    report = report.replace(
+        retest_compile_seconds=backend.compile_stats(compiled)["compile_seconds"])
     kept = {k: stored[k] for k in backend.compile_stats() if k in stored} or None
     return results.record(config, learner, splits, report, workdir, wall_seconds=wall,
                           best_epochs=best, compile_since=compiled, run_stats=kept)

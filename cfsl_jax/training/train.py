@@ -36,7 +36,8 @@ import optax
 
 from jax.sharding import Mesh
 
-from cfsl_jax import backend, data, episode, memory, metrics, parallel, progress, results, seeding, stops
+from cfsl_jax import (backend, data, episode, memory, metrics, optimizers, parallel, progress,
+                      results, seeding, stops)
 from cfsl_jax.errors import UserError
 from cfsl_jax.evaluate import evaluate
 from cfsl_jax.learners import get_learner
@@ -51,8 +52,7 @@ from cfsl_jax.training.tracking import Tracking
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    return optax.chain(optax.add_decayed_weights(config.weight_decay),
-                       optax.adam(config.learning_rate))
+    return optimizers.optimizer("adam", config.learning_rate, config.weight_decay)
 
 
 def make_train_step(learner: Learner, optimizer: optax.GradientTransformation, meta_batch: int,
@@ -210,8 +210,7 @@ def _has_checkpoints(workdir: str) -> bool:
 
 
 def _is_user_error(error: BaseException) -> bool:
-    return isinstance(error, UserError) or (type(error).__name__ in (
-        "XlaRuntimeError", "JaxRuntimeError") and "RESOURCE_EXHAUSTED" in str(error))
+    return isinstance(error, UserError) or memory.is_out_of_memory(error)
 
 
 def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int | None,
@@ -247,13 +246,13 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
             params = pretrained
         try:
             report = evaluate(learner, params, splits["test"], num_tasks=config.test_tasks,
-                              seed=config.seed, purpose="eval", batch_size=config.eval_batch,
+                              seed=config.seed, purpose="test", batch_size=config.eval_batch,
                               ensemble=ensemble, mesh=mesh)
             if learner.training == "meta":
                 member = jax.device_get(jax.tree.map(lambda x: x[0], params))
                 with progress.stage("[test] counting the MACs of a meta-training step (XLA)"):
-                    report["macs_per_meta_step"] = per_task_meta_step_macs(
-                        config, learner, member, tuple(splits["train"].images.shape[1:]))
+                    report = report.replace(macs_per_meta_step=per_task_meta_step_macs(
+                        config, learner, member, tuple(splits["train"].images.shape[1:])))
         except (stops.StopRequested, SystemExit) as stop:  # SystemExit: a scheduler's handler
             stops.clear()
             cause = f" by {stops.name(stop.signum)}" if hasattr(stop, "signum") else ""
