@@ -178,7 +178,8 @@ def run(main: Callable[[list[str]], None], interrupted: str = "interrupted: re-r
             from .options import apply_backend_flags, apply_deprecated_flags
             apply_deprecated_flags()
             if FLAGS.validate_only:
-                if check is not None:
+                listing = "list_options" in FLAGS and FLAGS.list_options  # needs no workdir
+                if check is not None and not listing:
                     check()
                 print("valid: nothing was run (--validate_only)", flush=True)
                 return
