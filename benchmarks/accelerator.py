@@ -46,12 +46,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cfsl_jax import backend, data, parallel
-from cfsl_jax.evaluate import evaluate
+from cfsl_jax.runtime import backend, parallel
+from cfsl_jax import data
+from cfsl_jax.training.evaluate import evaluate
 from cfsl_jax.learners import LEARNERS, get_learner, options_class, parse_learner_options
-from cfsl_jax.options import names as option_names
-from cfsl_jax.sampler import sample_task
-from cfsl_jax.spec import TaskSpec
+from cfsl_jax.runtime.options import names as option_names
+from cfsl_jax.protocol.sampler import sample_task
+from cfsl_jax.protocol.spec import TaskSpec
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.train import make_optimizer, make_train_step
 
@@ -73,7 +74,7 @@ _LEARNER_OPTIONS = flags.DEFINE_multi_string("learner_option", [],
                                              "Learner option NAME=VALUE for every learner "
                                              "that takes it (repeatable), e.g. conv=xla.")
 _PRECISION = flags.DEFINE_enum("precision", backend.DEFAULT_PRECISION, backend.PRECISIONS,
-                               "Float32 matmul/convolution precision (cfsl_jax.backend).")
+                               "Float32 matmul/convolution precision (cfsl_jax.runtime.backend).")
 _CACHE = flags.DEFINE_string("compilation_cache_dir", "", "Persistent compilation cache ('': "
                              "off, so compile seconds are real compilations).")
 _OUT = flags.DEFINE_string("out", None, "Also append the JSON lines to this file.")

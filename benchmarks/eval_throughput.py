@@ -22,9 +22,9 @@ import jax
 import jax.numpy as jnp
 
 from cfsl_jax import data
-from cfsl_jax.evaluate import evaluate
+from cfsl_jax.training.evaluate import evaluate
 from cfsl_jax.learners import get_learner
-from cfsl_jax.spec import TaskSpec
+from cfsl_jax.protocol.spec import TaskSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OMNIGLOT_DIR = os.path.join(REPO, "..", "shared", "data", "omniglot")

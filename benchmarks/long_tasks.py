@@ -37,10 +37,11 @@ def child(name: str) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from cfsl_jax import data, parallel
-    from cfsl_jax.evaluate import _evaluate_chunk, evaluate
+    from cfsl_jax import data
+    from cfsl_jax.runtime import parallel
+    from cfsl_jax.training.evaluate import _evaluate_chunk, evaluate
     from cfsl_jax.learners import get_learner
-    from cfsl_jax.spec import TaskSpec
+    from cfsl_jax.protocol.spec import TaskSpec
 
     spec = TaskSpec.parse(FLAGS.task)
     split = data.load_split("synthetic", "train", num_classes=FLAGS.num_classes,

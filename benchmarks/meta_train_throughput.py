@@ -44,10 +44,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cfsl_jax import episode
+from cfsl_jax.protocol import episode
 from cfsl_jax.learners import get_learner, parse_learner_options
-from cfsl_jax.optimizers import optimizer as make_optimizer
-from cfsl_jax.spec import TaskSpec
+from cfsl_jax.training.optimizers import optimizer as make_optimizer
+from cfsl_jax.protocol.spec import TaskSpec
 
 TARGETS = {("maml_low", "train", 3): 0.37, ("maml_low", "eval", 10): 0.48}
 TARGET_COMPILE_S = 30.0

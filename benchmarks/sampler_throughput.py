@@ -25,8 +25,8 @@ import jax
 import numpy as np
 
 from cfsl_jax import data
-from cfsl_jax.sampler import sample_task, sample_tasks
-from cfsl_jax.spec import TaskSpec
+from cfsl_jax.protocol.sampler import sample_task, sample_tasks
+from cfsl_jax.protocol.spec import TaskSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OMNIGLOT_DIR = os.path.join(REPO, "..", "shared", "data", "omniglot")

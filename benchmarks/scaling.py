@@ -4,7 +4,7 @@
     python benchmarks/scaling.py --learners=protonets,maml_low --devices=1,2,4,8
 
 For each device count n the task batch is sharded over a mesh of the first n
-devices (``cfsl_jax.parallel``): evaluation keeps ``--eval_batch`` tasks per
+devices (``cfsl_jax.runtime.parallel``): evaluation keeps ``--eval_batch`` tasks per
 device per program, meta-training keeps the global ``--meta_batch``. Prints
 tasks/second, the speed-up over one device and the parallel efficiency
 ``rate(n) / (n * rate(1))``, plus one JSON line per measurement.
@@ -32,10 +32,11 @@ from absl import app, flags  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from cfsl_jax import data, parallel  # noqa: E402
-from cfsl_jax.evaluate import evaluate  # noqa: E402
+from cfsl_jax import data# noqa: E402
+from cfsl_jax.runtime import parallel
+from cfsl_jax.training.evaluate import evaluate  # noqa: E402
 from cfsl_jax.learners import get_learner  # noqa: E402
-from cfsl_jax.spec import TaskSpec  # noqa: E402
+from cfsl_jax.protocol.spec import TaskSpec  # noqa: E402
 from cfsl_jax.training.config import TrainConfig  # noqa: E402
 from cfsl_jax.training.train import make_optimizer, make_train_step  # noqa: E402
 

@@ -47,9 +47,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cfsl_jax import progress
-from cfsl_jax.errors import UserError
-from cfsl_jax.options import positive_int
+from cfsl_jax.runtime import progress
+from cfsl_jax.runtime.errors import UserError
+from cfsl_jax.runtime.options import positive_int
 
 DATASETS: tuple[str, ...] = ("synthetic", "omniglot", "omniglot/full", "omniglot/small",
                              "slimagenet64")

@@ -9,13 +9,13 @@
 
 Both are raised before TFDS renames its `incomplete.*` folder, so a failed
 preparation never leaves anything that looks prepared. Both are also
-`cfsl_jax.errors.UserError`s: the command-line tools print their one-line
+`cfsl_jax.runtime.errors.UserError`s: the command-line tools print their one-line
 message and exit with status 2.
 """
 
 from __future__ import annotations
 
-from cfsl_jax.errors import UserError
+from cfsl_jax.runtime.errors import UserError
 
 
 class DatasetNotFoundError(FileNotFoundError, UserError):

@@ -36,7 +36,7 @@ from typing import Iterator
 import numpy as np
 import tensorflow_datasets as tfds
 
-from cfsl_jax import progress
+from cfsl_jax.runtime import progress
 
 from .omniglot import SPLITS, example_features, split_ranges
 

@@ -13,7 +13,7 @@ import os
 
 from absl import flags
 
-from cfsl_jax.errors import UserError
+from cfsl_jax.runtime.errors import UserError
 
 FLAGS = flags.FLAGS
 

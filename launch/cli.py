@@ -4,7 +4,7 @@
   corrupt dataset, a workdir that is a file -- prints ``error: <message>`` (one line) to
   stderr and exits with status 2: no traceback, no help dump.
 - Out of device memory (XLA ``RESOURCE_EXHAUSTED``) is one line too, with what to lower.
-- A stop signal (Ctrl-C, SIGTERM, SIGUSR1, SIGUSR2: ``cfsl_jax.stops``) prints one line (how to
+- A stop signal (Ctrl-C, SIGTERM, SIGUSR1, SIGUSR2: ``cfsl_jax.runtime.stops``) prints one line (how to
   resume) and exits with 128 + the signal's number: 130 for Ctrl-C, 143 for SIGTERM.
 - Anything else is a bug: its traceback is kept (exit status 1).
 - ``--verbose`` or ``CFSL_VERBOSE=1`` adds the traceback to every error.
@@ -14,7 +14,7 @@
 - ``--validate_only`` runs the command's ``check`` (flags, paths, configs: what a mistake
   would be refused for) and exits 0 without doing any work or writing anything.
 - absl's log lines (``I1125 ... train.py:129] ...``) are debug detail, shown with
-  ``--verbose``; the project's own lines are ``cfsl_jax.progress`` prints.
+  ``--verbose``; the project's own lines are ``cfsl_jax.runtime.progress`` prints.
 - ``write_flagfile(folder)`` writes the flags a command was given (paths made absolute) as
   ``folder/flags.txt``: ``--flagfile=folder/flags.txt`` runs the same command again.
 """
@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 from absl import app, flags
 
 from cfsl_jax.datasets.errors import CorruptDatasetError, DatasetNotFoundError
-from cfsl_jax.errors import UserError
+from cfsl_jax.runtime.errors import UserError
 
 flags.DEFINE_bool("verbose", False, "Show the traceback of every error and absl's debug log "
                   "lines (also: CFSL_VERBOSE=1).")
@@ -78,7 +78,7 @@ def user_message(error: BaseException) -> str:
 
 
 def out_of_memory_message(error: BaseException) -> str:
-    from cfsl_jax.memory import OUT_OF_MEMORY_TEXTS
+    from cfsl_jax.runtime.memory import OUT_OF_MEMORY_TEXTS
     first = next((line for line in str(error).splitlines() if any(
         text in line for text in OUT_OF_MEMORY_TEXTS)), str(error).splitlines()[0])
     return (f"out of device memory ({first.strip()[:200]}); lower --meta_batch, --eval_batch, "
@@ -142,7 +142,7 @@ def boundary(interrupted: str = "interrupted") -> Iterator[None]:
             traceback.print_exc()
         fail(user_message(error))
     except Exception as error:  # noqa: BLE001  (out of memory is the user's setting; else a bug)
-        from cfsl_jax.memory import is_out_of_memory  # imports jax: only once it failed
+        from cfsl_jax.runtime.memory import is_out_of_memory  # imports jax: only once it failed
         if not is_out_of_memory(error):
             raise
         if verbose():
@@ -171,7 +171,7 @@ def run(main: Callable[[list[str]], None], interrupted: str = "interrupted: re-r
     doc = sys.modules[main.__module__].__doc__
 
     def guarded(argv):
-        from cfsl_jax import stops
+        from cfsl_jax.runtime import stops
         stops.install()  # stop signals end the command cleanly, never lost in a callback
         with boundary(interrupted):
             quiet_logs()
@@ -230,7 +230,7 @@ def flags_recorded(folder: str) -> Iterator[None]:
 def write_flagfile(folder: str) -> None:
     """``folder/flags.txt`` (the first host only): ``--flagfile=folder/flags.txt`` re-runs the
     command that wrote it from any folder."""
-    from cfsl_jax import results
+    from cfsl_jax.training import results
     if results.is_primary() and os.path.isdir(folder):
         with open(os.path.join(folder, FLAGFILE), "w") as f:
             f.write(flagfile_text())

@@ -1,5 +1,5 @@
 """The launcher flags of launch.sweep and launch.fluid: --launcher, --shard and the --slurm_*
-flags (cfsl_jax.slurm), and the SLURM side of a command: submit, wait, --nowait, --cancel."""
+flags (cfsl_jax.experiments.slurm), and the SLURM side of a command: submit, wait, --nowait, --cancel."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Callable, Sequence
 
 from absl import flags
 
-from cfsl_jax import slurm, sweep
-from cfsl_jax.errors import UserError
+from cfsl_jax.experiments import slurm, sweep
+from cfsl_jax.runtime.errors import UserError
 
 flags.DEFINE_enum("launcher", "local", ["local", "slurm"], "local: worker processes on this "
                   "machine; slurm: one SLURM job array of the runs not done (pip install "

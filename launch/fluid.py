@@ -26,9 +26,9 @@ import dataclasses
 
 from absl import app, flags
 
-from cfsl_jax import slurm, sweep
+from cfsl_jax.experiments import slurm, sweep
 from cfsl_jax.data import DATASETS
-from cfsl_jax.errors import UserError
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import study
 from cfsl_jax.fluid.experiment import PRESETS, STREAM_KINDS, preset, run_experiment
 from cfsl_jax.fluid.methods import METHODS, options_class, parse_method_options

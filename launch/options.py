@@ -18,8 +18,8 @@ def define_data_flags() -> None:
 
 
 def define_backend_flags() -> None:
-    """--precision and --compilation_cache_dir (``cfsl_jax.backend``); applied by ``cli.run``."""
-    from cfsl_jax import backend
+    """--precision and --compilation_cache_dir (``cfsl_jax.runtime.backend``); applied by ``cli.run``."""
+    from cfsl_jax.runtime import backend
     flags.DEFINE_enum("precision", backend.DEFAULT_PRECISION, backend.PRECISIONS,
                       "Float32 matmul/convolution precision on accelerators: default (TF32 on "
                       "recent NVIDIA GPUs, bf16 passes on TPU), high, or highest (full float32). "
@@ -34,7 +34,7 @@ def apply_backend_flags() -> None:
     defines them (before any program is traced)."""
     if "precision" not in flags.FLAGS or "compilation_cache_dir" not in flags.FLAGS:
         return
-    from cfsl_jax import backend
+    from cfsl_jax.runtime import backend
     backend.configure(flags.FLAGS.precision, flags.FLAGS.compilation_cache_dir)
 
 
@@ -113,7 +113,7 @@ def learner_options_from_flag(learner: str, pairs: list[str]) -> dict:
 
 def list_options(title: str, options_class: type) -> str:
     """The text ``--list_options`` prints for one learner or method."""
-    from cfsl_jax.options import describe
+    from cfsl_jax.runtime.options import describe
     return "\n".join([f"{title} (NAME: TYPE = DEFAULT, then its help):", *describe(options_class)])
 
 

@@ -20,7 +20,7 @@ import os
 
 from absl import app, flags
 
-from cfsl_jax import figures, report
+from cfsl_jax.experiments import figures, report
 from cfsl_jax.learners import LEARNERS
 
 from . import cli
@@ -33,7 +33,7 @@ flags.DEFINE_string("out_dir", None, "Where to write (default: SWEEP_DIR/report 
 define_list("figure", ["accuracy_nss"], "Figures: accuracy_nss (Figure 3, needs --sweep_dir), "
             "atm_macs (Figure 4, no training).", enum_values=["accuracy_nss", "atm_macs"])
 flags.DEFINE_string("paper_results", None, "JSON file with the paper's numbers (default: the "
-                    "table shipped in cfsl_jax/paper_results.py).")
+                    "table shipped in cfsl_jax/experiments/paper_results.py).")
 define_list("learners", [], f"Figure 4 learners (default: all of {','.join(LEARNERS)} "
             "that build).")
 define_list("nss", [str(n) for n in figures.FIGURE4_NSS], "Figure 4 NSS values.")
@@ -47,7 +47,7 @@ FLAGS = flags.FLAGS
 
 
 def figure4(out_dir: str) -> str:
-    from cfsl_jax import backend
+    from cfsl_jax.runtime import backend
 
     cache = FLAGS.compilation_cache_dir
     backend.enable_compilation_cache(os.path.join(out_dir, "xla_cache") if cache is None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from absl import flags
 
-from cfsl_jax import visualize
+from cfsl_jax.experiments import visualize
 from cfsl_jax.data import DATASETS, SPLITS
 
 from . import cli
@@ -33,7 +33,7 @@ FLAGS = flags.FLAGS
 
 def check() -> None:
     """The task parses, the data folders exist, --out can be written."""
-    from cfsl_jax.spec import TaskSpec
+    from cfsl_jax.protocol.spec import TaskSpec
     check_data_flags()
     check_output_file("out", _OUT.value)
     with cli.user_input():

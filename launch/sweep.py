@@ -38,10 +38,10 @@ from __future__ import annotations
 
 from absl import flags
 
-from cfsl_jax import report, slurm, sweep
+from cfsl_jax.experiments import report, slurm, sweep
 from cfsl_jax.learners import LEARNERS, options_class, parse_learner_options
-from cfsl_jax.options import names as option_names
-from cfsl_jax.spec import PAPER_GRID
+from cfsl_jax.runtime.options import names as option_names
+from cfsl_jax.protocol.spec import PAPER_GRID
 
 from . import cli, cluster
 from .checks import check_data_flags, check_output_dir
@@ -94,7 +94,7 @@ def sweep_learner_options(pairs: list[str], learners) -> tuple[dict, dict[str, d
 def check_lists() -> None:
     """Each list flag's items, named by the flag as typed (a bad cell is ``--cells``')."""
     from cfsl_jax.data import DATASETS
-    from cfsl_jax.spec import TaskSpec
+    from cfsl_jax.protocol.spec import TaskSpec
     for cell in FLAGS.cells:
         try:
             TaskSpec.parse(cell.strip().upper())

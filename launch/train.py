@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from absl import flags
 
-from cfsl_jax import parallel
+from cfsl_jax.runtime import parallel
 from cfsl_jax.training import budgets, runs, train
 from cfsl_jax.data import DATASETS
 from cfsl_jax.learners import COMPUTE_DTYPES, LEARNERS, options_class
 from cfsl_jax.training.config import PRETRAIN_DATA, TrainConfig
-from cfsl_jax.spec import LABEL_OFFSETS, TARGET_MODES
+from cfsl_jax.protocol.spec import LABEL_OFFSETS, TARGET_MODES
 
 from . import cli
 from .checks import absolute, check_data_flags, check_output_dir

@@ -14,7 +14,7 @@ import sys
 
 from absl import flags
 
-from cfsl_jax.verify import load, verify
+from cfsl_jax.experiments.verify import load, verify
 
 from . import cli
 from .checks import check_data_flags

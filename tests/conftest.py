@@ -8,7 +8,7 @@ The suite passes on any backend (CPU in CI, a GPU or TPU too):
   Tests that use the default mesh run on the default backend's devices (8 on
   CPU, so training and evaluation run sharded; the GPU's count elsewhere).
 - Float32 matmuls and convolutions run at ``highest`` precision (the
-  ``--precision`` policy, ``cfsl_jax.backend``), here and in subprocesses, so
+  ``--precision`` policy, ``cfsl_jax.runtime.backend``), here and in subprocesses, so
   tolerances mean the same on CPU and on a TF32 GPU; tests of the policy itself
   set it explicitly.
 - MACs are XLA:CPU's count on every backend (``backend.cpu_cost_analysis``).
@@ -36,7 +36,8 @@ os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = TEST_PRECISION  # also for subproce
 import jax  # noqa: E402  (after XLA_FLAGS)
 import pytest
 
-from cfsl_jax import backend, data, parallel
+from cfsl_jax.runtime import backend, parallel
+from cfsl_jax import data
 
 backend.set_precision(TEST_PRECISION)
 # In-process tests compile without XLA's optimisations (-O0): compiling dominates the

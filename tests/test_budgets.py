@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from cfsl_jax.training import budgets
-from cfsl_jax.errors import UserError
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training.train import TrainConfig
 
 

@@ -19,10 +19,10 @@ import zipfile
 import jax
 import pytest
 
-from cfsl_jax import memory, progress, stops
+from cfsl_jax.runtime import memory, progress, stops
 from cfsl_jax.training import runs, train
 from cfsl_jax.training.config import TrainConfig
-from cfsl_jax.errors import UserError
+from cfsl_jax.runtime.errors import UserError
 from conftest import interruptible_module
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

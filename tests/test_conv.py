@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cfsl_jax import backend
+from cfsl_jax.runtime import backend
 from cfsl_jax.models.conv import (AUTO_IMPLS, _CONV_FNS, Conv, conv2d, im2col_conv,
                                   resolve_conv_impl)
 

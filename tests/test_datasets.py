@@ -320,7 +320,7 @@ def test_synthetic_tfds_builder_matches_the_in_memory_set(tmp_path):
 def test_offline_omniglot_without_manual_dir_fails_at_once_and_creates_nothing(tmp_path):
     """Nothing prepared, no --manual_dir, no --download: one message naming the zips and where
     to put them, raised before anything is created (no network, no empty folders)."""
-    from cfsl_jax.errors import UserError
+    from cfsl_jax.runtime.errors import UserError
 
     tfds_dir = tmp_path / "fresh" / "tfds"
     started = time.perf_counter()
@@ -414,7 +414,7 @@ def test_select_classes_relabels_in_the_chosen_order(omniglot_splits):
 
 
 def test_authors_class_split_option_is_checked(tmp_path):
-    from cfsl_jax.errors import UserError
+    from cfsl_jax.runtime.errors import UserError
 
     with pytest.raises(UserError, match=r"class_split='shuffled'.*valid: \('ordered', 'authors'\)"):
         data.load_split("omniglot/full", "train", data_dir=str(tmp_path), class_split="shuffled")

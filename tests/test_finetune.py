@@ -9,16 +9,17 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from cfsl_jax import data, episode, metrics
+from cfsl_jax import data
+from cfsl_jax.protocol import episode, metrics
 from cfsl_jax.datasets.synthetic import generate
-from cfsl_jax.errors import UserError
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.learners import get_learner
 from cfsl_jax.learners.finetune import (EwcState, TuneState, diagonal_fisher, ewc_init,
                                         init_tune, merge, pretrain_tune, split_norm)
 from cfsl_jax.models import init as weight_init
 from cfsl_jax.models.conv4 import Conv4, LinearHead
 from cfsl_jax.training.pretrain import entry_pool, init_state, pretrain, train_step
-from cfsl_jax.spec import TaskSpec
+from cfsl_jax.protocol.spec import TaskSpec
 from conftest import traces_counted
 
 IMAGE = (28, 28, 1)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cfsl_jax import data, fluid
-from cfsl_jax.errors import UserError
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import classifiers, heads, pretraining
 
 IMAGE = (16, 16, 1)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from cfsl_jax import fluid, metrics
+from cfsl_jax import fluid
+from cfsl_jax.protocol import metrics
 from cfsl_jax.fluid import classifiers
 from cfsl_jax.fluid.metrics import average_ranks
 

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cfsl_jax import data, fluid, metrics
+from cfsl_jax import data, fluid
+from cfsl_jax.protocol import metrics
 from cfsl_jax.fluid import classifiers, protocol
 
 LENGTH, NUM_CLASSES = 120, 6

@@ -5,19 +5,19 @@ import subprocess
 import sys
 import threading
 
-from cfsl_jax import progress
+from cfsl_jax.runtime import progress
 
 
 def test_importing_the_package_leaves_the_matplotlib_backend_alone():
     code = ("import matplotlib, sys; matplotlib.use('svg'); "
-            "import cfsl_jax.figures, cfsl_jax.visualize, cfsl_jax.report, cfsl_jax.fluid.report; "
+            "import cfsl_jax.experiments.figures, cfsl_jax.experiments.visualize, cfsl_jax.experiments.report, cfsl_jax.fluid.report; "
             "print(matplotlib.get_backend(), 'matplotlib.pyplot' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.split() == ["svg", "False"], result.stderr[-2000:]
 
 
 def test_a_figure_is_drawn_without_pyplot(tmp_path):
-    from cfsl_jax import figures
+    from cfsl_jax.experiments import figures
     path = figures.plot_cost_curves({"protonets": [{"nss": 1, "atm": 1.0, "macs_per_task": 2.0},
                                                    {"nss": 2, "atm": 1.5, "macs_per_task": 4.0}]},
                                     str(tmp_path / "curves.png"))

@@ -10,18 +10,19 @@ import numpy as np
 import optax
 import pytest
 
-from cfsl_jax import data, episode, metrics
-from cfsl_jax.errors import UserError
+from cfsl_jax import data
+from cfsl_jax.protocol import episode, metrics
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.learners import get_learner
 from cfsl_jax.learners.inner_loop import msl_weights
 from cfsl_jax.learners.sca import Critic
-from cfsl_jax.metrics import meta_step_macs
+from cfsl_jax.protocol.metrics import meta_step_macs
 from cfsl_jax.models.conv4 import BatchStatNorm
 from cfsl_jax.models.conv import im2col_conv
 from cfsl_jax.models.densenet import SEDenseNet
 from cfsl_jax.models.norm import PerStepBatchNorm
-from cfsl_jax.sampler import sample_task, sample_tasks
-from cfsl_jax.spec import TaskSpec
+from cfsl_jax.protocol.sampler import sample_task, sample_tasks
+from cfsl_jax.protocol.spec import TaskSpec
 
 IMAGE = (28, 28, 1)
 SMALL = (16, 16, 1)

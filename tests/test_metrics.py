@@ -8,12 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cfsl_jax import backend, metrics
+from cfsl_jax.runtime import backend
+from cfsl_jax.protocol import metrics
 from cfsl_jax.learners import get_learner
-from cfsl_jax.records import EvalRecord
+from cfsl_jax.training.records import EvalRecord
 from cfsl_jax.models import conv
 from cfsl_jax.learners.base import Learner
-from cfsl_jax.spec import TaskSpec
+from cfsl_jax.protocol.spec import TaskSpec
 
 IMAGE = (28, 28, 1)
 

@@ -1,4 +1,4 @@
-"""The paper's Table 1 in cfsl_jax/paper_results.py: every printed cell, digits as printed."""
+"""The paper's Table 1 in cfsl_jax/experiments/paper_results.py: every printed cell, digits as printed."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from cfsl_jax import paper_results
+from cfsl_jax.experiments import paper_results
 from cfsl_jax.learners import LEARNERS
-from cfsl_jax.spec import PAPER_GRID
+from cfsl_jax.protocol.spec import PAPER_GRID
 
 # (dataset, learner, cell) -> the entry as printed, read by hand from the paper's Table 1.
 HAND_CHECKED = {
@@ -84,9 +84,9 @@ def test_report_wording_for_one_seed_and_one_epoch():
     """Issue 13, Found 10: no "± where the seeds agree" with one seed, and "1 epoch"."""
     import dataclasses
 
-    from cfsl_jax import report
+    from cfsl_jax.experiments import report
     from cfsl_jax.training.config import TrainConfig
-    from cfsl_jax.spec import TaskSpec
+    from cfsl_jax.protocol.spec import TaskSpec
 
     config = TrainConfig(dataset="slimagenet64", learner="protonets", task="B3", epochs=1,
                                iters_per_epoch=2)

@@ -6,9 +6,12 @@ import numpy as np
 import optax
 import pytest
 
-from cfsl_jax import data, episode, evaluate as evaluation, metrics, parallel
+from cfsl_jax import data
+from cfsl_jax.protocol import episode, metrics
+from cfsl_jax.training import evaluate as evaluation
+from cfsl_jax.runtime import parallel
 from cfsl_jax.learners import get_learner
-from cfsl_jax.spec import TaskSpec
+from cfsl_jax.protocol.spec import TaskSpec
 from cfsl_jax.training.train import TrainConfig, make_optimizer, make_train_step
 
 from conftest import FAKE_DEVICES, cpu_mesh, traces_counted

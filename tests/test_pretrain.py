@@ -10,10 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cfsl_jax import data, sampler
+from cfsl_jax import data
+from cfsl_jax.protocol import sampler
 from cfsl_jax.training import checkpoints, pretrain
 from cfsl_jax.learners import get_learner
-from cfsl_jax.spec import TaskSpec
+from cfsl_jax.protocol.spec import TaskSpec
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.loop import Interrupted
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from cfsl_jax import progress
+from cfsl_jax.runtime import progress
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -144,7 +144,7 @@ def materialise(name: str, argv: list[str], folder: str) -> list[str]:
 def test_every_command_shown_in_the_docs_is_valid_as_written(name, tmp_path, monkeypatch):
     # The docs' SLURM examples name a cluster's partitions (gpu): this machine's SLURM, if any,
     # is not asked; every other check of --launcher=slurm is made.
-    monkeypatch.setattr("cfsl_jax.slurm.check_cluster", lambda options, **_: None)
+    monkeypatch.setattr("cfsl_jax.experiments.slurm.check_cluster", lambda options, **_: None)
     shown = [(doc, argv, listed) for doc, command, argv, listed in shown_commands()
              if command == name]
     failures = []

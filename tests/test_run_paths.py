@@ -6,7 +6,7 @@ import os
 
 from absl import flags
 
-from cfsl_jax import verify
+from cfsl_jax.experiments import verify
 from cfsl_jax.training import runs, train
 from launch_inprocess import command_module
 from test_cli import write_tiny_workdir

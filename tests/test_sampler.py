@@ -1,4 +1,4 @@
-"""The sampler's rules (Algorithm 1, cfsl_jax/sampler.py) as properties over random specs and
+"""The sampler's rules (Algorithm 1, cfsl_jax/protocol/sampler.py) as properties over random specs and
 keys.
 
 Each drawn spec is one program (``sample_task`` jitted with the spec static, not ~40 single-op
@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cfsl_jax.sampler import TaskIndices, check_split, sample_task, sample_tasks
-from cfsl_jax.spec import TaskSpec
+from cfsl_jax.protocol.sampler import TaskIndices, check_split, sample_task, sample_tasks
+from cfsl_jax.protocol.spec import TaskSpec
 from conftest import traces_counted
 
 SETTINGS = hypothesis.settings(max_examples=60, deadline=None, derandomize=True,
@@ -70,7 +70,7 @@ def feasible(spec, sizes):
 
 
 def check_task_rules(task: TaskIndices, table: np.ndarray, spec: TaskSpec) -> None:
-    """Assert every rule of Algorithm 1 (cfsl_jax/sampler.py) on one sampled task."""
+    """Assert every rule of Algorithm 1 (cfsl_jax/protocol/sampler.py) on one sampled task."""
     task = jax.tree.map(np.asarray, task)
     nss, nc, ks, kt = spec.nss, spec.nc, spec.ks, spec.kt
     assert task.support_idx.shape == task.support_labels.shape == (nss, nc * ks)
@@ -291,7 +291,7 @@ def test_labels_per_support_set_needs_per_support_set_targets_where_it_relabels(
 
 
 def test_the_test_purpose_keeps_the_key_of_its_older_name_eval():
-    from cfsl_jax import seeding
+    from cfsl_jax.runtime import seeding
     keys = [jax.random.key_data(seeding.purpose_key(7, purpose)) for purpose in ("test", "eval")]
     expected = jax.random.key_data(jax.random.fold_in(jax.random.key(7), 3))  # its index
     np.testing.assert_array_equal(keys[0], expected)

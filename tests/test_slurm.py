@@ -1,4 +1,4 @@
-"""Sweeps on SLURM (cfsl_jax.slurm, launch.sweep --launcher=slurm) and in shards.
+"""Sweeps on SLURM (cfsl_jax.experiments.slurm, launch.sweep --launcher=slurm) and in shards.
 
 Without SLURM: the submission logic (states from ``squeue`` and the files, what is
 resubmitted, the progress line) on real run directories, a run through submitit's debug
@@ -23,11 +23,12 @@ import time
 import jax
 import pytest
 
-from cfsl_jax import results, slurm, sweep
+from cfsl_jax.training import results
+from cfsl_jax.experiments import slurm, sweep
 from cfsl_jax.training.config import TrainConfig
-from cfsl_jax.errors import UserError
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import experiment
-from cfsl_jax.verify import verify
+from cfsl_jax.experiments.verify import verify
 from test_cli import assert_error, run_cases
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

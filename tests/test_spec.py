@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from cfsl_jax.spec import PAPER_GRID, TaskSpec
+from cfsl_jax.protocol.spec import PAPER_GRID, TaskSpec
 
 
 def test_derived_values_of_a_ragged_spec():

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from cfsl_jax import progress, stops
+from cfsl_jax.runtime import progress, stops
 from cfsl_jax.training import loop, pretrain, train
 from cfsl_jax.training.config import TrainConfig
 

@@ -19,11 +19,11 @@ import jax
 import numpy as np
 import pytest
 
-from cfsl_jax import figures, paper_results, report, sweep
+from cfsl_jax.experiments import figures, paper_results, report, sweep
 from cfsl_jax.training.config import TrainConfig
 from conftest import (TINY_SWEEP, TINY_SWEEP_LEARNER_OPTIONS, WORKER_JAX_OPTIONS,
                       interruptible_module)
-from cfsl_jax.spec import TaskSpec
+from cfsl_jax.protocol.spec import TaskSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -7,7 +7,7 @@ import struct
 import pytest
 from tensorboardX.proto import event_pb2
 
-from cfsl_jax.errors import UserError
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training import tracking
 
 

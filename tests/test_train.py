@@ -10,12 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cfsl_jax import data, episode, parallel
+from cfsl_jax import data
+from cfsl_jax.protocol import episode
+from cfsl_jax.runtime import parallel
 from cfsl_jax.training import loop, runs, tracking, train
 from cfsl_jax.training.config import TrainConfig, from_json
-from cfsl_jax.evaluate import dataset_identity, evaluate, task_fingerprint
+from cfsl_jax.training.evaluate import dataset_identity, evaluate, task_fingerprint
 from cfsl_jax.learners import get_learner
-from cfsl_jax.verify import verify
+from cfsl_jax.experiments.verify import verify
 
 # A tiny run: 2-support-set, 3-way tasks on a small synthetic set, a narrow ProtoNet.
 TINY = TrainConfig(

@@ -40,9 +40,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import cfsl_jax
-from cfsl_jax import data, metrics, progress, results as results_io, seeding
-from cfsl_jax.errors import UserError
-from cfsl_jax.options import positive_int
+from cfsl_jax import data
+from cfsl_jax.protocol import metrics
+from cfsl_jax.runtime import progress, seeding
+from cfsl_jax.training import results as results_io
+from cfsl_jax.runtime.errors import UserError
+from cfsl_jax.runtime.options import positive_int
 from cfsl_jax.fluid import methods as fluid_methods
 from cfsl_jax.fluid import report
 from cfsl_jax.fluid.metrics import rolling_accuracy, stream_metrics

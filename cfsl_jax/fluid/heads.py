@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cfsl_jax import metrics
+from cfsl_jax.protocol import metrics
 from cfsl_jax.fluid import classifiers as cls
 
 Weights = Any  # a pytree ({} for instance-based methods)

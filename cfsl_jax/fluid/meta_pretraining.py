@@ -29,12 +29,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cfsl_jax import data, metrics
+from cfsl_jax import data
+from cfsl_jax.protocol import metrics
 from cfsl_jax.training import loop
 from cfsl_jax.data import Split
 from cfsl_jax.fluid import classifiers as cls
 from cfsl_jax.fluid.protocol import Method, Params
-from cfsl_jax.optimizers import optimizer
+from cfsl_jax.training.optimizers import optimizer
 
 EPISODES = {"protonets": (30, 5, 5), "meta_baseline": (30, 5, 5), "maml": (5, 5, 5)}
 

@@ -55,15 +55,15 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cfsl_jax import metrics
-from cfsl_jax.errors import UserError
+from cfsl_jax.protocol import metrics
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import classifiers as cls
 from cfsl_jax.fluid import heads
 from cfsl_jax.fluid.backbone import conv4_backbone, feature_dim
 from cfsl_jax.fluid.protocol import Method, Schedule
 from cfsl_jax.models.conv4 import ACTIVATIONS
-from cfsl_jax.optimizers import optimizer as make_optimizer
-from cfsl_jax.options import build, check_fields, option, parse, positive_int
+from cfsl_jax.training.optimizers import optimizer as make_optimizer
+from cfsl_jax.runtime.options import build, check_fields, option, parse, positive_int
 
 PAPER_SCHEDULE = Schedule()  # 4 epochs every 5,000 samples, batch 256
 IMPRINTING_SCHEDULE = Schedule(start=10_000)

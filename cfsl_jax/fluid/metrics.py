@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from cfsl_jax.options import positive_int
+from cfsl_jax.runtime.options import positive_int
 
 CROSS_SECTIONS = ("pretrain_head", "pretrain_tail", "novel_head", "novel_tail")
 

@@ -28,12 +28,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from cfsl_jax import data, progress
+from cfsl_jax import data
+from cfsl_jax.runtime import progress
 from cfsl_jax.training import loop, pretrain as supervised
 from cfsl_jax.data import Split
 from cfsl_jax.fluid import classifiers as cls
 from cfsl_jax.fluid.protocol import Method, Params
-from cfsl_jax.optimizers import optimizer
+from cfsl_jax.training.optimizers import optimizer
 from cfsl_jax.fluid.sequences import StreamClasses, pretrain_class_table
 
 STRATEGIES = ("supervised", "protonets", "meta_baseline", "maml")

@@ -63,10 +63,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cfsl_jax import data, metrics, progress
-from cfsl_jax.errors import UserError
+from cfsl_jax import data
+from cfsl_jax.protocol import metrics
+from cfsl_jax.runtime import progress
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid.sequences import Stream
-from cfsl_jax.options import positive_int
+from cfsl_jax.runtime.options import positive_int
 
 Params = Any
 State = Any

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from cfsl_jax import plotting
+from cfsl_jax.runtime import plotting
 
 # (column key, header); accuracies are printed in percent, like the paper.
 COLUMNS = (("metrics.accuracy", "overall"), ("metrics.mean_per_class_accuracy", "mean/cls"),

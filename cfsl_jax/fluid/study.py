@@ -18,8 +18,9 @@ import os
 import jax
 import jax.numpy as jnp
 
-from cfsl_jax import progress, results as results_io, seeding
-from cfsl_jax.errors import UserError
+from cfsl_jax.runtime import progress, seeding
+from cfsl_jax.training import results as results_io
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import methods as fluid_methods
 from cfsl_jax.fluid import report
 from cfsl_jax.fluid.experiment import FISHER, FluidConfig, load, method_options, stream_key

@@ -9,12 +9,12 @@ from __future__ import annotations
 import importlib
 from typing import Any, Iterable, Mapping
 
-from cfsl_jax import options as opt
+from cfsl_jax.runtime import options as opt
 
-from cfsl_jax.errors import UserError
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.learners.base import Learner
 from cfsl_jax.learners.precision import COMPUTE_DTYPES, with_compute_dtype
-from cfsl_jax.spec import TaskSpec
+from cfsl_jax.protocol.spec import TaskSpec
 
 # name -> (module, factory, options class); modules are imported on first use.
 _REGISTRY: dict[str, tuple[str, str, str]] = {

@@ -67,13 +67,13 @@ import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
-from cfsl_jax.errors import UserError
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.learners.base import Learner, Params, check_image_shape, embedding_dim
 from cfsl_jax.models.conv import CONV_IMPLS
 from cfsl_jax.models.conv4 import ACTIVATIONS, Conv4, LinearHead
 from cfsl_jax.models.init import WEIGHT_INITS, reinitialize
-from cfsl_jax.options import build, check_fields, option
-from cfsl_jax.spec import TaskSpec
+from cfsl_jax.runtime.options import build, check_fields, option
+from cfsl_jax.protocol.spec import TaskSpec
 
 LogitsFn = Callable[[Params, jax.Array], jax.Array]  # (weights, x [n,H,W,C]) -> logits [n, K]
 

@@ -76,12 +76,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cfsl_jax import metrics
+from cfsl_jax.protocol import metrics
 from cfsl_jax.learners.base import Learner, check_image_shape
 from cfsl_jax.learners.inner_loop_options import InnerLoopOptions
 from cfsl_jax.models.init import reinitialize
 from cfsl_jax.models.norm import META_ONLY_PREFIX
-from cfsl_jax.spec import TaskSpec
+from cfsl_jax.protocol.spec import TaskSpec
 
 class InnerState(NamedTuple):
     fast: Any  # the adapted weights: the network's adaptable leaves (float32, their shapes)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from cfsl_jax.models.init import WEIGHT_INITS
-from cfsl_jax.options import check_fields, option
+from cfsl_jax.runtime.options import check_fields, option
 
 REMAT_POLICIES: tuple[str, ...] = ("full", "dots", "none")
 

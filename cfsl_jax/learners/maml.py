@@ -32,15 +32,15 @@ import dataclasses
 import flax.linen as nn
 import jax
 
-from cfsl_jax.errors import UserError
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.learners.base import Learner
 from cfsl_jax.learners.inner_loop import InnerLoop, InnerLoopOptions, assemble, make_inner_loop
 from cfsl_jax.models.conv import CONV_IMPLS, Conv
 from cfsl_jax.models.densenet import AdaptableHead, SEDenseNet, max_pool
 from cfsl_jax.models.init import WEIGHT_INITS
 from cfsl_jax.models.norm import PerStepBatchNorm
-from cfsl_jax.options import build, option, positive_int
-from cfsl_jax.spec import TaskSpec
+from cfsl_jax.runtime.options import build, option, positive_int
+from cfsl_jax.protocol.spec import TaskSpec
 
 
 class MamlConv4(nn.Module):

@@ -29,12 +29,12 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from cfsl_jax import metrics
+from cfsl_jax.protocol import metrics
 from cfsl_jax.learners.base import Learner, check_image_shape, embedding_dim
 from cfsl_jax.models.conv4 import ACTIVATIONS, Conv4
 from cfsl_jax.models.init import WEIGHT_INITS, reinitialize
-from cfsl_jax.options import build, check_fields, option
-from cfsl_jax.spec import TaskSpec
+from cfsl_jax.runtime.options import build, check_fields, option
+from cfsl_jax.protocol.spec import TaskSpec
 
 DISTANCES: tuple[str, ...] = ("squared_euclidean", "dot")
 

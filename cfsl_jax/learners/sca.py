@@ -42,13 +42,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from cfsl_jax import metrics
+from cfsl_jax.protocol import metrics
 from cfsl_jax.learners.base import Learner
 from cfsl_jax.learners.inner_loop import InnerLoop, InnerState, assemble
 from cfsl_jax.learners.maml import MamlHighOptions, maml_high_loop
-from cfsl_jax.options import build, option
+from cfsl_jax.runtime.options import build, option
 from cfsl_jax.models.init import reinitialize
-from cfsl_jax.spec import TaskSpec
+from cfsl_jax.protocol.spec import TaskSpec
 
 
 CRITICS: tuple[str, ...] = ("original", "smooth")

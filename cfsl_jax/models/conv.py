@@ -34,7 +34,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from cfsl_jax import backend
+from cfsl_jax.runtime import backend
 
 _DIMENSIONS = ("NHWC", "HWIO", "NHWC")
 

@@ -11,5 +11,5 @@
 - ``checkpoints``: a workdir's orbax checkpoints; ``tracking``: its metrics (JSON lines,
   TensorBoard, W&B).
 
-Stop signals themselves are ``cfsl_jax.stops`` (a runtime utility).
+Stop signals themselves are ``cfsl_jax.runtime.stops`` (a runtime utility).
 """

@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
-from cfsl_jax.errors import UserError
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training.config import TrainConfig
 
 BUDGETS: dict[str, dict[str, object]] = {

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from cfsl_jax.errors import UserError
+from cfsl_jax.runtime.errors import UserError
 
 
 def _manager(directory: str, max_to_keep: int | None, best: bool = False

@@ -15,9 +15,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from cfsl_jax.errors import UserError
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.learners import COMPUTE_DTYPES
-from cfsl_jax.spec import TaskSpec
+from cfsl_jax.protocol.spec import TaskSpec
 
 PRETRAIN_DATA: tuple[str, ...] = ("tasks", "uniform")  # TrainConfig.pretrain_data
 

@@ -38,7 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from cfsl_jax import progress, results, stops
+from cfsl_jax.runtime import progress, stops
+from cfsl_jax.training import results
 from cfsl_jax.training import checkpoints
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.tracking import Tracking

@@ -51,8 +51,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from cfsl_jax import data, optimizers, sampler, seeding
-from cfsl_jax.evaluate import evaluate
+from cfsl_jax import data
+from cfsl_jax.training import optimizers
+from cfsl_jax.protocol import sampler
+from cfsl_jax.runtime import seeding
+from cfsl_jax.training.evaluate import evaluate
 from cfsl_jax.training import checkpoints, loop
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.tracking import Tracking

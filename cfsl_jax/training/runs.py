@@ -25,14 +25,16 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from cfsl_jax import backend, data, results, seeding
+from cfsl_jax.runtime import backend, seeding
+from cfsl_jax import data
+from cfsl_jax.training import results
 from cfsl_jax.training import checkpoints
-from cfsl_jax.errors import UserError
-from cfsl_jax.evaluate import evaluate
+from cfsl_jax.runtime.errors import UserError
+from cfsl_jax.training.evaluate import evaluate
 from cfsl_jax.learners import get_learner
 from cfsl_jax.learners.base import Learner
-from cfsl_jax.sampler import check_split
-from cfsl_jax.spec import TaskSpec
+from cfsl_jax.protocol.sampler import check_split
+from cfsl_jax.protocol.spec import TaskSpec
 from cfsl_jax.training.config import TrainConfig, from_json
 
 

@@ -25,8 +25,8 @@ import os
 import time
 from typing import Any, Mapping
 
-from cfsl_jax import results
-from cfsl_jax.errors import UserError
+from cfsl_jax.training import results
+from cfsl_jax.runtime.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
 

@@ -36,13 +36,15 @@ import optax
 
 from jax.sharding import Mesh
 
-from cfsl_jax import (backend, data, episode, memory, metrics, optimizers, parallel, progress,
-                      results, seeding, stops)
-from cfsl_jax.errors import UserError
-from cfsl_jax.evaluate import evaluate
+from cfsl_jax.runtime import backend, memory, parallel, progress, seeding, stops
+from cfsl_jax import data
+from cfsl_jax.protocol import episode, metrics
+from cfsl_jax.training import optimizers, results
+from cfsl_jax.runtime.errors import UserError
+from cfsl_jax.training.evaluate import evaluate
 from cfsl_jax.learners import get_learner
 from cfsl_jax.learners.base import Learner
-from cfsl_jax.sampler import sample_task
+from cfsl_jax.protocol.sampler import sample_task
 from cfsl_jax.training import checkpoints, loop
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.pretrain import pretrain, pretrain_on_tasks

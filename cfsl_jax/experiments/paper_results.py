@@ -32,7 +32,7 @@ the reports use ``TABLE1``.
 
 from __future__ import annotations
 
-from cfsl_jax.spec import PAPER_GRID, TaskSpec
+from cfsl_jax.protocol.spec import PAPER_GRID, TaskSpec
 
 # Our dataset names -> the dataset of the paper their numbers compare with. The paper
 # used full Omniglot; omniglot/small (242 characters) is compared with it for reference only.

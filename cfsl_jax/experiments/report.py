@@ -1,6 +1,6 @@
 """Reports of a sweep: the paper's Table 1 (and the same for CE, ATM, MACs), vs the paper.
 
-    from cfsl_jax import report
+    from cfsl_jax.experiments import report
     paths = report.write_report("/tmp/sweep", "/tmp/sweep/report")
     print(open(paths["markdown"]["synthetic"]).read())
 
@@ -32,11 +32,13 @@ import os
 from typing import Any, Iterable, NamedTuple, Sequence
 
 
-from cfsl_jax import figures, metrics, paper_results, results as results_io
+from cfsl_jax.experiments import figures, paper_results
+from cfsl_jax.protocol import metrics
+from cfsl_jax.training import results as results_io
 from cfsl_jax.learners import LEARNERS
-from cfsl_jax.records import EvalRecord
-from cfsl_jax.spec import PAPER_GRID
-from cfsl_jax.sweep_plan import safe_name
+from cfsl_jax.training.records import EvalRecord
+from cfsl_jax.protocol.spec import PAPER_GRID
+from cfsl_jax.experiments.sweep_plan import safe_name
 from cfsl_jax.training.config import from_json
 
 # name -> (key in results.json's "test", title, scale for display, format)
@@ -120,7 +122,7 @@ def _pretrains(learner: str) -> bool:
     """Whether ``learner`` is pretrained (Pretrain+Tune, EWC-Pretrain): only then does a
     report say how."""
     from cfsl_jax.learners import LEARNERS, get_learner
-    from cfsl_jax.spec import TaskSpec
+    from cfsl_jax.protocol.spec import TaskSpec
     return learner in LEARNERS and get_learner(learner, TaskSpec.preset("B3")).training == \
         "pretrain"
 
@@ -171,7 +173,7 @@ def load_paper_table(path: str | None = None) -> dict:
     missing = {"source", "values"} - set(table_)
     if missing:
         raise ValueError(f"{path}: a paper table needs the keys {sorted(missing)} "
-                         f"(layout in cfsl_jax/paper_results.py)")
+                         f"(layout in cfsl_jax/experiments/paper_results.py)")
     return table_
 
 

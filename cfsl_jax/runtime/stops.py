@@ -1,6 +1,6 @@
 """Stop signals: SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 end a run cleanly, at a consistent point.
 
-    from cfsl_jax import stops
+    from cfsl_jax.runtime import stops
     stops.install()                    # the commands do this first
     with stops.deferred():             # a stop signal here is noted, and raised at the exit
         state = step(state)            # (the state and its step number are never torn apart)

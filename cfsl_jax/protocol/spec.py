@@ -1,7 +1,7 @@
 """TaskSpec: the numbers that define a continual few-shot learning task.
 
 A CFSL task is ``nss`` support sets seen one at a time, then one target set
-(the rules: ``cfsl_jax/sampler.py``; the settings against the paper and the
+(the rules: ``cfsl_jax/protocol/sampler.py``; the settings against the paper and the
 authors' code: ``docs/fidelity.md``). ``TaskSpec`` is a frozen, validated,
 hashable dataclass, so it can be a static argument of ``jax.jit``.
 
@@ -32,7 +32,7 @@ import math
 import re
 from typing import Literal
 
-from cfsl_jax.options import positive_int
+from cfsl_jax.runtime.options import positive_int
 
 TargetMode = Literal["per_support_set", "per_class"]
 TARGET_MODES: tuple[str, ...] = ("per_support_set", "per_class")

@@ -24,7 +24,7 @@ import types
 import typing
 from typing import Any, Iterable, Mapping, Sequence
 
-from cfsl_jax.errors import UserError
+from cfsl_jax.runtime.errors import UserError
 
 _BOOL_WORDS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import jax
 
-from cfsl_jax.errors import UserError
+from cfsl_jax.runtime.errors import UserError
 
 GIB = 2**30
 # jax's runtime error class (``XlaRuntimeError`` is its older name, where still exported).

@@ -1,8 +1,8 @@
 """Planning a sweep: the grid of (dataset x learner x task cell x seed) runs, each run's workdir,
-and each run's status. ``cfsl_jax.sweep`` runs the plan in worker processes (and re-exports
+and each run's status. ``cfsl_jax.experiments.sweep`` runs the plan in worker processes (and re-exports
 these names).
 
-    from cfsl_jax import sweep
+    from cfsl_jax.experiments import sweep
     configs, skipped = sweep.grid(TrainConfig(epochs=2), learners=("protonets", "init_tune"),
                                   cells=("B3", "C3"), seeds=(0, 1))
     for run, state, detail in sweep.plan(configs, "/tmp/sweep", check=True): ...
@@ -37,12 +37,13 @@ import os
 import re
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
-from cfsl_jax import data, results
+from cfsl_jax import data
+from cfsl_jax.training import results
 from cfsl_jax.training import runs
 from cfsl_jax.training.config import TrainConfig
-from cfsl_jax.errors import UserError
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.learners import LEARNERS, get_learner
-from cfsl_jax.spec import PAPER_GRID
+from cfsl_jax.protocol.spec import PAPER_GRID
 
 
 STATUSES: tuple[str, ...] = ("done", "partial", "new", "conflict", "impossible")

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from cfsl_jax import backend
+from cfsl_jax.runtime import backend
 
 
 def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -201,7 +201,7 @@ def meta_step_macs(learner, params, image_shape: tuple[int, ...], dtype=jnp.floa
     ``unroll=True`` option for the same reason. The optimiser update is not
     included (it is per step, not per task).
     """
-    from cfsl_jax import episode  # episode imports nothing from here; avoid a cycle at import
+    from cfsl_jax.protocol import episode# episode imports nothing from here; avoid a cycle at import
     spec = learner.spec
     support_x = jnp.zeros((spec.nss, spec.support_size, *image_shape), dtype)
     support_y = jnp.zeros((spec.nss, spec.support_size), jnp.int32)

@@ -1,6 +1,6 @@
 """Progress lines with an ETA, for every place a user waits (commands and notebooks alike).
 
-    from cfsl_jax import progress
+    from cfsl_jax.runtime import progress
     with progress.stage("compiling the meta-training step"):    # a line now, its seconds at the end
         compiled = step.lower(*args).compile()
     bar = progress.tracker("train", total=2000, unit="steps")
@@ -24,7 +24,7 @@ so a user never waits a minute in silence. ``CFSL_PROGRESS=0`` silences every li
 
 ``clock`` (seconds, monotonic) is a module attribute so that tests can replace it.
 
-A stop signal (``cfsl_jax.stops``) that Python dropped in a callback is raised again by the
+A stop signal (``cfsl_jax.runtime.stops``) that Python dropped in a callback is raised again by the
 next ``Tracker.update``.
 """
 
@@ -38,7 +38,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
-from cfsl_jax import stops
+from cfsl_jax.runtime import stops
 
 INTERVAL_S = 10.0  # the most seconds between two lines of one tracker
 HEARTBEAT_S = 10.0  # seconds between "still ..." lines of a long stage or a slow update

@@ -19,8 +19,8 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from cfsl_jax import backend, parallel
-from cfsl_jax.learners.base import Learner, Params, State
+from cfsl_jax.runtime import backend, parallel
+from cfsl_jax.protocol.learner import Learner, Params, State
 
 TARGET_CHUNK = 1000  # the most target samples predicted in one piece
 REMAT_MIN_NSS = 64  # target_loss rematerialises support-set steps from this NSS on

@@ -17,9 +17,9 @@ from typing import Any
 import jax
 
 import cfsl_jax
-from cfsl_jax import backend
-from cfsl_jax.errors import UserError
-from cfsl_jax.records import EvalRecord
+from cfsl_jax.runtime import backend
+from cfsl_jax.runtime.errors import UserError
+from cfsl_jax.training.records import EvalRecord
 
 CSV_FIELDS = ("learner", "dataset", "spec", "seed", "acc_mean", "acc_std", "acc_ci95",
               "ce_mean", "ce_std", "atm", "macs_per_task", "macs_per_meta_step",

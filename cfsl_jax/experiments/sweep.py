@@ -1,8 +1,8 @@
 """Sweeps: running a grid of (dataset x learner x task cell x seed) runs in worker processes,
-each run in its own workdir (the grid, the layout and the run statuses: ``cfsl_jax.sweep_plan``,
+each run in its own workdir (the grid, the layout and the run statuses: ``cfsl_jax.experiments.sweep_plan``,
 whose names are importable from here too).
 
-    from cfsl_jax import sweep
+    from cfsl_jax.experiments import sweep
     from cfsl_jax.training.config import TrainConfig
     configs, skipped = sweep.grid(TrainConfig(epochs=2), learners=("protonets", "init_tune"),
                                   cells=("B3", "C3"), seeds=(0, 1))
@@ -49,11 +49,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 
-from cfsl_jax import data, progress, stops
+from cfsl_jax import data
+from cfsl_jax.runtime import progress, stops
 from cfsl_jax.training import train
 from cfsl_jax.training.config import TrainConfig
-from cfsl_jax.errors import UserError
-from cfsl_jax.sweep_plan import (  # noqa: F401  (re-exported: planning a sweep)
+from cfsl_jax.runtime.errors import UserError
+from cfsl_jax.experiments.sweep_plan import (  # noqa: F401  (re-exported: planning a sweep)
     STATUSES, Outcome, Run, check_learners, grid, impossible, parse_shard, plan, run_dir,
     safe_name, shard, status, summary)
 

@@ -1,6 +1,6 @@
 """Sweeps and FLUID streams on SLURM: what is not done, as one job array (submitit).
 
-    from cfsl_jax import slurm, sweep
+    from cfsl_jax.experiments import slurm, sweep
     options = slurm.SlurmOptions(partition="gpu", gpus_per_job=1, timeout_min=240)
     slurm.check_cluster(options)                   # submitit, sbatch on PATH, the partition
     works = slurm.sweep_work(configs, "/shared/sweep")     # or slurm.fluid_work(config, dir)
@@ -11,7 +11,7 @@ Rules:
 
 - A ``Work`` item is one array element: a sweep's run (``RunJob``: exactly what
   a worker of the local pool runs, ``sweep.execute``, with the same jax options
-  and compilation cache) or a FLUID stream (``StreamJob``); ``cfsl_jax.slurm_jobs``
+  and compilation cache) or a FLUID stream (``StreamJob``); ``cfsl_jax.experiments.slurm_jobs``
   says how a job handles preemption and time limits.
 - ``<workdir>/slurm/`` holds submitit's job files, one log per job
   (``<job id>_0_log.out``, stdout and stderr) and ``jobs.json``: the latest
@@ -37,11 +37,12 @@ import subprocess
 import time
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
-from cfsl_jax import progress, results
+from cfsl_jax.runtime import progress
+from cfsl_jax.training import results
 from cfsl_jax.training.config import TrainConfig
-from cfsl_jax.errors import UserError
-from cfsl_jax.slurm_jobs import RunJob, StreamJob, _Job, handle_sigterm  # noqa: F401
-from cfsl_jax.sweep_plan import Run, run_dir, status
+from cfsl_jax.runtime.errors import UserError
+from cfsl_jax.experiments.slurm_jobs import RunJob, StreamJob, _Job, handle_sigterm  # noqa: F401
+from cfsl_jax.experiments.sweep_plan import Run, run_dir, status
 
 SLURM_DIR = "slurm"
 JOBS_FILE = "jobs.json"
@@ -323,7 +324,7 @@ def prepare_datasets(works: Sequence[Work], log: Callable[[str], None] = print) 
     """Load (preparing on first use) each dataset on disk of the sweep runs ``works`` here,
     once, so that jobs never prepare the same TFDS dataset at the same time (synthetic data is
     made by each run)."""
-    from cfsl_jax import sweep
+    from cfsl_jax.experiments import sweep
     configs = [TrainConfig(**work.args[0]) for work in works]
     sources = {(c.dataset, c.data_dir, c.manual_dir, repr(sorted(c.dataset_options.items()))): c
                for c in configs if c.dataset != "synthetic"}

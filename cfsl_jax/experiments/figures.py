@@ -27,7 +27,7 @@ from __future__ import annotations
 import csv
 from typing import Any, Callable, Mapping, Sequence
 
-from cfsl_jax import plotting, progress
+from cfsl_jax.runtime import plotting, progress
 
 FIGURE4_NSS: tuple[int, ...] = (1, 2, 5, 10, 20, 40, 80, 160, 320, 640)
 COST_FIELDS: tuple[str, ...] = ("nss", "atm", "state_bytes", "support_bytes", "macs_adapt",
@@ -46,7 +46,7 @@ def type_spec(task_type: str, nss: int, nc: int = 5, ks: int = 1, kt: int = 5,
     """The TaskSpec of a task type at any NSS (A: CCI=NSS with overwrite; B: CCI=1; C: CCI=1
     with overwrite; D: CCI=2). At NSS=1 the types coincide (the design's rule), so no check of
     ``spec.task_type`` is made."""
-    from cfsl_jax.spec import TaskSpec
+    from cfsl_jax.protocol.spec import TaskSpec
 
     fields = {"A": (nss, True), "B": (1, False), "C": (1, True), "D": (2, False)}
     if task_type not in fields:
@@ -62,7 +62,7 @@ def learner_costs(name: str, spec, image_shape: tuple[int, ...] = (28, 28, 1),
     import jax
     import jax.numpy as jnp
 
-    from cfsl_jax import metrics
+    from cfsl_jax.protocol import metrics
     from cfsl_jax.learners import get_learner
 
     learner = get_learner(name, spec, image_shape=tuple(image_shape), **(learner_options or {}))

@@ -39,11 +39,13 @@ import numpy as np
 
 from jax.sharding import Mesh
 
-from cfsl_jax import data, episode, metrics, parallel, progress, seeding
+from cfsl_jax import data
+from cfsl_jax.protocol import episode, metrics
+from cfsl_jax.runtime import parallel, progress, seeding
 from cfsl_jax.learners.base import Learner
-from cfsl_jax.records import EvalRecord
-from cfsl_jax.sampler import check_split, sample_task, sample_tasks
-from cfsl_jax.spec import TaskSpec
+from cfsl_jax.training.records import EvalRecord
+from cfsl_jax.protocol.sampler import check_split, sample_task, sample_tasks
+from cfsl_jax.protocol.spec import TaskSpec
 
 PIXELS_IN_FLIGHT = 10_000_000  # target pixels per device per evaluation program
 COMPILE_QUIET_S = 1.0  # a compilation shorter than this prints no line

@@ -44,7 +44,7 @@ import jax
 from jax import monitoring
 from jax.sharding import SingleDeviceSharding
 
-from cfsl_jax.errors import UserError
+from cfsl_jax.runtime.errors import UserError
 
 COUNTING_PLATFORM = "cpu"  # MACs are XLA:CPU's count wherever a run happens
 PRECISIONS: tuple[str, ...] = ("default", "high", "highest")

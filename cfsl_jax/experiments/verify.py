@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from cfsl_jax import progress, results
+from cfsl_jax.runtime import progress
+from cfsl_jax.training import results
 from cfsl_jax.training import runs
 from cfsl_jax.training.config import TrainConfig
-from cfsl_jax.errors import UserError
-from cfsl_jax.evaluate import dataset_identity, task_fingerprint
+from cfsl_jax.runtime.errors import UserError
+from cfsl_jax.training.evaluate import dataset_identity, task_fingerprint
 
 CHECKED_METRICS = ("acc_mean", "acc_std", "ce_mean", "ce_std")
 
@@ -55,7 +56,7 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
                            f"now {dataset_identity(splits['test'])!r}")
     if metrics and not differences:
         params = runs.restore_params(config, learner, splits, workdir, ensemble=True)
-        from cfsl_jax.evaluate import evaluate
+        from cfsl_jax.training.evaluate import evaluate
         report = evaluate(learner, params, splits["test"], num_tasks=config.test_tasks,
                           seed=config.seed, batch_size=config.eval_batch,
                           ensemble=runs.selects_epochs(config, learner), cost_metrics=False)

@@ -1,11 +1,11 @@
-"""What a SLURM job of ``cfsl_jax.slurm`` runs: one sweep run (``RunJob``) or one FLUID stream
+"""What a SLURM job of ``cfsl_jax.experiments.slurm`` runs: one sweep run (``RunJob``) or one FLUID stream
 (``StreamJob``), with the launching process's jax options and the stop signals handled.
 
 - SIGUSR2 (SLURM's warning 90 s before the time limit, ``scancel --signal=USR2``):
   submitit's handler requeues the job and raises ``SystemExit``; the training loop
   checkpoints the step reached on it (``cfsl_jax.training.loop``).
 - SIGTERM (preemption, ``scancel``, ``scontrol requeue``): the run stops as on Ctrl-C,
-  checkpointing the step reached (``cfsl_jax.stops``).
+  checkpointing the step reached (``cfsl_jax.runtime.stops``).
 - A FLUID stream is the unit of work: a stopped stream runs again from its start.
 """
 
@@ -20,7 +20,7 @@ def handle_sigterm() -> None:
     its own requeue brings is then ignored."""
     import signal
 
-    from cfsl_jax import stops
+    from cfsl_jax.runtime import stops
     usr2 = signal.getsignal(signal.SIGUSR2)
     stopping = []
 
@@ -61,7 +61,7 @@ class RunJob(_Job):
     """One run of a sweep: ``sweep.execute``, as a worker of the local pool runs it."""
 
     def __call__(self, config_json: dict, workdir: str) -> str:
-        from cfsl_jax import sweep
+        from cfsl_jax.experiments import sweep
         self._start()
         state, seconds, detail = sweep.execute(config_json, workdir)
         print(f"{state} in {seconds:.1f}s: {detail}", flush=True)

@@ -7,10 +7,10 @@ import collections
 import matplotlib
 import numpy as np
 
-from cfsl_jax import plotting
-from cfsl_jax.errors import UserError
-from cfsl_jax.sampler import TaskIndices
-from cfsl_jax.spec import TaskSpec
+from cfsl_jax.runtime import plotting
+from cfsl_jax.runtime.errors import UserError
+from cfsl_jax.protocol.sampler import TaskIndices
+from cfsl_jax.protocol.spec import TaskSpec
 
 
 def task_summary(task: TaskIndices, spec: TaskSpec, class_names=None) -> str:
@@ -87,8 +87,9 @@ def show_task(dataset: str = "synthetic", split: str = "train", task: str = "D8"
     """Sample one task of ``dataset``/``split``, draw it to ``out``, return its summary.
 
     ``options`` are dataset options and ``download`` as in ``data.load_split``."""
-    from cfsl_jax import data, seeding
-    from cfsl_jax.sampler import check_split, sample_task
+    from cfsl_jax import data
+    from cfsl_jax.runtime import seeding
+    from cfsl_jax.protocol.sampler import check_split, sample_task
 
     spec = TaskSpec.parse(task)
     loaded = data.load_split(dataset, split, data_dir=data_dir, manual_dir=manual_dir,

@@ -1,0 +1,1 @@
+"""Experiments and reporting: sweeps and their launchers, Table 1 and figures, verification."""

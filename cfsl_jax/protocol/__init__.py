@@ -1,0 +1,1 @@
+"""The CFSL protocol: the task specification, the sampler, the episode walk and the metrics."""

@@ -1,0 +1,1 @@
+"""Runtime utilities: backend and precision, device mesh, memory, progress, seeding, errors, paths."""
