@@ -128,8 +128,10 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
     (unless ``cost_metrics=False``), num_tasks, devices, task_fingerprint,
     seconds and tasks_per_s; with ``per_task=True`` also ``per_task``: each task's
     ``acc`` and ``ce`` in task order (for paired comparisons of two learners on the
-    same tasks). ``batch_size`` is tasks per device per program.
+    same tasks). ``batch_size`` is tasks per device per program. The learner run is
+    ``learner.evaluated`` (``Learner.evaluation`` where it has one).
     """
+    learner = learner.evaluated  # e.g. batch norm on running averages
     spec = spec or learner.spec
     if spec != learner.spec:
         raise ValueError(f"spec {spec.name} differs from the learner's {learner.spec.name}")

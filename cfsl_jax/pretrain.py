@@ -268,7 +268,7 @@ def pretrain_on_tasks(config, learner: Learner, params: Params, splits: dict[str
             epoch = step // config.iters_per_epoch
             current = {**params, "embed": state.params["embed"]}
             val = evaluate(learner, current, splits["val"], num_tasks=config.val_tasks,
-                           seed=config.seed, purpose="val", batch_size=config.eval_batch,
+                           seed=config.task_seed, purpose="val", batch_size=config.eval_batch,
                            cost_metrics=False, mesh=mesh)
             ckpt.save_best(epoch, current, val["acc_mean"])
             history.append({"epoch": epoch, "val_acc": val["acc_mean"],

@@ -45,6 +45,8 @@ class TrainConfig:
     task: str = "B3"  # a paper cell, a type or type+NSS (TaskSpec.parse)
     spec_overrides: dict = dataclasses.field(default_factory=dict)  # TaskSpec fields to replace
     seed: int = 0
+    # the validation/test tasks' seed; None: ``seed`` (each training seed its own tasks)
+    eval_seed: int | None = 0
     compute_dtype: str = "float32"  # learners.COMPUTE_DTYPES; params/optimiser stay float32
     epochs: int = 10
     iters_per_epoch: int = 100
@@ -65,6 +67,11 @@ class TrainConfig:
     download: bool = False  # fetch a dataset's archives when they are not in manual_dir
 
     @property
+    def task_seed(self) -> int:
+        """The seed of the validation and test tasks: ``eval_seed``, or ``seed`` if None."""
+        return self.seed if self.eval_seed is None else self.eval_seed
+
+    @property
     def spec(self) -> TaskSpec:
         base = TaskSpec.parse(self.task)
         return dataclasses.replace(base, **self.spec_overrides) if self.spec_overrides else base
@@ -75,6 +82,11 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise UserError(f"TrainConfig.{name} must be a positive integer, got {value!r}")
+        if self.eval_seed is not None and (isinstance(self.eval_seed, bool)
+                                           or not isinstance(self.eval_seed, int)
+                                           or self.eval_seed < 0):
+            raise UserError(f"TrainConfig.eval_seed must be a non-negative integer or None, "
+                            f"got {self.eval_seed!r}")
         if self.checkpoint_every < 0:
             raise UserError(f"TrainConfig.checkpoint_every must be >= 0, "
                             f"got {self.checkpoint_every}")
@@ -152,16 +164,31 @@ def init_params(learner: Learner, split: data.Split, seed: int) -> Any:
 
 
 # What ``load_config`` reads for a field a config.json was saved without, where the default has
-# changed since (runs saved before pretrain_data existed pretrained on uniform images).
-LEGACY_DEFAULTS: dict[str, Any] = {"pretrain_data": "uniform"}
+# changed since (runs saved before pretrain_data existed pretrained on uniform images; before
+# eval_seed existed, the evaluation tasks followed the training seed).
+LEGACY_DEFAULTS: dict[str, Any] = {"pretrain_data": "uniform", "eval_seed": None}
+# Learner options whose default changed when eval_seed was added: a config.json saved without
+# eval_seed ran these learners with batch-statistics batch norm.
+LEGACY_LEARNER_OPTIONS: dict[str, dict[str, Any]] = {
+    name: {"bn_stats": "batch"} for name in ("protonets", "maml_high", "sca")}
+
+
+def with_legacy_defaults(saved: dict) -> dict:
+    """A saved config.json's fields, with what runs saved before a default changed used."""
+    out = {**LEGACY_DEFAULTS, **saved}
+    if "eval_seed" not in saved:
+        legacy = LEGACY_LEARNER_OPTIONS.get(saved.get("learner", TrainConfig.learner), {})
+        out["learner_options"] = {**legacy, **saved.get("learner_options", {})}
+    return out
 
 
 def config_differences(saved: dict, config: TrainConfig) -> list[str]:
     """Fields in which a saved ``config.json`` differs from ``config``.
 
-    Fields added to ``TrainConfig`` since the run was saved take their defaults.
+    Fields added to ``TrainConfig`` since the run was saved take what such runs used
+    (``with_legacy_defaults``), or else their defaults.
     """
-    saved = {**json.loads(json.dumps(TrainConfig().to_json())), **saved}
+    saved = {**json.loads(json.dumps(TrainConfig().to_json())), **with_legacy_defaults(saved)}
     current = json.loads(json.dumps(config.to_json()))
     return sorted(k for k in set(saved) | set(current)
                   if saved.get(k) != current.get(k) and k not in _NOT_IDENTITY)
@@ -226,7 +253,7 @@ def load_config(workdir: str) -> TrainConfig:
     if not os.path.exists(path):
         raise UserError(f"--workdir={workdir} holds no run (no config.json): give the folder a "
                         f"run was trained into")
-    saved = {**LEGACY_DEFAULTS, **results.read_json(path)}
+    saved = with_legacy_defaults(results.read_json(path))
     return TrainConfig(**{k: v for k, v in saved.items()
                           if k in {f.name for f in dataclasses.fields(TrainConfig)}})
 
@@ -243,7 +270,7 @@ def evaluate_run(workdir: str, num_tasks: int | None = None,
     params = restore_params(config, learner, splits, workdir, ensemble=True)
     ensemble = selects_epochs(config, learner)
     report = evaluate(learner, params, splits["test"], num_tasks=num_tasks or config.test_tasks,
-                      seed=config.seed, purpose="eval", batch_size=config.eval_batch,
+                      seed=config.task_seed, purpose="eval", batch_size=config.eval_batch,
                       ensemble=ensemble, mesh=mesh)
     best = []
     if ensemble:

@@ -50,7 +50,12 @@ flags.DEFINE_enum("pretrain_data", _DEFAULTS.pretrain_data, PRETRAIN_DATA, "Pret
                   "EWC-Pretrain pretraining: tasks (images of sampled training tasks, the run's "
                   "epochs, validation and ensemble; the authors') or uniform (--pretrain_steps "
                   "batches of uniformly drawn images).")
-flags.DEFINE_integer("seed", _DEFAULTS.seed, "Seed of every random choice.")
+flags.DEFINE_integer("seed", _DEFAULTS.seed, "Seed of every random choice of training "
+                     "(initialisation, training tasks).")
+flags.DEFINE_string("eval_seed", str(_DEFAULTS.eval_seed), "Seed of the validation and test "
+                    "tasks: the same tasks for every --seed and learner, as the authors' code "
+                    "(a non-negative integer), or 'seed': the run's --seed (each training seed "
+                    "its own tasks; the previous behaviour).")
 flags.DEFINE_enum("compute_dtype", _DEFAULTS.compute_dtype, tuple(COMPUTE_DTYPES),
                   "Compute and carried-state dtype (params and optimiser state stay float32).")
 flags.DEFINE_integer("num_devices", 0, "Devices to shard the task batch over (0: all).")
@@ -107,13 +112,23 @@ def _plain_config_from_flags() -> train.TrainConfig:
         learner_options=parse_options(FLAGS.learner_option, "learner_option"),
         dataset_options=parse_options(FLAGS.dataset_option, "dataset_option"),
         spec_overrides={k: FLAGS[k].value for k in _SPEC_FLAGS if FLAGS[k].value is not None},
-        seed=FLAGS.seed, compute_dtype=FLAGS.compute_dtype, epochs=FLAGS.epochs, iters_per_epoch=FLAGS.iters_per_epoch,
+        seed=FLAGS.seed, eval_seed=parse_eval_seed(FLAGS.eval_seed), compute_dtype=FLAGS.compute_dtype, epochs=FLAGS.epochs, iters_per_epoch=FLAGS.iters_per_epoch,
         meta_batch=FLAGS.meta_batch, learning_rate=FLAGS.learning_rate,
         val_tasks=FLAGS.val_tasks, test_tasks=FLAGS.eval_tasks, eval_batch=FLAGS.eval_batch,
         keep_best=FLAGS.keep_best, checkpoint_every=FLAGS.checkpoint_every,
         pretrain_steps=FLAGS.pretrain_steps, pretrain_data=FLAGS.pretrain_data,
         log_every=FLAGS.log_every, data_dir=FLAGS.data_dir,
         manual_dir=FLAGS.manual_dir, download=FLAGS.download)
+
+
+def parse_eval_seed(text: str) -> int | None:
+    """--eval_seed: a non-negative integer, or 'seed' (None: the run's --seed)."""
+    text = text.strip()
+    if text == "seed":
+        return None
+    if not text.isdigit():
+        raise cli.UserError(f"--eval_seed={text}: give a non-negative integer or 'seed'")
+    return int(text)
 
 
 def mesh_from_flags():

@@ -14,6 +14,14 @@ then 320, pooled to 5x5; as the authors' code), meta-learned only and
 applied to each support set and to the target set separately, then an
 ``AdaptableHead`` (``filters`` = 48) whose weights adapt (ATM = the head's
 weights, plus the step counter: 976,192 bytes on 28x28 Omniglot B3, ATM 20.75).
+Embedding batch norm (``bn_stats``): "running" (default, as the authors'
+``nn.BatchNorm2d`` in ``SqueezeExciteDenseNet``, FewShotContinualLearning commit
+abc7c72): meta-training normalises each support set and the target set with
+their own statistics and folds them into running averages
+(``params["embed_stats"]``); validation and test embed every image with the
+running averages (``Learner.evaluation``). "batch": every set is normalised with
+its own statistics in evaluation too. The head's per-step batch norm uses batch
+statistics either way, as the authors' head.
 Options of the previous, smaller network (126,896 bytes on B3, ATM 2.70):
 ``shrink_transitions=True`` (transitions back to ``embed_filters`` = 64
 channels) and ``se_mlp=True`` (2-layer squeeze-excite MLPs; see
@@ -45,6 +53,8 @@ from cfsl_jax.models.conv import CONV_IMPLS, Conv
 from cfsl_jax.models.densenet import AdaptableHead, SEDenseNet, max_pool
 from cfsl_jax.models.norm import PerStepBatchNorm
 from cfsl_jax.spec import TaskSpec
+
+BN_STATS: tuple[str, ...] = ("running", "batch")  # maml_high / sca embedding (``bn_stats``)
 
 
 class MamlConv4(nn.Module):
@@ -95,8 +105,10 @@ def maml_low_loop(spec: TaskSpec, image_shape=(28, 28, 1), filters: int = 48,
 def maml_high_loop(spec: TaskSpec, image_shape=(28, 28, 1), filters: int = 48,
                    embed_filters: int = 64, growth: int = 64, conv: str = "auto",
                    extra_steps: int = 0, se_mlp: bool = False, shrink_transitions: bool = False,
-                   **options) -> InnerLoop:
+                   bn_stats: str = "running", **options) -> InnerLoop:
     """The inner-loop pieces of ``maml_high`` (SCA passes ``extra_steps=1``)."""
+    if bn_stats not in BN_STATS:
+        raise ValueError(f"bn_stats must be one of {BN_STATS}, got {bn_stats!r}")
     shape = _check_common(image_shape, filters, conv)
     for name, value in (("embed_filters", embed_filters), ("growth", growth)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -109,10 +121,13 @@ def maml_high_loop(spec: TaskSpec, image_shape=(28, 28, 1), filters: int = 48,
     opts = InnerLoopOptions(**options)
     steps = (spec.nss * opts.inner_steps + extra_steps + opts.target_bn_row
              if opts.per_step_bn else 1)
+    running = bn_stats == "running"
     embed = SEDenseNet(embed_filters, growth, conv_impl=conv, se_mlp=se_mlp,
-                       shrink_transitions=shrink_transitions)
+                       shrink_transitions=shrink_transitions,
+                       norm="train" if running else "batch")
     head = AdaptableHead(spec.num_outputs, filters, steps, conv, se_mlp=se_mlp)
-    return make_inner_loop(spec, shape, head, opts, embed=embed, extra_steps=extra_steps)
+    return make_inner_loop(spec, shape, head, opts, embed=embed, extra_steps=extra_steps,
+                           embed_eval=embed.clone(norm="eval") if running else None)
 
 
 def maml_low(spec: TaskSpec, image_shape=(28, 28, 1), filters: int = 48, num_blocks: int = 4,

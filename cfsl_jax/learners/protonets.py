@@ -4,6 +4,16 @@ Only the sums [num_outputs, D] and counts [num_outputs] cross support sets (the
 ATM); the Conv-4 embedding (64 filters) is meta-trained episodically. Labels
 not yet seen in the task are masked out of the prediction.
 
+Batch norm (``bn_stats``): "running" (default, as the authors' ``nn.BatchNorm2d``,
+``standard_neural_network_architectures.py`` at FewShotContinualLearning commit
+abc7c72): meta-training normalises each support set and the target set with
+their own batch statistics and folds those statistics into running averages
+(``Learner.running_bn``, one forward pass after the other); validation and
+test (``Learner.evaluation``) normalise with the running averages, so each
+target prediction depends on that sample and the support sets only. "batch":
+every set is normalised with its own statistics in evaluation too (the target
+set transductively).
+
 Defaults follow the paper (Snell et al.'s ProtoNets, which the paper cites):
 a prototype is the mean embedding of a label's support samples, logits are
 negative squared Euclidean distances. The embedding is initialised as the
@@ -34,13 +44,15 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from cfsl_jax.learners.base import Learner, check_image_shape, embedding_dim
+from cfsl_jax.learners.base import Learner, RunningBN, check_image_shape, embedding_dim
 from cfsl_jax.models.conv4 import Conv4
 from cfsl_jax.models.init import reinitialize
+from cfsl_jax.models.norm import collect_moments
 from cfsl_jax.spec import TaskSpec
 
 DISTANCES: tuple[str, ...] = ("squared_euclidean", "dot")
 WEIGHT_INITS: tuple[str, ...] = ("original", "lecun")
+BN_STATS: tuple[str, ...] = ("running", "batch")
 
 
 class ProtoState(NamedTuple):
@@ -60,13 +72,14 @@ def last_per_label(features: jax.Array, labels: jax.Array, previous: jax.Array) 
 def protonets(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
               filters: int = 64, activation: str = "relu",
               state_dtype: jnp.dtype = jnp.float32, last_sample_prototype: bool = False,
-              distance: str = "squared_euclidean", weight_init: str = "original") -> Learner:
+              distance: str = "squared_euclidean", weight_init: str = "original",
+              bn_stats: str = "running") -> Learner:
     """A ProtoNets learner for ``spec`` and inputs of ``image_shape``.
 
     ``state_dtype`` is the dtype of the carried sums (bf16 halves their bytes);
     counts are int32. ``last_sample_prototype`` (False), ``distance``
-    ("squared_euclidean" or "dot") and ``weight_init`` ("original" or "lecun"):
-    see the module doc.
+    ("squared_euclidean" or "dot"), ``weight_init`` ("original" or "lecun") and
+    ``bn_stats`` ("running" or "batch"): see the module doc.
     """
     if not isinstance(last_sample_prototype, bool):
         raise ValueError(f"last_sample_prototype must be a bool, got {last_sample_prototype!r}")
@@ -74,18 +87,45 @@ def protonets(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
         raise ValueError(f"distance must be one of {DISTANCES}, got {distance!r}")
     if weight_init not in WEIGHT_INITS:
         raise ValueError(f"weight_init must be one of {WEIGHT_INITS}, got {weight_init!r}")
-    embed = Conv4(filters=filters, activation=activation)
+    if bn_stats not in BN_STATS:
+        raise ValueError(f"bn_stats must be one of {BN_STATS}, got {bn_stats!r}")
+    running = bn_stats == "running"
+    embed = Conv4(filters=filters, activation=activation, norm="train" if running else "batch")
     scheme = "torch" if weight_init == "original" else "lecun"
 
     def init_params(key, example_x, spec):
         check_image_shape(example_x, image_shape)
-        return reinitialize(embed.init(key, example_x), jax.random.fold_in(key, 1), scheme)
+        variables = embed.init(key, example_x)
+        variables = {k: variables[k] for k in ("params", "batch_stats") if k in variables}
+        return reinitialize(variables, jax.random.fold_in(key, 1), scheme)
 
     def init(params, key, spec):
         del key
         dim = embedding_dim(embed, params, image_shape)
         return ProtoState(jnp.zeros((spec.num_outputs, dim), state_dtype),
                           jnp.zeros((spec.num_outputs,), jnp.int32))
+
+    def learner(embed: Conv4, **fields) -> Learner:
+        adapt, predict = _episode_fns(embed, spec, state_dtype, last_sample_prototype, distance)
+        return Learner("protonets", spec, init_params, init, adapt, predict, **fields)
+
+    if not running:
+        return learner(embed)
+
+    def moments(params, support_x, target_x):
+        def of(x):
+            _, variables = embed.apply(params, x, mutable=["intermediates"])
+            return collect_moments(variables["intermediates"])
+        per_set = jax.vmap(of)(support_x)
+        return jax.tree.map(lambda s, t: jnp.concatenate([s, t[None]]), per_set, of(target_x))
+
+    return learner(embed, evaluation=learner(embed.clone(norm="eval")),
+                   running_bn=RunningBN("batch_stats", moments))
+
+
+def _episode_fns(embed: Conv4, spec: TaskSpec, state_dtype, last_sample_prototype: bool,
+                 distance: str):
+    """ProtoNets' (adapt, predict) with the embedding ``embed``."""
 
     def adapt(params, state, support_x, support_y):
         features = embed.apply(params, support_x)
@@ -109,4 +149,4 @@ def protonets(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
                        + jnp.sum(prototypes**2, -1))
         return jnp.where(state.counts > 0, logits, jnp.finfo(features.dtype).min)
 
-    return Learner("protonets", spec, init_params, init, adapt, predict)
+    return adapt, predict
