@@ -19,7 +19,7 @@ from cfsl_jax import budgets, parallel, train
 from cfsl_jax.data import DATASETS
 from cfsl_jax.learners import COMPUTE_DTYPES, LEARNERS
 from cfsl_jax.pretrain import PRETRAIN_DATA
-from cfsl_jax.spec import LABEL_OFFSETS, TARGET_MODES
+from cfsl_jax.spec import DRAWS, LABEL_OFFSETS, TARGET_MODES
 
 from . import cli
 from .options import (check_learner_options, define_backend_flags, define_data_flags,
@@ -42,6 +42,10 @@ flags.DEFINE_enum("target_mode", None, TARGET_MODES, "Override: target sampling 
 flags.DEFINE_enum("label_offset", None, LABEL_OFFSETS, "Override: labels without overwrite "
                   "offset per class group (the spec) or per support set (the authors' paper-era "
                   "code; needs --target_mode=per_support_set where CCI > 1). docs/fidelity.md.")
+flags.DEFINE_enum("draws", None, DRAWS, "Override: samples distinct in a task (the spec), "
+                  "per_group (one draw reused by a group's support sets: the Apr-2020 code) or "
+                  "independent (every support set draws its own, groups their own classes: the "
+                  "Feb-2020 code; needs --target_mode=per_support_set). docs/fidelity.md.")
 flags.DEFINE_enum("budget", "default", tuple(budgets.BUDGETS), "Schedule preset: default "
                   "(10 x 100 x 8), quick (3 x 20 x 4, 100 val tasks), paper (250 epochs x 500 "
                   "steps x 1 task, 600 val/test tasks, top-5 ensemble, task pretraining). "
@@ -83,7 +87,8 @@ define_data_flags()
 define_backend_flags()
 
 FLAGS = flags.FLAGS
-_SPEC_FLAGS = ("nss", "nc", "ks", "kt", "cci", "overwrite", "target_mode", "label_offset")
+_SPEC_FLAGS = ("nss", "nc", "ks", "kt", "cci", "overwrite", "target_mode", "label_offset",
+               "draws")
 # Flags a --budget sets -> their TrainConfig fields (an explicit flag wins over the budget).
 _BUDGET_FLAGS = {"epochs": "epochs", "iters_per_epoch": "iters_per_epoch",
                  "meta_batch": "meta_batch", "val_tasks": "val_tasks", "eval_tasks": "test_tasks",
