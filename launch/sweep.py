@@ -29,7 +29,7 @@ import dataclasses
 
 from absl import flags
 
-from cfsl_jax import report, sweep
+from cfsl_jax import as_published, report, sweep
 from cfsl_jax.learners import LEARNERS
 from cfsl_jax.spec import PAPER_GRID
 
@@ -85,9 +85,14 @@ def main(argv) -> None:
         if FLAGS[singular].present:
             raise cli.UserError(f"--{singular} is one run's flag; a sweep takes --{plural}")
     try:
-        base = train_cli._config_from_flags()
+        base = train_cli._config_from_flags(per_learner=False)
         base.check()
         common, per_learner = split_learner_options(base.learner_options)
+        for learner in FLAGS.learners or LEARNERS:  # --as_published's options, per learner
+            preset = as_published.learner_options(FLAGS.as_published, learner)
+            preset = {k: v for k, v in preset.items() if k not in common}
+            if preset:
+                per_learner[learner] = {**preset, **per_learner.get(learner, {})}
         base = dataclasses.replace(base, learner_options=common)
         cells = [cell.strip().upper() for cell in FLAGS.cells]
         check_options(FLAGS.learners or LEARNERS, dataclasses.replace(base, task=cells[0]).spec

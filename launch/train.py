@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from absl import flags
 
-from cfsl_jax import budgets, parallel, train
+from cfsl_jax import as_published, budgets, parallel, train
 from cfsl_jax.data import DATASETS
 from cfsl_jax.learners import COMPUTE_DTYPES, LEARNERS
 from cfsl_jax.pretrain import PRETRAIN_DATA
@@ -46,6 +46,11 @@ flags.DEFINE_enum("draws", None, DRAWS, "Override: samples distinct in a task (t
                   "per_group (one draw reused by a group's support sets: the Apr-2020 code) or "
                   "independent (every support set draws its own, groups their own classes: the "
                   "Feb-2020 code; needs --target_mode=per_support_set). docs/fidelity.md.")
+flags.DEFINE_enum("as_published", "none", as_published.NAMES, "Preset of one paper-era "
+                  "version of the authors' code: feb2020 (commit 39025a3: Table 1's A/B/C cells) "
+                  "or apr2020 (5b814ac: its D cells); a bundle of --draws, --target_mode, "
+                  "--label_offset and learner options (docs/fidelity.md). Explicit flags and "
+                  "options win over it.")
 flags.DEFINE_enum("budget", "default", tuple(budgets.BUDGETS), "Schedule preset: default "
                   "(10 x 100 x 8), quick (3 x 20 x 4, 100 val tasks), paper (250 epochs x 500 "
                   "steps x 1 task, 600 val/test tasks, top-5 ensemble, task pretraining). "
@@ -106,9 +111,12 @@ def config_from_flags() -> train.TrainConfig:
     return config
 
 
-def _config_from_flags() -> train.TrainConfig:
+def _config_from_flags(per_learner: bool = True) -> train.TrainConfig:
+    """The flags' config under --budget and --as_published (``per_learner=False``: without
+    the preset's learner options, which a sweep adds per learner)."""
     explicit = [field for flag, field in _BUDGET_FLAGS.items() if FLAGS[flag].present]
-    return budgets.apply(_plain_config_from_flags(), FLAGS.budget, keep=explicit)
+    config = budgets.apply(_plain_config_from_flags(), FLAGS.budget, keep=explicit)
+    return as_published.apply(config, FLAGS.as_published, per_learner=per_learner)
 
 
 def _plain_config_from_flags() -> train.TrainConfig:
