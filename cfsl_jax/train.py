@@ -299,7 +299,7 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
             params = pretrained
         report = evaluate(learner, params, splits["test"], num_tasks=config.test_tasks,
                           seed=config.task_seed, purpose="eval", batch_size=config.eval_batch,
-                          ensemble=ensemble, mesh=mesh)
+                          ensemble=ensemble, mesh=mesh, per_task=True)
         if learner.training == "meta":
             member = jax.device_get(jax.tree.map(lambda x: x[0], params))
             with progress.stage("[test] counting the MACs of a meta-training step (XLA)"):
