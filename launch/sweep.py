@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from absl import flags
 
+from cfsl_jax.training import as_published
 from cfsl_jax.experiments import report, slurm, sweep
 from cfsl_jax.learners import LEARNERS, options_class, parse_learner_options
 from cfsl_jax.runtime.options import names as option_names
@@ -126,8 +127,13 @@ def check():
     try:
         learners = FLAGS.learners or LEARNERS
         common, per_learner = sweep_learner_options(FLAGS.learner_option, learners)
-        base = train_cli._config_from_flags(learner_options=common)
+        base = train_cli._config_from_flags(learner_options=common, per_learner=False)
         base.check()
+        for learner in learners:  # --as_published's options, per learner
+            preset = as_published.learner_options(FLAGS.as_published, learner)
+            preset = {k: v for k, v in preset.items() if k not in common}
+            if preset:
+                per_learner[learner] = {**preset, **per_learner.get(learner, {})}
         cells = [cell.strip().upper() for cell in FLAGS.cells]
         configs, skipped = sweep.grid(
             base, learners=FLAGS.learners or None, cells=cells,

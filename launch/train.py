@@ -17,11 +17,11 @@ from __future__ import annotations
 from absl import flags
 
 from cfsl_jax.runtime import parallel
-from cfsl_jax.training import budgets, runs, train
+from cfsl_jax.training import as_published, budgets, runs, train
 from cfsl_jax.data import DATASETS
 from cfsl_jax.learners import COMPUTE_DTYPES, LEARNERS, options_class
 from cfsl_jax.training.config import PRETRAIN_DATA, TrainConfig
-from cfsl_jax.protocol.spec import LABEL_OFFSETS, TARGET_MODES
+from cfsl_jax.protocol.spec import DRAWS, LABEL_OFFSETS, TARGET_MODES
 
 from . import cli
 from .checks import absolute, check_data_flags, check_output_dir
@@ -45,6 +45,15 @@ flags.DEFINE_enum("target_mode", None, TARGET_MODES, "Override: target sampling 
 flags.DEFINE_enum("label_offset", None, LABEL_OFFSETS, "Override: labels without overwrite "
                   "offset per class group (the spec) or per support set (the authors' paper-era "
                   "code; needs --target_mode=per_support_set where CCI > 1). docs/fidelity.md.")
+flags.DEFINE_enum("draws", None, DRAWS, "Override: samples distinct in a task (the spec), "
+                  "per_group (one draw reused by a group's support sets: the Apr-2020 code) or "
+                  "independent (every support set draws its own, groups their own classes: the "
+                  "Feb-2020 code; needs --target_mode=per_support_set). docs/fidelity.md.")
+flags.DEFINE_enum("as_published", "none", as_published.NAMES, "Preset of one paper-era "
+                  "version of the authors' code: feb2020 (commit 39025a3: Table 1's A/B/C cells) "
+                  "or apr2020 (5b814ac: its D cells); a bundle of --draws, --target_mode, "
+                  "--label_offset and learner options (docs/fidelity.md). Explicit flags and "
+                  "options win over it.")
 flags.DEFINE_enum("budget", "default", tuple(budgets.BUDGETS), "Schedule preset: default "
                   "(10 x 100 x 8), quick (3 x 20 x 4, 100 val tasks), paper (250 epochs x 500 "
                   "steps x 1 task, 600 val/test tasks, top-5 ensemble, task pretraining). "
@@ -53,7 +62,12 @@ flags.DEFINE_enum("pretrain_data", _DEFAULTS.pretrain_data, PRETRAIN_DATA, "Pret
                   "EWC-Pretrain pretraining: tasks (images of sampled training tasks, the run's "
                   "epochs, validation and ensemble; the authors') or uniform (--pretrain_steps "
                   "batches of uniformly drawn images).")
-flags.DEFINE_integer("seed", _DEFAULTS.seed, "Seed of every random choice.")
+flags.DEFINE_integer("seed", _DEFAULTS.seed, "Seed of every random choice of training "
+                     "(initialisation, training tasks).")
+flags.DEFINE_string("eval_seed", str(_DEFAULTS.eval_seed), "Seed of the validation and test "
+                    "tasks: the same tasks for every --seed and learner, as the authors' code "
+                    "(a non-negative integer), or 'seed': the run's --seed (each training seed "
+                    "its own tasks; the previous behaviour).")
 flags.DEFINE_enum("compute_dtype", _DEFAULTS.compute_dtype, tuple(COMPUTE_DTYPES),
                   "Compute and carried-state dtype (params and optimiser state stay float32).")
 flags.DEFINE_integer("num_devices", 0, "Devices to shard the task batch over (0: all).")
@@ -89,7 +103,8 @@ define_data_flags()
 define_backend_flags()
 
 FLAGS = flags.FLAGS
-_SPEC_FLAGS = ("nss", "nc", "ks", "kt", "cci", "overwrite", "target_mode", "label_offset")
+_SPEC_FLAGS = ("nss", "nc", "ks", "kt", "cci", "overwrite", "target_mode", "label_offset",
+               "draws")
 # Flags a --budget sets -> their TrainConfig fields (an explicit flag wins over the budget).
 _BUDGET_FLAGS = {"epochs": "epochs", "iters_per_epoch": "iters_per_epoch",
                  "meta_batch": "meta_batch", "val_tasks": "val_tasks", "test_tasks": "test_tasks",
@@ -106,12 +121,16 @@ def config_from_flags() -> TrainConfig:
     return config
 
 
-def _config_from_flags(learner_options: dict | None = None) -> TrainConfig:
-    """The TrainConfig of the flags; ``learner_options`` in place of --learner_option's."""
+def _config_from_flags(learner_options: dict | None = None,
+                       per_learner: bool = True) -> TrainConfig:
+    """The flags' config under --budget and --as_published; ``learner_options`` in place of
+    --learner_option's (``per_learner=False``: without the preset's learner options, which a
+    sweep adds per learner)."""
     explicit = [field for flag, field in _BUDGET_FLAGS.items() if FLAGS[flag].present]
     if learner_options is None:
         learner_options = learner_options_from_flag(FLAGS.learner, FLAGS.learner_option)
-    return budgets.apply(_plain_config_from_flags(learner_options), FLAGS.budget, keep=explicit)
+    config = budgets.apply(_plain_config_from_flags(learner_options), FLAGS.budget, keep=explicit)
+    return as_published.apply(config, FLAGS.as_published, per_learner=per_learner)
 
 
 def _plain_config_from_flags(learner_options: dict) -> TrainConfig:
@@ -120,7 +139,9 @@ def _plain_config_from_flags(learner_options: dict) -> TrainConfig:
         learner_options=learner_options,
         dataset_options=parse_options(FLAGS.dataset_option, "dataset_option"),
         spec_overrides={k: FLAGS[k].value for k in _SPEC_FLAGS if FLAGS[k].value is not None},
-        seed=FLAGS.seed, compute_dtype=FLAGS.compute_dtype, epochs=FLAGS.epochs, iters_per_epoch=FLAGS.iters_per_epoch,
+        seed=FLAGS.seed, eval_seed=parse_eval_seed(FLAGS.eval_seed),
+        compute_dtype=FLAGS.compute_dtype, epochs=FLAGS.epochs,
+        iters_per_epoch=FLAGS.iters_per_epoch,
         meta_batch=FLAGS.meta_batch, learning_rate=FLAGS.learning_rate,
         val_tasks=FLAGS.val_tasks, test_tasks=FLAGS.test_tasks, eval_batch=FLAGS.eval_batch,
         keep_best=FLAGS.keep_best, checkpoint_every=FLAGS.checkpoint_every,
@@ -141,6 +162,16 @@ def listed_options() -> bool:
 def require_workdir() -> None:
     if not FLAGS.workdir:
         raise cli.UserError("--workdir is required")
+
+
+def parse_eval_seed(text: str) -> int | None:
+    """--eval_seed: a non-negative integer, or 'seed' (None: the run's --seed)."""
+    text = text.strip()
+    if text == "seed":
+        return None
+    if not text.isdigit():
+        raise cli.UserError(f"--eval_seed={text}: give a non-negative integer or 'seed'")
+    return int(text)
 
 
 def mesh_from_flags():

@@ -296,3 +296,125 @@ def test_the_test_purpose_keeps_the_key_of_its_older_name_eval():
     expected = jax.random.key_data(jax.random.fold_in(jax.random.key(7), 3))  # its index
     np.testing.assert_array_equal(keys[0], expected)
     np.testing.assert_array_equal(keys[1], expected)
+
+
+# ---- the paper-era samplers (spec.draws) ---------------------------------------------------
+
+def test_the_default_sampler_is_unchanged_bit_for_bit():
+    """SHA-256 of 4 tasks of six paper cells, recorded before the paper-era samplers existed
+    (``draws`` other than "distinct" add code paths; the default's random draws are the same)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for cell in ["B3", "C3", "A3", "D4", "A10", "D8"]:
+        tasks = sample_tasks(jax.random.split(jax.random.key(7), 4), WIDE_TABLE, WIDE_SIZES,
+                             TaskSpec.parse(cell))
+        for field in tasks:
+            digest.update(np.asarray(field, np.int32).tobytes())
+    assert digest.hexdigest() == ("df24c238f0270033148572023ec971eaece0e95af19e755f92f6ef75"
+                                  "deac4e85")
+
+
+@st.composite
+def paper_era_specs(draw):
+    import dataclasses
+
+    spec = draw(specs(max_nss=10))
+    draws = draw(st.sampled_from(["per_group", "independent"]))
+    return dataclasses.replace(spec, draws=draws, target_mode="per_support_set")
+
+
+def check_paper_era_rules(task: TaskIndices, table: np.ndarray, spec: TaskSpec) -> None:
+    """The rules of ``draws="per_group"`` (Apr 2020) and ``"independent"`` (Feb 2020)."""
+    task = jax.tree.map(np.asarray, task)
+    nss, nc, ks, kt = spec.nss, spec.nc, spec.ks, spec.kt
+    assert task.support_idx.shape == (nss, nc * ks)
+    assert task.target_idx.shape == (nss * nc * kt,)
+    rows, slots = np.nonzero(table >= 0)
+    class_of = np.full(table.max() + 1, -1)
+    class_of[table[rows, slots]] = rows
+    for g in range(spec.num_groups):  # a group's classes are distinct
+        assert len(set(task.classes[g].tolist())) == nc
+    if spec.draws == "per_group":  # groups never share a class
+        assert len(np.unique(task.classes)) == spec.num_groups * nc
+    target_of = {}  # support set n -> its target part's image ids (labels tell them apart)
+    for n in range(nss):
+        group = n // spec.cci
+        offset = n if spec.label_offset == "per_support_set" else group
+        classes = class_of[task.support_idx[n]]
+        assert collections.Counter(classes.tolist()) == {int(c): ks for c in task.classes[group]}
+        for idx, label in zip(task.support_idx[n], task.support_labels[n]):
+            position = list(task.classes[group]).index(class_of[idx])
+            assert label == (position if spec.overwrite else offset * nc + position)
+        first = group * spec.cci
+        if spec.draws == "per_group":  # the same images as the first support set of the group
+            assert set(task.support_idx[n]) == set(task.support_idx[first])
+        labels = set(task.support_labels[n].tolist())
+        mine = np.isin(task.target_labels, list(labels)) & (task.target_group == group)
+        if spec.overwrite or spec.label_offset == "per_class_group":
+            mine &= False  # several target parts share labels: identified by counts below
+        else:
+            target_of[n] = set(task.target_idx[mine].tolist())
+            assert len(target_of[n]) == nc * kt
+            # a support set's images and its target part's are distinct
+            assert not target_of[n] & set(task.support_idx[n].tolist())
+    counts = collections.Counter(zip(task.target_group.tolist(),
+                                     class_of[task.target_idx].tolist()))
+    for group, length in enumerate(spec.group_lengths):
+        for c in set(task.classes[group].tolist()):
+            assert counts[(group, c)] == kt * length
+    if spec.draws == "per_group":
+        for n, images in target_of.items():
+            assert images == target_of[(n // spec.cci) * spec.cci]
+
+
+@hypothesis.settings(SETTINGS, max_examples=12)
+@hypothesis.given(spec=paper_era_specs(), seed=st.integers(0, 2**31 - 1))
+def test_paper_era_rules_on_a_padded_split(spec, seed):
+    if spec.samples_per_class() > WIDE_SIZES.min() or spec.distinct_classes > len(WIDE_SIZES):
+        return
+    check_paper_era_rules(sample(jax.random.key(seed), WIDE_TABLE, WIDE_SIZES, spec),
+                          WIDE_TABLE, spec)
+
+
+def test_feb2020_draws_let_a_class_recur_under_a_second_label_in_b_tasks():
+    """draws="independent" on B3 over 212 classes (the Omniglot test split): every support set
+    draws its own 5 classes, so a class can come back under another label; about 1 - (1 -
+    5/212)^... of tasks have a recurrence (the finding: 31 % of B3 tasks)."""
+    import dataclasses
+
+    table, sizes = padded_table(212, 20, 20)
+    spec = dataclasses.replace(TaskSpec.preset("B3"), draws="independent",
+                               target_mode="per_support_set", label_offset="per_support_set")
+    tasks = jax.tree.map(np.asarray, sample_tasks(jax.random.split(jax.random.key(0), 2000),
+                                                  table, sizes, spec))
+    recurs = np.array([len(np.unique(c)) < c.size for c in tasks.classes])
+    assert 0.27 < recurs.mean() < 0.35  # expected 1 - (207/212 * 202/212 ...) = 0.31
+    t = int(np.argmax(recurs))
+    rows, slots = np.nonzero(table >= 0)
+    class_of = dict(zip(table[rows, slots].tolist(), rows.tolist()))
+    labels = collections.defaultdict(set)
+    for idx, label in zip(tasks.support_idx[t].ravel(), tasks.support_labels[t].ravel()):
+        labels[class_of[int(idx)]].add(int(label))
+    assert max(len(v) for v in labels.values()) == 2  # one class, two labels
+    # the default never does: 15 distinct classes
+    default = sample_tasks(jax.random.split(jax.random.key(0), 50), table, sizes,
+                           TaskSpec.preset("B3"))
+    assert all(len(np.unique(c)) == 15 for c in np.asarray(default.classes))
+
+
+def test_apr2020_draws_reuse_a_groups_images_under_labels_offset_per_support_set():
+    import dataclasses
+
+    table, sizes = padded_table(40, 20, 20)
+    spec = dataclasses.replace(TaskSpec.preset("D4"), draws="per_group",
+                               target_mode="per_support_set", label_offset="per_support_set")
+    task = jax.tree.map(np.asarray, sample_task(jax.random.key(1), table, sizes, spec))
+    check_paper_era_rules(task, table, spec)
+    first = dict(zip(task.support_idx[0].tolist(), task.support_labels[0].tolist()))
+    second = dict(zip(task.support_idx[1].tolist(), task.support_labels[1].tolist()))
+    assert first.keys() == second.keys()  # the same 5 images
+    assert all(second[i] == first[i] + 5 for i in first)  # under labels offset by NC
+    assert not set(first) & set(task.support_idx[2].tolist())  # the next group: other images
+    with pytest.raises(ValueError, match="needs target_mode='per_support_set'"):
+        dataclasses.replace(TaskSpec.preset("B3"), draws="independent")

@@ -299,3 +299,23 @@ def test_figure4_says_which_learners_lines_coincide(tmp_path):
     assert figures.coinciding(curves, "macs_per_task") == [["init_tune", "pretrain_tune",
                                                             "ewc_init"]]
     assert os.path.getsize(figures.plot_cost_curves(curves, str(tmp_path / "f4.png"))) > 0
+
+
+def test_paired_differences_compare_learners_task_by_task_on_shared_tasks():
+    from cfsl_jax.experiments.report import paired_rows
+
+    def run(learner, seed, acc, fingerprint="f", cell="B3"):
+        return {"dataset": "d", "learner": learner, "seed": seed, "config": {"task": cell},
+                "task_fingerprint": fingerprint,
+                "test": {"acc_mean": float(np.mean(acc)), "per_task": {"acc": list(acc)}}}
+
+    results = [run("protonets", 0, [0.9, 0.8, 1.0, 0.7]), run("protonets", 1, [0.7, 0.8, 1.0, 0.9]),
+               run("maml_low", 0, [0.6, 0.8, 0.9, 0.7]),
+               run("sca", 0, [0.1, 0.1, 0.1, 0.1], fingerprint="other tasks"),
+               {**run("init_tune", 0, [0.0] * 4), "test": {"acc_mean": 0.0}}]  # no per-task
+    rows = paired_rows(results, "d")
+    assert rows[0][:4] == ["cell", "learner", "against", "difference (points)"]
+    # protonets per task (seeds averaged): 0.8, 0.8, 1.0, 0.8; maml_low - protonets:
+    # -0.2, 0, -0.1, -0.1 -> mean -0.1, std 0.0707, CI 1.96 * 0.0707 / 2 = 0.0693
+    assert rows[1:] == [["B3", "maml_low", "protonets", "-10.00", "±6.93", "4"]]
+    assert paired_rows(results, "another dataset") == [rows[0]]

@@ -22,6 +22,9 @@ Rules:
 - The paper's published accuracy (``paper_results.TABLE1`` or a JSON file of
   the same layout) is put side by side where a cell has one, with the
   difference ours - paper in percentage points.
+- Paired differences (``paired_rows``): runs record each test task's accuracy;
+  learners tested on the same tasks (the same task fingerprint: a fixed
+  ``--eval_seed``) are compared task by task with the cell's most accurate one.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import csv
 import functools
 import os
 from typing import Any, Iterable, NamedTuple, Sequence
+
+import numpy as np
 
 
 from cfsl_jax.experiments import figures, paper_results
@@ -235,6 +240,38 @@ def write_csv(path: str, rows: Sequence[dict[str, Any]]) -> None:
         writer.writerows(rows)
 
 
+def paired_rows(results: Iterable[dict[str, Any]], dataset: str) -> list[list[str]]:
+    """Each learner against its cell's most accurate learner on the same test tasks.
+
+    Runs count where their results hold per-task accuracies; per task, a learner's
+    accuracy is averaged over its seeds first (with a fixed ``--eval_seed`` every seed
+    tests the same tasks). A cell compares the learners of its most common task
+    fingerprint. Entry: the mean of the per-task differences (learner - best, points)
+    and its 95 % CI half-width (``metrics.summarize``), over the shared tasks.
+    """
+    from cfsl_jax.protocol.metrics import summarize
+
+    cells: dict[str, dict[str, dict[str, list]]] = {}  # cell -> fingerprint -> learner -> runs
+    for result in results:
+        per_task = result["test"].get("per_task")
+        if result["dataset"] != dataset or per_task is None:
+            continue
+        cell = cells.setdefault(result["config"]["task"], {})
+        cell.setdefault(result["task_fingerprint"], {}).setdefault(
+            result["learner"], []).append(np.asarray(per_task["acc"], np.float64))
+    rows = [["cell", "learner", "against", "difference (points)", "95 % CI", "tasks"]]
+    for cell in _cell_order(cells):
+        learners = max(cells[cell].values(), key=len)
+        accuracy = {name: np.mean(runs, axis=0) for name, runs in learners.items()}
+        best = max(accuracy, key=lambda name: accuracy[name].mean())
+        for name in _learner_order(accuracy):
+            if name != best:
+                stats = summarize(accuracy[name] - accuracy[best])
+                rows.append([cell, name, best, f"{100 * stats['mean']:+.2f}",
+                             f"±{100 * stats['ci95']:.2f}", str(accuracy[name].size)])
+    return rows
+
+
 def dataset_markdown(results: Sequence[dict], dataset: str, paper: dict) -> str:
     """The Markdown report of one dataset: Table 1 for each metric, then the paper's numbers."""
     runs = [r for r in results if r["dataset"] == dataset]
@@ -267,6 +304,12 @@ def dataset_markdown(results: Sequence[dict], dataset: str, paper: dict) -> str:
         parts.append(f"The paper reports no numbers on {dataset}.")
     else:
         parts.append("No published number for these cells. " + paper.get("note", ""))
+    paired = paired_rows(runs, dataset)
+    if len(paired) > 1:
+        parts += ["## Paired differences on the same test tasks",
+                  "Each learner against its cell's most accurate one: the mean over the "
+                  "shared test tasks of the per-task accuracy difference, with its 95 % CI "
+                  "(seeds averaged per task first).", markdown(paired)]
     return "\n\n".join(parts) + "\n"
 
 

@@ -45,7 +45,7 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
         differences.append(f"split sizes: recorded {recorded['splits']}, now {sizes}")
     with progress.stage(f"[verify] sampling the {config.test_tasks} test tasks"):
         fingerprint = task_fingerprint(splits["test"], learner.spec, config.test_tasks,
-                                       config.seed)
+                                       config.task_seed)
     if fingerprint != recorded["task_fingerprint"]:
         differences.append(f"task_fingerprint: recorded {recorded['task_fingerprint']}, "
                            f"now {fingerprint}")
@@ -58,7 +58,7 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
         params = runs.restore_params(config, learner, splits, workdir, ensemble=True)
         from cfsl_jax.training.evaluate import evaluate
         report = evaluate(learner, params, splits["test"], num_tasks=config.test_tasks,
-                          seed=config.seed, batch_size=config.eval_batch,
+                          seed=config.task_seed, batch_size=config.eval_batch,
                           ensemble=runs.selects_epochs(config, learner), cost_metrics=False)
         for name in CHECKED_METRICS:
             if getattr(report, name) != getattr(stored, name):

@@ -30,8 +30,9 @@ across phases; the paper's schedule: 4 epochs every 5,000 samples, batch 256
 10,000). Unseen-class detector: ``mdt`` (the paper's MDT) by default for the
 instance-based and cosine methods, ``softmax`` (Hendrycks & Gimpel) for the
 linear heads; ``detector=`` overrides. MDT measures in the head's own terms
-(``mdt_metric=`` overrides): Euclidean to raw class means (NCM, OLTR), cosine
-(cosine classifiers), the maximum dot-product similarity (Exemplar Tuning and
+(``mdt_metric=`` overrides): the cosine distance to the class means (NCM and
+ProtoNets, as the paper's Figure 5a, and the cosine classifiers), Euclidean to
+raw class means (OLTR), the maximum dot-product similarity (Exemplar Tuning and
 linear layers, as the paper's Figure 5 b-c).
 
 Notes of what was followed (and not): EWC's Fisher is the diagonal empirical

@@ -6,10 +6,12 @@ from __future__ import annotations
 import jax
 
 from cfsl_jax.protocol.learner import (TRAINING_KINDS, AdaptFn, InitFn, InitParamsFn, Learner,
-                                       MetaLossFn, Params, PredictFn, State)
+                                       MetaLossFn, Params, PredictFn, RunningBN, State,
+                                       with_running_bn)
 
 __all__ = ["TRAINING_KINDS", "AdaptFn", "InitFn", "InitParamsFn", "Learner", "MetaLossFn",
-           "Params", "PredictFn", "State", "check_image_shape", "embedding_dim"]
+           "Params", "PredictFn", "RunningBN", "State", "check_image_shape", "embedding_dim",
+           "with_running_bn"]
 
 
 def check_image_shape(example_x: jax.Array, image_shape: tuple[int, ...]) -> None:

@@ -77,10 +77,10 @@ import jax.numpy as jnp
 import optax
 
 from cfsl_jax.protocol import metrics
-from cfsl_jax.learners.base import Learner, check_image_shape
+from cfsl_jax.learners.base import Learner, RunningBN, check_image_shape
 from cfsl_jax.learners.inner_loop_options import InnerLoopOptions
 from cfsl_jax.models.init import reinitialize
-from cfsl_jax.models.norm import META_ONLY_PREFIX
+from cfsl_jax.models.norm import META_ONLY_PREFIX, collect_moments
 from cfsl_jax.protocol.spec import TaskSpec
 
 class InnerState(NamedTuple):
@@ -149,11 +149,16 @@ class InnerLoop(NamedTuple):
     sgd_step: Callable  # (params, fast, loss_fn(fast), step, first_order) -> fast
     adapt: Callable  # first_order -> (params, state, x, y) -> state (checkpointed)
     objective: Callable  # first_order -> (params, sx, sy, tx, ty, key, progress) -> TaskObjective
+    # with running BN averages: the loop that evaluation runs (the embedding on them), and
+    # (params, support_x, target_x) -> the moments of the training forward passes
+    evaluation: "InnerLoop | None" = None
+    moments: Callable | None = None
 
 
 def make_inner_loop(spec: TaskSpec, image_shape: tuple[int, ...], net: nn.Module,
                     options: InnerLoopOptions, embed: nn.Module | None = None,
-                    extra_steps: int = 0, embed_init: str = "torch") -> InnerLoop:
+                    extra_steps: int = 0, embed_init: str = "torch",
+                    embed_eval: nn.Module | None = None) -> InnerLoop:
     """The MAML++ pieces for ``net`` (called as ``net.apply(p, features, step)``).
 
     ``net`` has a ``num_steps`` field: the rows of its per-step tables
@@ -164,21 +169,41 @@ def make_inner_loop(spec: TaskSpec, image_shape: tuple[int, ...], net: nn.Module
     ``extra_steps`` adds LSLR/BN entries after the NSS*S support-set steps.
     The net's layers are drawn by ``options.weight_init``, the embedding's by
     ``embed_init`` (schemes of ``models.init``).
+    An embedding whose ``norm`` is "train" keeps batch-norm running averages in
+    ``params["embed_stats"]``; ``embed_eval`` (the same embedding, ``norm="eval"``)
+    then builds ``InnerLoop.evaluation``.
     """
     S = options.inner_steps
     num_steps = spec.nss * S + extra_steps
     use_step = options.lslr or options.per_step_bn or extra_steps > 0
+    running = embed is not None and embed.norm != "batch"
+
+    def embed_variables(params):
+        variables = {"params": params["embed"]}
+        if running:
+            variables["batch_stats"] = params["embed_stats"]
+        return variables
 
     def featurize(params, x):
-        return x if embed is None else embed.apply({"params": params["embed"]}, x)
+        return x if embed is None else embed.apply(embed_variables(params), x)
+
+    def moments(params, support_x, target_x):
+        def of(x):
+            _, variables = embed.apply(embed_variables(params), x, mutable=["intermediates"])
+            return collect_moments(variables["intermediates"])
+        per_set = jax.lax.map(of, support_x)
+        return jax.tree.map(lambda s, t: jnp.concatenate([s, t[None]]), per_set, of(target_x))
 
     def init_params(key, example_x, spec):
         check_image_shape(example_x, image_shape)
         embed_key, net_key = jax.random.split(key)
         params = {}
         if embed is not None:
-            params["embed"] = reinitialize(embed.init(embed_key, example_x)["params"],
-                                           jax.random.fold_in(embed_key, 1), embed_init)
+            variables = embed.init(embed_key, example_x)
+            params["embed"] = reinitialize(variables["params"], jax.random.fold_in(embed_key, 1),
+                                           embed_init)
+            if running:
+                params["embed_stats"] = variables["batch_stats"]
         features = jax.eval_shape(featurize, params, example_x)
         params["net"] = reinitialize(
             net.init(net_key, jnp.zeros(features.shape, features.dtype), 0)["params"],
@@ -305,21 +330,27 @@ def make_inner_loop(spec: TaskSpec, image_shape: tuple[int, ...], net: nn.Module
 
         return objective
 
+    evaluation = (None if embed_eval is None else
+                  make_inner_loop(spec, image_shape, net, options, embed_eval, extra_steps,
+                                  embed_init))
     return InnerLoop(spec, options, num_steps, init_params, init, featurize, logits, sgd_step,
-                     adapts.__getitem__, make_objective)
+                     adapts.__getitem__, make_objective, evaluation,
+                     moments if running else None)
 
 
 def assemble(name: str, loop: InnerLoop, predict: Callable | None = None,
              meta_loss: Callable | None = None) -> Learner:
     """The Learner of ``loop`` (and its first-order twin for ``for_epoch``).
 
-    ``predict(first_order)`` / ``meta_loss(first_order)`` override the MAML++
+    ``predict(loop, first_order)`` / ``meta_loss(first_order)`` override the MAML++
     ones (SCA); by default predict applies the fast weights to the target set
-    and meta_loss is the (multi-step) target loss of ``loop.objective``.
+    and meta_loss is the (multi-step) target loss of ``loop.objective``. A loop
+    with running batch-norm averages (``loop.evaluation``) gives each variant an
+    ``evaluation`` learner (the embedding on them) and ``running_bn``.
     """
     options = loop.options
 
-    def default_predict(first_order):
+    def default_predict(loop, first_order):
         del first_order
 
         def predict(params, state, target_x):
@@ -342,9 +373,16 @@ def assemble(name: str, loop: InnerLoop, predict: Callable | None = None,
         first = options.first_order or epoch < options.first_order_epochs
         return variants[first]
 
+    fields = {}
+    if loop.evaluation is not None:
+        ev = loop.evaluation
+        fields = {"evaluation": Learner(name, ev.spec, loop.init_params, ev.init, ev.adapt(False),
+                                        predict(ev, False), training="meta",
+                                        per_task_weights=True),
+                  "running_bn": RunningBN("embed_stats", loop.moments)}
     for first in (False, True):
         variants[first] = Learner(name, loop.spec, loop.init_params, loop.init,
-                                  loop.adapt(first), predict(first), training="meta",
+                                  loop.adapt(first), predict(loop, first), training="meta",
                                   per_task_weights=True, meta_loss=meta_loss(first),
-                                  for_epoch=for_epoch)
+                                  for_epoch=for_epoch, **fields)
     return variants[options.first_order]

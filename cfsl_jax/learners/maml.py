@@ -14,6 +14,13 @@ then 320, pooled to 5x5; as the authors' code), meta-learned only and
 applied to each support set and to the target set separately, then an
 ``AdaptableHead`` (``filters`` = 48) whose weights adapt (ATM = the head's
 weights, plus the step counter: 976,192 bytes on 28x28 Omniglot B3, ATM 20.75).
+Embedding batch norm (``bn_stats``): "running" (default, as the authors'
+``nn.BatchNorm2d`` in ``SqueezeExciteDenseNet``): meta-training normalises each support set and the target set with
+their own statistics and folds them into running averages
+(``params["embed_stats"]``); validation and test embed every image with the
+running averages (``Learner.evaluation``). "batch": every set is normalised with
+its own statistics in evaluation too. The head's per-step batch norm uses batch
+statistics either way, as the authors' head.
 ``shrink_transitions=True`` (transitions back to ``embed_filters`` = 64
 channels: 126,896 bytes on B3, ATM 2.70) and ``se_mlp=True`` (2-layer
 squeeze-excite MLPs; see ``models.densenet``) make the network smaller.
@@ -41,6 +48,8 @@ from cfsl_jax.models.init import WEIGHT_INITS
 from cfsl_jax.models.norm import PerStepBatchNorm
 from cfsl_jax.runtime.options import build, option, positive_int
 from cfsl_jax.protocol.spec import TaskSpec
+
+BN_STATS: tuple[str, ...] = ("running", "batch")  # maml_high / sca embedding (``bn_stats``)
 
 
 class MamlConv4(nn.Module):
@@ -82,6 +91,9 @@ class MamlHighOptions(InnerLoopOptions):
     shrink_transitions: bool = option(False, "Transitions back to embed_filters channels.")
     embed_init: str = option("torch", "Init of the meta-learned-only layers (the embedding; "
                              "SCA's critic).", choices=WEIGHT_INITS)
+    bn_stats: str = option("running", "Embedding batch norm at validation and test: running "
+                           "averages kept in meta-training (the authors' nn.BatchNorm2d) or each "
+                           "set's own statistics.", choices=BN_STATS)
 
 
 def _check_image_shape(image_shape) -> tuple[int, int, int]:
@@ -114,11 +126,14 @@ def maml_high_loop(spec: TaskSpec, image_shape=(28, 28, 1), extra_steps: int = 0
         raise UserError(f"image_shape {shape} is too small for the SE-DenseNet (needs H, W >= 4)")
     steps = (spec.nss * opts.inner_steps + extra_steps + opts.target_bn_row
              if opts.per_step_bn else 1)
+    running = opts.bn_stats == "running"
     embed = SEDenseNet(opts.embed_filters, opts.growth, conv_impl=opts.conv, se_mlp=opts.se_mlp,
-                       shrink_transitions=opts.shrink_transitions)
+                       shrink_transitions=opts.shrink_transitions,
+                       norm="train" if running else "batch")
     head = AdaptableHead(spec.num_outputs, opts.filters, steps, opts.conv, se_mlp=opts.se_mlp)
     return make_inner_loop(spec, shape, head, opts, embed=embed, extra_steps=extra_steps,
-                           embed_init=opts.embed_init)
+                           embed_init=opts.embed_init,
+                           embed_eval=embed.clone(norm="eval") if running else None)
 
 
 def maml_low(spec: TaskSpec, image_shape=(28, 28, 1), **options) -> Learner:

@@ -81,5 +81,14 @@ def with_compute_dtype(learner: Learner, compute_dtype: str) -> Learner:
         def embed_apply(params, x):
             return full(learner.embed_apply(low(params), low(x)))
 
+    running_bn = None
+    if learner.running_bn is not None:
+        def moments(params, support_x, target_x):
+            return full(learner.running_bn.moments(low(params), low(support_x), low(target_x)))
+        running_bn = learner.running_bn._replace(moments=moments)
+
+    evaluation = (None if learner.evaluation is None
+                  else with_compute_dtype(learner.evaluation, compute_dtype))
     return learner._replace(init=init, adapt=adapt, predict=predict, meta_loss=meta_loss,
-                            for_epoch=for_epoch, embed_apply=embed_apply)
+                            for_epoch=for_epoch, embed_apply=embed_apply,
+                            evaluation=evaluation, running_bn=running_bn)

@@ -4,6 +4,16 @@ Only the sums [num_outputs, D] and counts [num_outputs] cross support sets (the
 ATM); the Conv-4 embedding (64 filters) is meta-trained episodically. Labels
 not yet seen in the task are masked out of the prediction.
 
+Batch norm (``bn_stats``): "running" (default, as the authors' ``nn.BatchNorm2d``,
+``standard_neural_network_architectures.py`` at FewShotContinualLearning commit
+abc7c72): meta-training normalises each support set and the target set with
+their own batch statistics and folds those statistics into running averages
+(``Learner.running_bn``, one forward pass after the other); validation and
+test (``Learner.evaluation``) normalise with the running averages, so each
+target prediction depends on that sample and the support sets only. "batch":
+every set is normalised with its own statistics in evaluation too (the target
+set transductively).
+
 Defaults follow the paper (Snell et al.'s ProtoNets, which the paper cites):
 a prototype is the mean embedding of a label's support samples, logits are
 negative squared Euclidean distances (``metrics.neg_sq_euclidean``). The
@@ -30,13 +40,15 @@ import jax
 import jax.numpy as jnp
 
 from cfsl_jax.protocol import metrics
-from cfsl_jax.learners.base import Learner, check_image_shape, embedding_dim
+from cfsl_jax.learners.base import Learner, RunningBN, check_image_shape, embedding_dim
 from cfsl_jax.models.conv4 import ACTIVATIONS, Conv4
 from cfsl_jax.models.init import WEIGHT_INITS, reinitialize
+from cfsl_jax.models.norm import collect_moments
 from cfsl_jax.runtime.options import build, check_fields, option
 from cfsl_jax.protocol.spec import TaskSpec
 
 DISTANCES: tuple[str, ...] = ("squared_euclidean", "dot")
+BN_STATS: tuple[str, ...] = ("running", "batch")
 
 
 class ProtoState(NamedTuple):
@@ -65,6 +77,9 @@ class ProtoNetsOptions:
                            "distances or dot products to the prototypes.", choices=DISTANCES)
     weight_init: str = option("torch", "Init of the embedding's layers (models.init).",
                               choices=WEIGHT_INITS)
+    bn_stats: str = option("running", "Batch norm at validation and test: running averages "
+                           "kept in meta-training (the authors' nn.BatchNorm2d) or each set's "
+                           "own statistics.", choices=BN_STATS)
 
     def __post_init__(self):
         check_fields(self)
@@ -79,18 +94,43 @@ def protonets(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
     """
     opts = build(ProtoNetsOptions, options, "learner 'protonets'")
     last_sample_prototype, distance = opts.last_sample_prototype, opts.distance
-    embed = Conv4(filters=opts.filters, activation=opts.activation)
+    running = opts.bn_stats == "running"
+    embed = Conv4(filters=opts.filters, activation=opts.activation,
+                  norm="train" if running else "batch")
 
     def init_params(key, example_x, spec):
         check_image_shape(example_x, image_shape)
-        return reinitialize(embed.init(key, example_x), jax.random.fold_in(key, 1),
-                            opts.weight_init)
+        variables = embed.init(key, example_x)
+        variables = {k: variables[k] for k in ("params", "batch_stats") if k in variables}
+        return reinitialize(variables, jax.random.fold_in(key, 1), opts.weight_init)
 
     def init(params, key, spec):
         del key
         dim = embedding_dim(embed, params, image_shape)
         return ProtoState(jnp.zeros((spec.num_outputs, dim), state_dtype),
                           jnp.zeros((spec.num_outputs,), jnp.int32))
+
+    def learner(embed: Conv4, **fields) -> Learner:
+        adapt, predict = _episode_fns(embed, spec, state_dtype, last_sample_prototype, distance)
+        return Learner("protonets", spec, init_params, init, adapt, predict, **fields)
+
+    if not running:
+        return learner(embed)
+
+    def moments(params, support_x, target_x):
+        def of(x):
+            _, variables = embed.apply(params, x, mutable=["intermediates"])
+            return collect_moments(variables["intermediates"])
+        per_set = jax.vmap(of)(support_x)
+        return jax.tree.map(lambda s, t: jnp.concatenate([s, t[None]]), per_set, of(target_x))
+
+    return learner(embed, evaluation=learner(embed.clone(norm="eval")),
+                   running_bn=RunningBN("batch_stats", moments))
+
+
+def _episode_fns(embed: Conv4, spec: TaskSpec, state_dtype, last_sample_prototype: bool,
+                 distance: str):
+    """ProtoNets' (adapt, predict) with the embedding ``embed``."""
 
     def adapt(params, state, support_x, support_y):
         features = embed.apply(params, support_x)
@@ -113,4 +153,4 @@ def protonets(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
             logits = metrics.neg_sq_euclidean(features, prototypes)
         return jnp.where(state.counts > 0, logits, jnp.finfo(features.dtype).min)
 
-    return Learner("protonets", spec, init_params, init, adapt, predict)
+    return adapt, predict

@@ -114,7 +114,7 @@ def sca(spec: TaskSpec, image_shape=(28, 28, 1), **options) -> Learner:
 
     loop = loop._replace(init_params=init_params)
 
-    def make_predict(first_order):
+    def make_predict(loop, first_order):
         del first_order
 
         def predict(params, state, target_x):

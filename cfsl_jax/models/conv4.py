@@ -2,9 +2,13 @@
 
 64 filters for ProtoNets, 48 for the fine-tuning / MAML++ low-end family. The
 embedding is flattened; a ``LinearHead`` sized by the task spec sits on top
-where a learner needs one. Normalisation uses the statistics of the batch it
-is given (``BatchStatNorm``), with no running averages: a support set or the
-target set is normalised on its own, so no statistics cross sets. Convolutions
+where a learner needs one. Normalisation (``BatchStatNorm``) follows ``norm``
+(``models.norm.NORM_MODES``): "batch" (default) uses the statistics of the
+batch it is given, with no running averages: a support set or the target set
+is normalised on its own, so no statistics cross sets; "train" does the same
+and also keeps running averages (the "batch_stats" collection, updated by the
+caller from the sown moments, ``models.norm``); "eval" normalises with the
+running averages, so each image is embedded on its own. Convolutions
 are ``models.conv.Conv`` with implementation ``conv_impl``: "gemm_grad" (the
 default: a GEMM kernel gradient that stays fast inside the ``lax.scan`` over
 support sets on CPU) or any of ``models.conv.CONV_IMPLS`` ("auto": im2col,
@@ -20,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from cfsl_jax.models.conv import Conv
+from cfsl_jax.models.norm import running_moments
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "relu": nn.relu,
@@ -28,19 +33,30 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 
 
 class BatchStatNorm(nn.Module):
-    """Batch normalisation with the current batch's statistics and a learned scale/bias."""
+    """Batch normalisation with a learned scale/bias; statistics as ``mode``.
+
+    "batch": the current batch's statistics, no variables besides scale/bias.
+    "train": the same, plus running averages ``batch_stats/{mean,var}`` (PyTorch's
+    initial 0 and 1) and the batch's moments sown as ``intermediates/moments``
+    (mean, unbiased variance: what PyTorch's ``BatchNorm2d`` folds into its running
+    averages). "eval": normalises with the running averages.
+    """
 
     epsilon: float = 1e-5
+    mode: str = "batch"  # models.norm.NORM_MODES
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         features = x.shape[-1]
         axes = tuple(range(x.ndim - 1))
         stats = jnp.promote_types(x.dtype, jnp.float32)  # bf16 inputs: float32 statistics
-        mean = jnp.mean(x, axis=axes, keepdims=True, dtype=stats)
-        var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
         scale = self.param("scale", nn.initializers.ones, (features,), jnp.float32)
         bias = self.param("bias", nn.initializers.zeros, (features,), jnp.float32)
+        if self.mode == "batch":
+            mean = jnp.mean(x, axis=axes, keepdims=True, dtype=stats)
+            var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+        else:
+            mean, var = running_moments(self, x, axes, stats)
         normed = ((x - mean) * jax.lax.rsqrt(var + self.epsilon)).astype(x.dtype)
         return normed * scale.astype(x.dtype) + bias.astype(x.dtype)
 
@@ -53,6 +69,7 @@ class Conv4(nn.Module):
     num_blocks: int = 4
     dtype: jnp.dtype | None = None  # compute dtype; None: the input's
     conv_impl: str = "gemm_grad"  # models.conv.CONV_IMPLS
+    norm: str = "batch"  # BatchStatNorm's mode (models.norm.NORM_MODES)
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -60,7 +77,7 @@ class Conv4(nn.Module):
         x = x.astype(self.dtype or x.dtype)
         for _ in range(self.num_blocks):
             x = Conv(self.filters, 3, self.conv_impl, dtype=self.dtype)(x)
-            x = act(BatchStatNorm()(x))
+            x = act(BatchStatNorm(mode=self.norm)(x))
             x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="VALID")
         return x.reshape(x.shape[0], -1)
 

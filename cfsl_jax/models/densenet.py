@@ -16,8 +16,10 @@ defaults); finally an adaptive average pool to ``output_size`` x
 ``output_size`` (PyTorch's bins: output cell i covers input rows
 floor(i*H/o) .. ceil((i+1)*H/o)-1, so a 28x28 input, 7x7 after two stages, is
 pooled to 5x5 with overlapping 3x3/2x2 bins; an input smaller than the
-output repeats cells). Normalisation uses the statistics of the batch it is
-given, so a support set or the target set is embedded on its own.
+output repeats cells). Normalisation follows ``norm`` (``models.conv4``):
+"batch" uses the statistics of the batch it is given, so a support set or the
+target set is embedded on its own; "train" also keeps running averages;
+"eval" normalises with them.
 
 ``SqueezeExcite`` (the authors'): x * sigmoid(Linear_CxC(global mean of x)),
 one linear layer with a bias. ``se_mlp=True`` selects a 2-layer MLP gate
@@ -121,10 +123,11 @@ class SEDenseNet(nn.Module):
     conv_impl: str = "auto"
     se_mlp: bool = False  # a 2-layer MLP gate, feeding the convs only
     shrink_transitions: bool = False  # transitions back to ``filters`` channels
+    norm: str = "batch"  # BatchStatNorm's mode (models.norm.NORM_MODES)
 
     def _conv_norm_act(self, x: jax.Array, features: int, kernel_size: int) -> jax.Array:
         x = Conv(features, kernel_size, self.conv_impl, use_bias=False)(x)
-        return nn.leaky_relu(BatchStatNorm()(x))
+        return nn.leaky_relu(BatchStatNorm(mode=self.norm)(x))
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:

@@ -66,6 +66,30 @@ class MetaLossFn(Protocol):
 TRAINING_KINDS = ("meta", "pretrain", "none")
 
 
+class RunningBN(NamedTuple):
+    """How a meta-trained learner keeps batch-norm running averages (see ``Learner``).
+
+    ``params[key]`` holds them (a "batch_stats" tree, ``models.norm``);
+    ``moments(params, support_x [NSS, n, H, W, C], target_x [T, H, W, C])`` returns
+    the moments of the forward passes the task's training makes, in order (each
+    support set, then the target set): a tree like ``params[key]`` with leaves
+    [NSS + 1, C]. The training step folds them into ``params[key]``
+    (``models.norm.absorb``) after the optimiser's update, task after task.
+    """
+
+    key: str
+    moments: Callable[[Params, jax.Array, jax.Array], Any]
+
+
+def with_running_bn(learner: "Learner", params: Params, previous: Params, moments: Any
+                    ) -> Params:
+    """``params`` whose running averages are ``previous``'s with ``moments`` (leaves [K, C])
+    folded in: the optimiser's update of them (weight decay) is discarded."""
+    from cfsl_jax.models.norm import absorb
+    key = learner.running_bn.key
+    return {**params, key: absorb(previous[key], moments)}
+
+
 class Learner(NamedTuple):
     """Pure functions of a learner, built by a factory that closes over its options.
 
@@ -82,6 +106,9 @@ class Learner(NamedTuple):
     first-order variant for the first K epochs); None means this one always.
     ``embed_apply``: for "pretrain" learners, ``embed_apply(params["embed"], x)
     -> features [n, D]``: the backbone that ``cfsl_jax.training.pretrain`` trains.
+    ``evaluation``: the learner that validation and test run
+    (``cfsl_jax.training.evaluate``), e.g. with batch norm on running averages; None: this one.
+    ``running_bn``: how meta-training updates those running averages (``RunningBN``).
     """
 
     name: str
@@ -95,3 +122,10 @@ class Learner(NamedTuple):
     meta_loss: MetaLossFn | None = None
     for_epoch: Callable[[int], "Learner"] | None = None
     embed_apply: Callable[[Params, jax.Array], jax.Array] | None = None
+    evaluation: "Learner | None" = None
+    running_bn: RunningBN | None = None
+
+    @property
+    def evaluated(self) -> "Learner":
+        """The learner that validation and test run: ``evaluation``, or this one."""
+        return self.evaluation or self

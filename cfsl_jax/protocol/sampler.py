@@ -22,6 +22,14 @@ How a task is drawn (I = ceil(NSS/CCI) groups, m = min(CCI, NSS)):
    ``n*NC + position`` for support set n and its target part).
 4. Each support set and the target set are shuffled.
 
+The paper-era samplers (``spec.draws``, see ``cfsl_jax.protocol.spec``): "per_group"
+draws ``R = KS+KT`` samples per class and every support set of a group takes
+draws ``0..KS`` (its target part ``KS..KS+KT``); "independent" draws each
+group's classes with its own top-NC (classes may recur across groups) and
+``R = KS+KT`` samples per class for every support set on its own (rows of
+``draws`` are then support sets, not groups). "distinct" (the default) runs
+exactly the steps above.
+
 All slicing in step 2 is by static index tables built from ``spec`` once.
 """
 
@@ -53,14 +61,16 @@ class _Layout(NamedTuple):
     """Static gather tables: where each support/target slot comes from in draws[I, NC, R]."""
 
     draws: int  # R, distinct samples drawn per class
-    support_group: np.ndarray  # int [NSS, NC*KS]
+    support_group: np.ndarray  # int [NSS, NC*KS] row of draws[I, NC, R] (support set n if
+    # draws="independent": draws[NSS, NC, R])
     support_class: np.ndarray  # int [NSS, NC*KS] position in group
     support_draw: np.ndarray  # int [NSS, NC*KS]
-    target_group: np.ndarray  # int [T]
+    target_group: np.ndarray  # int [T] row of draws (as support_group)
     target_class: np.ndarray  # int [T]
     target_draw: np.ndarray  # int [T]
     support_offset: np.ndarray  # int [NSS, NC*KS] label offset / NC (without overwrite)
     target_offset: np.ndarray  # int [T]
+    target_class_group: np.ndarray  # int [T] class group of each target slot
 
 
 @functools.lru_cache(maxsize=None)
@@ -70,18 +80,22 @@ def _layout(spec: TaskSpec) -> _Layout:
     c = np.arange(nc)[None, :, None]
     group, j = n // spec.cci, n % spec.cci
     per_set = spec.label_offset == "per_support_set"
+    row = n if spec.draws == "independent" else group
+    if spec.draws != "distinct":  # every support set takes draws 0..KS, its target KS..KS+KT
+        m, j = 1, 0 * j
     shape = (spec.nss, nc, ks)
     support = [np.broadcast_to(a, shape).reshape(spec.nss, nc * ks)
-               for a in (group, c, j * ks + np.arange(ks), n if per_set else group)]
+               for a in (row, c, j * ks + np.arange(ks), n if per_set else group)]
     if spec.target_mode == "per_support_set":
         shape = (spec.nss, nc, kt)
-        target = (group, c, m * ks + j * kt + np.arange(kt), n if per_set else group)
+        target = (row, c, m * ks + j * kt + np.arange(kt), n if per_set else group, group)
     else:  # a per_class target part is its group's (TaskSpec refuses it where n would differ)
         shape = (spec.num_groups, nc, kt)
         groups = np.arange(spec.num_groups)[:, None, None]
-        target = (groups, c, m * ks + np.arange(kt), groups)
+        target = (groups, c, m * ks + np.arange(kt), groups, groups)
     target = [np.broadcast_to(a, shape).reshape(-1) for a in target]
-    return _Layout(spec.samples_per_class(), *support[:3], *target[:3], support[3], target[3])
+    return _Layout(spec.samples_per_class(), *support[:3], *target[:3], support[3], target[3],
+                   target[4])
 
 
 def _is_concrete(x) -> bool:
@@ -121,14 +135,21 @@ def sample_task(key: jax.Array, class_table: jax.Array, class_sizes: jax.Array,
     class_key, draw_key, support_key, target_key = jax.random.split(key, 4)
 
     # 1. I*NC distinct classes, group g = row g.
-    _, classes = jax.lax.top_k(jax.random.uniform(class_key, (num_classes,)), spec.num_classes)
-    classes = classes.reshape(spec.num_groups, spec.nc).astype(jnp.int32)
+    if spec.draws == "independent":  # each group on its own: NC distinct classes
+        _, classes = jax.lax.top_k(
+            jax.random.uniform(class_key, (spec.num_groups, num_classes)), spec.nc)
+        classes = classes.astype(jnp.int32)
+        row_classes = classes[np.arange(spec.nss) // spec.cci]  # [NSS, NC]
+    else:
+        _, classes = jax.lax.top_k(jax.random.uniform(class_key, (num_classes,)),
+                                   spec.num_classes)
+        classes = row_classes = classes.reshape(spec.num_groups, spec.nc).astype(jnp.int32)
 
     # 2. R distinct samples of each chosen class (padding slots can never win).
-    scores = jax.random.uniform(draw_key, (spec.num_groups, spec.nc, slots))
-    valid = jnp.arange(slots) < class_sizes[classes][..., None]
+    scores = jax.random.uniform(draw_key, (*row_classes.shape, slots))
+    valid = jnp.arange(slots) < class_sizes[row_classes][..., None]
     _, slot = jax.lax.top_k(jnp.where(valid, scores, -1.0), layout.draws)
-    draws = class_table[classes[..., None], slot]  # [I, NC, R] image indices
+    draws = class_table[row_classes[..., None], slot]  # [I (NSS), NC, R] image indices
 
     def labels(offset, position):
         return position if spec.overwrite else offset * spec.nc + position
@@ -137,7 +158,7 @@ def sample_task(key: jax.Array, class_table: jax.Array, class_sizes: jax.Array,
     support_labels = jnp.asarray(labels(layout.support_offset, layout.support_class), jnp.int32)
     target_idx = draws[layout.target_group, layout.target_class, layout.target_draw]
     target_labels = jnp.asarray(labels(layout.target_offset, layout.target_class), jnp.int32)
-    target_group = jnp.asarray(layout.target_group, jnp.int32)
+    target_group = jnp.asarray(layout.target_class_group, jnp.int32)
 
     # 4. Shuffle within each support set and within the target set.
     support_idx, support_labels = _shuffle(support_key, (support_idx, support_labels))

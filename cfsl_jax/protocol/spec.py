@@ -23,6 +23,16 @@ of the m = min(CCI, NSS) labels of a class: the published D accuracies (every
 Omniglot D cell of Table 1 is below 50 %) reflect it. It only changes tasks with
 overwrite False and CCI > 1, and needs ``target_mode="per_support_set"`` there
 (a per_class target sample would have no single label).
+
+Samples (``draws``): ``"distinct"`` (default, the specification): no sample
+appears twice in a task. ``"per_group"`` (the authors' Apr-2020 code, commit
+5b814ac, ``data.py`` ``get_set``): each class of a group gives KS+KT samples once,
+and every support set of the group (and its target part) reuses them.
+``"independent"`` (the Feb-2020 code, commit 39025a3, ``data.py`` ``get_set``
+called once per support set): each group draws its NC classes on its own (a
+class can recur in a later group, under another label), and each support set
+draws fresh KS+KT samples of its group's classes; it needs
+``target_mode="per_support_set"``.
 """
 
 from __future__ import annotations
@@ -38,6 +48,8 @@ TargetMode = Literal["per_support_set", "per_class"]
 TARGET_MODES: tuple[str, ...] = ("per_support_set", "per_class")
 LabelOffset = Literal["per_class_group", "per_support_set"]
 LABEL_OFFSETS: tuple[str, ...] = ("per_class_group", "per_support_set")
+Draws = Literal["distinct", "per_group", "independent"]
+DRAWS: tuple[str, ...] = ("distinct", "per_group", "independent")
 TASK_TYPES: tuple[str, ...] = ("A", "B", "C", "D")
 
 # The paper's grid: NC=5, KS=1, KT=5, per_class targets; cell -> (type, NSS, CCI).
@@ -64,6 +76,7 @@ class TaskSpec:
     overwrite: bool  # True: every group labelled 0..nc-1
     target_mode: TargetMode = "per_support_set"
     label_offset: LabelOffset = "per_class_group"  # without overwrite: group g or support set n
+    draws: Draws = "distinct"  # samples: distinct in the task, or as the paper-era code
 
     def __post_init__(self):
         for field in ("nss", "nc", "ks", "kt", "cci"):
@@ -76,6 +89,11 @@ class TaskSpec:
         if self.label_offset not in LABEL_OFFSETS:
             raise ValueError(f"TaskSpec.label_offset must be one of {LABEL_OFFSETS}, got "
                              f"{self.label_offset!r}")
+        if self.draws not in DRAWS:
+            raise ValueError(f"TaskSpec.draws must be one of {DRAWS}, got {self.draws!r}")
+        if self.draws == "independent" and self.target_mode != "per_support_set":
+            raise ValueError("TaskSpec.draws='independent' draws every support set's target "
+                             "part with it; it needs target_mode='per_support_set'")
         if self.relabels_within_groups and self.target_mode == "per_class":
             raise ValueError(
                     f"TaskSpec.label_offset='per_support_set' with cci={self.cci} and "
@@ -132,8 +150,11 @@ class TaskSpec:
         return self.nc * (self.nss if self.label_offset == "per_support_set" else self.num_groups)
 
     def samples_per_class(self, target_mode: str | None = None) -> int:
-        """Distinct samples one class must supply: m*(KS+KT) or m*KS+KT."""
+        """Distinct samples one class must supply: m*(KS+KT) or m*KS+KT (KS+KT when the
+        support sets of a group reuse one draw or draw their own: ``draws``)."""
         mode = target_mode or self.target_mode
+        if self.draws != "distinct":
+            return self.ks + self.kt
         m = self.max_group_length
         return m * (self.ks + self.kt) if mode == "per_support_set" else m * self.ks + self.kt
 
@@ -153,17 +174,27 @@ class TaskSpec:
         """Short readable name, e.g. 'D8(cci=2,nc=5,ks=1,kt=5,per_class)'."""
         kind = self.task_type or "X"
         offset = ",labels_per_support_set" if self.relabels_within_groups else ""
+        draws = "" if self.draws == "distinct" else f",draws={self.draws}"
         return (f"{kind}{self.nss}(cci={self.cci},nc={self.nc},ks={self.ks},kt={self.kt},"
-                        f"{'overwrite,' if self.overwrite else ''}{self.target_mode}{offset})")
+                        f"{'overwrite,' if self.overwrite else ''}{self.target_mode}{offset}"
+                        f"{draws})")
+
+    @property
+    def distinct_classes(self) -> int:
+        """Classes a split must hold: I * NC (NC when groups draw on their own)."""
+        return self.nc if self.draws == "independent" else self.num_classes
 
     # ---- feasibility -----------------------------------------------------------
     def check_feasible(self, num_classes: int, min_class_size: int) -> None:
         """Raise ValueError when a split cannot supply this spec."""
-        if self.num_classes > num_classes:
+        if self.distinct_classes > num_classes:
             raise ValueError(
                     f"{self.name} needs ceil(NSS/CCI)*NC = {self.num_groups}*{self.nc} = "
                     f"{self.num_classes} distinct classes, but the split has {num_classes}")
         need = self.samples_per_class()
+        if need > min_class_size and self.draws != "distinct":
+            raise ValueError(f"{self.name} needs KS+KT = {need} distinct samples of a class, "
+                             f"but the smallest class of the split holds {min_class_size}")
         if need > min_class_size:
             formula = ("m*(KS+KT)" if self.target_mode == "per_support_set" else "m*KS+KT")
             message = (f"{self.name} needs {formula} = {need} distinct samples of a class "

@@ -33,6 +33,8 @@ class TrainConfig:
     task: str = "B3"  # a paper cell, a type or type+NSS (TaskSpec.parse)
     spec_overrides: dict = dataclasses.field(default_factory=dict)  # TaskSpec fields to replace
     seed: int = 0
+    # the validation/test tasks' seed; None: ``seed`` (each training seed its own tasks)
+    eval_seed: int | None = 0
     compute_dtype: str = "float32"  # learners.COMPUTE_DTYPES; params/optimiser stay float32
     epochs: int = 10
     iters_per_epoch: int = 100
@@ -55,6 +57,11 @@ class TrainConfig:
     wandb_project: str | None = None  # also log the metrics to this Weights & Biases project
 
     @property
+    def task_seed(self) -> int:
+        """The seed of the validation and test tasks: ``eval_seed``, or ``seed`` if None."""
+        return self.seed if self.eval_seed is None else self.eval_seed
+
+    @property
     def spec(self) -> TaskSpec:
         base = TaskSpec.parse(self.task)
         return dataclasses.replace(base, **self.spec_overrides) if self.spec_overrides else base
@@ -65,6 +72,11 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise UserError(f"TrainConfig.{name} must be a positive integer, got {value!r}")
+        if self.eval_seed is not None and (isinstance(self.eval_seed, bool)
+                                           or not isinstance(self.eval_seed, int)
+                                           or self.eval_seed < 0):
+            raise UserError(f"TrainConfig.eval_seed must be a non-negative integer or None, "
+                            f"got {self.eval_seed!r}")
         if self.checkpoint_every < 0:
             raise UserError(f"TrainConfig.checkpoint_every must be >= 0, "
                             f"got {self.checkpoint_every}")
@@ -83,11 +95,25 @@ class TrainConfig:
 
 
 # What ``from_json`` reads for a field a config.json was saved without, where the default has
-# changed since (runs saved before pretrain_data existed pretrained on uniform images).
-LEGACY_DEFAULTS: dict[str, Any] = {"pretrain_data": "uniform"}
+# changed since (runs saved before pretrain_data existed pretrained on uniform images; before
+# eval_seed existed, the evaluation tasks followed the training seed).
+LEGACY_DEFAULTS: dict[str, Any] = {"pretrain_data": "uniform", "eval_seed": None}
+# Learner options whose default changed when eval_seed was added: a config.json saved without
+# eval_seed ran these learners with batch-statistics batch norm.
+LEGACY_LEARNER_OPTIONS: dict[str, dict[str, Any]] = {
+    name: {"bn_stats": "batch"} for name in ("protonets", "maml_high", "sca")}
+
+
+def with_legacy_defaults(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved config.json's fields, with what runs saved before a default changed used."""
+    out = {**LEGACY_DEFAULTS, **saved}
+    if "eval_seed" not in saved:
+        legacy = LEGACY_LEARNER_OPTIONS.get(saved.get("learner", TrainConfig.learner), {})
+        out["learner_options"] = {**legacy, **saved.get("learner_options", {})}
+    return out
 
 
 def from_json(saved: dict[str, Any]) -> TrainConfig:
     """The config of a saved ``config.json`` (unknown fields ignored; missing ones: module doc)."""
     known = {f.name for f in dataclasses.fields(TrainConfig)}
-    return TrainConfig(**{k: v for k, v in {**LEGACY_DEFAULTS, **saved}.items() if k in known})
+    return TrainConfig(**{k: v for k, v in with_legacy_defaults(saved).items() if k in known})

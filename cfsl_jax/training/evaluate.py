@@ -131,8 +131,10 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
     macs_per_task (None with ``cost_metrics=False``); with ``per_task=True`` also
     ``per_task``: each task's ``acc`` and ``ce`` in task order (for paired
     comparisons of two learners on the same tasks). ``batch_size`` is tasks per
-    device per program.
+    device per program. The learner run is
+    ``learner.evaluated`` (``Learner.evaluation`` where it has one).
     """
+    learner = learner.evaluated  # e.g. batch norm on running averages
     spec = spec or learner.spec
     if spec != learner.spec:
         raise ValueError(f"spec {spec.name} differs from the learner's {learner.spec.name}")

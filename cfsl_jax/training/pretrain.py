@@ -234,7 +234,7 @@ def pretrain_on_tasks(config: TrainConfig, learner: Learner, params: Params, spl
     def validate(epoch: int, state):
         current = {**params, "embed": state.params["embed"]}
         return evaluate(learner, current, splits["val"], num_tasks=config.val_tasks,
-                        seed=config.seed, purpose="val", batch_size=config.eval_batch,
+                        seed=config.task_seed, purpose="val", batch_size=config.eval_batch,
                         cost_metrics=False, mesh=mesh), current
 
     phase = loop.phase(config, "pretrain", "pretraining", data_key)

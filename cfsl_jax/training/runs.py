@@ -182,8 +182,8 @@ def evaluate_run(workdir: str, num_tasks: int | None = None,
     params = restore_params(config, learner, splits, workdir, ensemble=True)
     ensemble = selects_epochs(config, learner)
     report = evaluate(learner, params, splits["test"], num_tasks=num_tasks or config.test_tasks,
-                      seed=config.seed, purpose="eval", batch_size=config.eval_batch,
-                      ensemble=ensemble, mesh=mesh)
+                      seed=config.task_seed, purpose="eval", batch_size=config.eval_batch,
+                      ensemble=ensemble, mesh=mesh, per_task=True)
     best = []
     if ensemble:
         ckpt = checkpoints.Checkpoints(workdir, config.keep_best, read_only=True)

@@ -43,7 +43,7 @@ from cfsl_jax.training import optimizers, results
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training.evaluate import evaluate
 from cfsl_jax.learners import get_learner
-from cfsl_jax.learners.base import Learner
+from cfsl_jax.learners.base import Learner, with_running_bn
 from cfsl_jax.protocol.sampler import sample_task
 from cfsl_jax.training import checkpoints, loop
 from cfsl_jax.training.config import TrainConfig
@@ -83,20 +83,26 @@ def make_train_step(learner: Learner, optimizer: optax.GradientTransformation, m
                 data.gather_normalised(split, task.target_idx), task.target_labels,
                 jax.random.fold_in(key, 1))
         (loss, acc), grads = grad_fn(params, args, progress)
-        return loss, acc, grads
+        moments = (learner.running_bn.moments(params, args[0], args[2])
+                   if learner.running_bn is not None else None)
+        return loss, acc, grads, moments
 
     @jax.jit
     def step(params, opt_state, split, key, progress):
         keys = jax.random.split(key, meta_batch)
         keys = keys[jnp.arange(padded) % meta_batch]  # padding: repeated tasks, weighted 0
         weights = (jnp.arange(padded) < meta_batch).astype(jnp.float32) / meta_batch
-        loss, acc, grads = parallel.map_tasks(
+        loss, acc, grads, moments = parallel.map_tasks(
             lambda k: task_grads(params, split, k, progress), (keys,), mesh,
             episode.sequential(learner, mesh))
         loss, acc, grads = jax.tree.map(lambda x: jnp.tensordot(weights, x, axes=1),
                                         (loss, acc, grads))
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, {"loss": loss, "acc": acc}
+        new_params = optax.apply_updates(params, updates)
+        if learner.running_bn is not None:  # the real tasks' forward passes, task after task
+            moments = jax.tree.map(lambda m: m[:meta_batch].reshape(-1, *m.shape[2:]), moments)
+            new_params = with_running_bn(learner, new_params, params, moments)
+        return new_params, opt_state, {"loss": loss, "acc": acc}
 
     return step
 
@@ -135,7 +141,7 @@ def meta_train(config: TrainConfig, learner: Learner, params: Any, splits, workd
     def validate(epoch: int, state: loop.TrainState):
         current = learner.for_epoch(epoch) if learner.for_epoch else learner
         return evaluate(current, state.params, splits["val"], num_tasks=config.val_tasks,
-                        seed=config.seed, purpose="val", batch_size=config.eval_batch,
+                        seed=config.task_seed, purpose="val", batch_size=config.eval_batch,
                         cost_metrics=False, mesh=mesh), state.params
 
     phase = loop.phase(config, "train", "meta-training", train_key)
@@ -248,8 +254,8 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
             params = pretrained
         try:
             report = evaluate(learner, params, splits["test"], num_tasks=config.test_tasks,
-                              seed=config.seed, purpose="test", batch_size=config.eval_batch,
-                              ensemble=ensemble, mesh=mesh)
+                              seed=config.task_seed, purpose="test", batch_size=config.eval_batch,
+                              ensemble=ensemble, mesh=mesh, per_task=True)
             if learner.training == "meta":
                 member = jax.device_get(jax.tree.map(lambda x: x[0], params))
                 with progress.stage("[test] counting the MACs of a meta-training step (XLA)"):

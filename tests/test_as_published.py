@@ -1,0 +1,61 @@
+"""--as_published presets: named bundles of individual options (cfsl_jax/training/as_published.py)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cfsl_jax.training import as_published
+from cfsl_jax import data
+from cfsl_jax.protocol import episode
+from cfsl_jax.learners import get_learner
+from cfsl_jax.models.conv4 import Conv4
+from cfsl_jax.training.runs import TrainConfig
+from cfsl_jax.protocol.sampler import sample_task
+
+
+def test_presets_are_bundles_of_options_and_explicit_options_win():
+    feb = as_published.apply(TrainConfig(learner="maml_low", task="B3"), "feb2020")
+    assert feb.spec.draws == "independent" and feb.spec.label_offset == "per_support_set"
+    assert feb.learner_options == {"restart_each_support_set": True}
+    apr = as_published.apply(TrainConfig(learner="protonets", task="D4"), "apr2020")
+    assert apr.spec.draws == "per_group" and apr.spec.num_outputs == 20
+    assert apr.learner_options == {"last_sample_prototype": True, "distance": "dot",
+                                   "bn_stats": "running"}
+    mine = TrainConfig(learner="protonets", task="B3", spec_overrides={"draws": "distinct"},
+                       learner_options={"distance": "squared_euclidean"})
+    kept = as_published.apply(mine, "feb2020")
+    assert kept.spec.draws == "distinct" and kept.learner_options["distance"] == (
+        "squared_euclidean")
+    assert as_published.apply(mine, "none") == mine
+    assert as_published.apply(TrainConfig(learner="ewc_init"), "feb2020").learner_options == {}
+    with pytest.raises(ValueError, match="as_published='mar2020'; valid"):
+        as_published.apply(mine, "mar2020")
+
+
+def test_feb2020_protonets_logits_are_dot_products_with_the_last_sample_prototype(
+        omniglot_train):
+    config = as_published.apply(
+        TrainConfig(learner="protonets", task="B3", learner_options={"filters": 8}), "feb2020")
+    spec = config.spec
+    learner = get_learner("protonets", spec, **config.learner_options).evaluated
+    params = learner.init_params(jax.random.key(0), jnp.zeros((1, 28, 28, 1)), spec)
+    split = omniglot_train
+    task = sample_task(jax.random.key(2), split.class_table, split.class_sizes, spec)
+    support_x = data.gather_normalised(split, task.support_idx)
+    target_x = data.gather_normalised(split, task.target_idx)
+    logits = episode.run_task(learner, params, support_x, task.support_labels, target_x,
+                              jax.random.key(0))
+    embed = Conv4(filters=8, norm="eval")  # running averages, as at test
+    prototypes = np.zeros((spec.num_outputs, 8 * 1 * 1))
+    for n in range(spec.nss):  # each label's last support sample
+        features = np.asarray(embed.apply(params, support_x[n]))
+        for row, label in enumerate(np.asarray(task.support_labels[n])):
+            prototypes[label] = features[row]
+    expected = np.asarray(embed.apply(params, target_x)) @ (prototypes / (spec.nss * spec.ks)).T
+    np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-5)
+    # and the target set is KT per class per support set, as the paper-era code
+    assert logits.shape == (spec.nss * spec.nc * spec.kt, spec.num_outputs)
+    assert dataclasses.replace(spec, draws="distinct").target_mode == "per_support_set"
