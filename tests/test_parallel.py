@@ -148,8 +148,10 @@ def test_sharded_split_gives_the_same_evaluation(split):
 
 def test_bfloat16_halves_a_float_state_and_keeps_protonets_accuracy(split):
     mesh = cpu_mesh(1)
-    f32, params = build("protonets")
-    bf16, _ = build("protonets", compute_dtype="bfloat16")
+    # at a fresh init, batch norm on each set's own statistics (running averages start at
+    # mean 0, variance 1: unnormalised features that rounding, not the state's dtype, decides)
+    f32, params = build("protonets", bn_stats="batch")
+    bf16, _ = build("protonets", compute_dtype="bfloat16", bn_stats="batch")
     reports = [evaluation.evaluate(learner, params, split, num_tasks=40, batch_size=20,
                                    cost_metrics=False, mesh=mesh) for learner in (f32, bf16)]
     assert reports[1]["acc_mean"] == pytest.approx(reports[0]["acc_mean"], abs=0.02)
@@ -232,7 +234,8 @@ def test_nss_640_evaluation_completes_in_bounded_memory(many_classes, name, monk
     assert chunked < 2**29 and whole > 4 * chunked, (chunked, whole)
     report = evaluation.evaluate(learner, params, many_classes, num_tasks=1, mesh=mesh)
     correct = report["acc_mean"] * spec.target_size  # one task: a count of target samples
-    assert correct == pytest.approx(round(correct), abs=1e-4) and np.isfinite(report["ce_mean"])
+    # a float32 mean of 16,000 zeros and ones, times 16,000: a whole count to float32 rounding
+    assert correct == pytest.approx(round(correct), abs=5e-3) and np.isfinite(report["ce_mean"])
     assert report["macs_per_task"] > spec.nss * report["macs_adapt"]
 
 

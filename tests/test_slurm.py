@@ -40,7 +40,7 @@ TINY = TrainConfig(
 TINY_FLAGS = ["--learners=protonets", "--learner_option=filters=8",
               "--dataset_option=num_classes=60", "--dataset_option=samples_per_class=8",
               "--nc=3", "--kt=2", "--epochs=2", "--iters_per_epoch=30", "--meta_batch=2",
-              "--val_tasks=4", "--eval_tasks=4", "--eval_batch=4", "--keep_best=2",
+              "--val_tasks=4", "--test_tasks=4", "--eval_batch=4", "--keep_best=2",
               "--log_every=2", "--report=false"]
 COMPARED = ("acc_mean", "acc_std", "ce_mean", "ce_std")
 

@@ -39,7 +39,7 @@ COMPARED = ("acc_mean", "acc_std", "ce_mean", "ce_std", "group_acc", "task_finge
 
 class Signaller:
     """Sends ``signum`` to this process ``delay`` seconds after the ``nth`` progress line that
-    starts with ``marker`` (``"val"``, ``"eval"``: the ``nth`` evaluation of that purpose,
+    starts with ``marker`` (``"val"``, ``"test"``: the ``nth`` evaluation of that purpose,
     as it starts), never after the run ended."""
 
     def __init__(self, monkeypatch, signum: int, marker: str, nth: int, delay: float):
@@ -67,7 +67,7 @@ class Signaller:
             self.seen += 1
             if self.seen == self.nth:
                 self.ready.set()
-                if self.marker in ("val", "eval"):
+                if self.marker in ("val", "test"):
                     self.thread.join()  # the signal lands in this evaluation
 
     def _fire(self) -> None:
@@ -126,7 +126,7 @@ def check_chain(monkeypatch, capsys, tmp_path, config, moments, seed):
             default = signal.default_int_handler if signum == SIGINT else signal.SIG_DFL
             signal.signal(signum, scheduler_exit if foreign else default)
             for attempt in range(3):  # a moment after the phase ended: try an earlier one
-                delay = 0.0 if marker in ("val", "eval") else rng.uniform(0.0, 0.05)
+                delay = 0.0 if marker in ("val", "test") else rng.uniform(0.0, 0.05)
                 stop = run_until_stopped(monkeypatch, config, workdir, signum, marker,
                                          rng.randint(1, lines), delay)
                 if stop is not None:
@@ -167,8 +167,8 @@ def test_stops_during_meta_training_validation_and_test_resume_exactly(monkeypat
     epoch), SIGUSR1 during validation, and SIGINT, SIGUSR1 and SIGTERM during the test."""
     stopped = check_chain(monkeypatch, capsys, tmp_path, META, [
         (SIGINT, "[train] ", 3), (SIGTERM, "[train] ", 3), (SIGUSR1, "val", 2),
-        (SIGUSR2, "[train] ", 3), (SIGUSR1, "[train] ", 2), (SIGINT, "eval", 1),
-        (SIGUSR1, "eval", 1), (SIGTERM, "eval", 1)], seed=0)
+        (SIGUSR2, "[train] ", 3), (SIGUSR1, "[train] ", 2), (SIGINT, "test", 1),
+        (SIGUSR1, "test", 1), (SIGTERM, "test", 1)], seed=0)
     assert all("during the test" in line for line in stopped[-3:])
     assert not any("during the test" in line for line in stopped[:-3])
 
@@ -180,7 +180,7 @@ def test_stops_during_pretraining_on_tasks_resume_exactly(monkeypatch, capsys, t
     assert PRETRAIN.pretrain_data == "tasks"
     stopped = check_chain(monkeypatch, capsys, tmp_path, PRETRAIN, [
         (SIGTERM, "[pretrain] ", 4), (SIGINT, "[pretrain] ", 4), (-SIGUSR2, "[pretrain] ", 3),
-        (-SIGUSR2, "eval", 1)], seed=1)
+        (-SIGUSR2, "test", 1)], seed=1)
     assert all(" at step " in line for line in stopped[:-1])
     assert "during the test" in stopped[-1]
 

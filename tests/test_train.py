@@ -18,6 +18,7 @@ from cfsl_jax.training.config import TrainConfig, from_json
 from cfsl_jax.training.evaluate import dataset_identity, evaluate, task_fingerprint
 from cfsl_jax.learners import get_learner
 from cfsl_jax.experiments.verify import verify
+from conftest import traces_counted
 
 # A tiny run: 2-support-set, 3-way tasks on a small synthetic set, a narrow ProtoNet.
 TINY = TrainConfig(
@@ -33,10 +34,13 @@ def test_train_step_compiles_once():
     optimizer = train.make_optimizer(TINY)
     step = train.make_train_step(learner, optimizer, TINY.meta_batch)
     opt_state = optimizer.init(params)
-    for i in range(3):
-        params, opt_state, out = step(params, opt_state, splits["train"], jax.random.key(i),
-                                      jnp.float32(i / 3))
-    assert step._cache_size() == 1
+    params, opt_state, out = step(params, opt_state, splits["train"], jax.random.key(0),
+                                  jnp.float32(0.0))
+    with traces_counted() as traced:  # the same shapes again: no new program
+        for i in range(1, 3):
+            params, opt_state, out = step(params, opt_state, splits["train"],
+                                          jax.random.key(i), jnp.float32(i / 3))
+    assert traced == [0]
     assert np.isfinite(float(out["loss"]))
 
 
@@ -92,9 +96,9 @@ def test_results_record_reproducibility_facts_and_verify_matches(tmp_path):
     learner, params, spec = runs.restore(workdir, ensemble=True)
     assert spec == TINY.spec and jax.tree.leaves(params)[0].shape[0] == len(out["best_epochs"])
     _, splits = runs.build(TINY)
-    again = evaluate(learner, params, splits["test"], num_tasks=TINY.test_tasks, seed=TINY.seed,
-                     purpose="eval", batch_size=TINY.eval_batch, ensemble=True,
-                     cost_metrics=False)
+    again = evaluate(learner, params, splits["test"], num_tasks=TINY.test_tasks,
+                     seed=TINY.task_seed, purpose="test", batch_size=TINY.eval_batch,
+                     ensemble=True, cost_metrics=False).to_json()
     for name in ("acc_mean", "ce_mean", "group_acc", "task_fingerprint"):
         assert again[name] == out["test"][name], name
     # Every run's scalars, as JSON lines: training at each log step, validation per epoch, test.

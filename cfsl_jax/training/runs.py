@@ -182,7 +182,7 @@ def evaluate_run(workdir: str, num_tasks: int | None = None,
     params = restore_params(config, learner, splits, workdir, ensemble=True)
     ensemble = selects_epochs(config, learner)
     report = evaluate(learner, params, splits["test"], num_tasks=num_tasks or config.test_tasks,
-                      seed=config.task_seed, purpose="eval", batch_size=config.eval_batch,
+                      seed=config.task_seed, purpose="test", batch_size=config.eval_batch,
                       ensemble=ensemble, mesh=mesh, per_task=True)
     best = []
     if ensemble:
