@@ -72,16 +72,17 @@ class SplitInfo:
     source: str  # where the images come from, for people (may name this machine's folders)
     variant: str = ""  # what the images are, for the task fingerprint (no machine's folder)
 
+    @property
+    def dataset_variant(self) -> str:
+        """The dataset as results name it: the prepared variant (``omniglot/small`` for a
+        plain ``omniglot``), or the dataset itself for one generated in memory
+        (``synthetic``, whose ``variant`` is its description)."""
+        return self.variant if self.variant and self.variant != self.source else self.dataset
+
 
 class Source(NamedTuple):
     text: str  # SplitInfo.source
     variant: str  # SplitInfo.variant
-
-    @property
-    def variant(self) -> str:
-        """The dataset the images came from: ``omniglot/small`` for a plain ``omniglot``."""
-        return self.source.split(" prepared in ")[0] if " prepared in " in self.source \
-            else self.dataset
 
 
 @flax.struct.dataclass

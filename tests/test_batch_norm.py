@@ -131,12 +131,15 @@ def test_a_workdir_saved_before_eval_seed_keeps_its_tasks_and_batch_statistics(t
 
 
 def test_eval_seed_flag_takes_an_integer_or_seed_and_refuses_anything_else():
-    from launch import cli
-    from launch.train import parse_eval_seed
+    from launch_inprocess import command_module
 
-    assert parse_eval_seed("0") == 0 and parse_eval_seed(" 17 ") == 17
-    assert parse_eval_seed("seed") is None
-    for bad in ("-1", "x", "1.5", ""):
-        with pytest.raises(cli.UserError, match=r"--eval_seed=.*: give a non-negative integer "
-                                                 r"or 'seed'"):
-            parse_eval_seed(bad)
+    from cfsl_jax.runtime.errors import UserError
+
+    with command_module("train") as train_cli:  # its flags defined, and removed afterwards
+        parse_eval_seed = train_cli.parse_eval_seed
+        assert parse_eval_seed("0") == 0 and parse_eval_seed(" 17 ") == 17
+        assert parse_eval_seed("seed") is None
+        for bad in ("-1", "x", "1.5", ""):
+            with pytest.raises(UserError, match=r"--eval_seed=.*: give a non-negative integer "
+                                                r"or 'seed'"):
+                parse_eval_seed(bad)

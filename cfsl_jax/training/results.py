@@ -90,7 +90,7 @@ def record(config, learner, splits, report: EvalRecord, workdir: str,
     spec = learner.spec
     out = {
         "learner": learner.name,
-        "dataset": splits["test"].info.variant,
+        "dataset": splits["test"].info.dataset_variant,
         "spec": dataclasses.asdict(spec),
         "spec_name": spec.name,
         "seed": config.seed,
