@@ -34,6 +34,12 @@ def command_module(name: str):
         for module in set(sys.modules) - before_modules:
             if ".launch" in module:
                 del sys.modules[module]
+                # A parent package imported before (``from cfsl_jax.launch import cli`` in
+                # another test) keeps the removed module as an attribute, and ``from . import
+                # train`` would then find it there and not import (define its flags) again.
+                parent, _, child = module.rpartition(".")
+                if parent in sys.modules and getattr(sys.modules[parent], child, None):
+                    delattr(sys.modules[parent], child)
         signal.signal(signal.SIGINT, handler)
         sys.unraisablehook = hook
         logging.set_verbosity(verbosity)
