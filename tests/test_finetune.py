@@ -409,7 +409,8 @@ def test_every_conv_impl_adapts_and_predicts_the_same(tuned, two_sets, glyphs):
     # "gemm_grad" and XLA's own convolution compute one function: the same adapted weights
     # and the same logits. Compared in float64: in float32, ten SGD steps through max-pool
     # ties and leaky-ReLU kinks amplify the implementations' different rounding (~1e-7) to
-    # ~0.3 in some logits, while in float64 all three agree to ~1e-13.
+    # ~0.3 in some logits, while in float64 all three agree to ~1e-13 on CPU and ~2e-8 on an
+    # H100 (cuDNN's float64 convolutions sum in another order; the steps amplify it).
     (x1, y1), (x2, y2) = two_sets
     results = {}
     with jax.enable_x64(True):
@@ -428,9 +429,9 @@ def test_every_conv_impl_adapts_and_predicts_the_same(tuned, two_sets, glyphs):
     weights, logits = results["auto"]
     assert logits.dtype == jnp.float64
     for conv in ("gemm_grad", "xla"):
-        np.testing.assert_allclose(logits, results[conv][1], rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(logits, results[conv][1], rtol=1e-7, atol=1e-7)
         for a, b in zip(jax.tree.leaves(weights), jax.tree.leaves(results[conv][0])):
-            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11)
+            np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-9)
     assert float(jnp.std(logits)) > 0.01  # not a degenerate comparison
 
 
