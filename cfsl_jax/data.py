@@ -4,7 +4,7 @@
     split.images        # uint8 [N, H, W, C] on device
     split.class_table   # int32 [C, S]: row c = indices into images of class c, padded with -1
     split.class_sizes   # int32 [C]
-    x = gather_normalised(split, task.support_idx)   # float32 [..., H, W, C] in [0, 1], in jit
+    x = gather_normalised(split, task.support_idx)   # float32 [..., H, W, C], in jit
 
 Datasets (``DATASETS``):
 - ``synthetic``: procedurally generated glyph classes (``datasets/synthetic.py``),
@@ -23,8 +23,13 @@ Datasets (``DATASETS``):
   ``"ordered"`` (default: the builder's alphabet-ordered 1200/211/212) or
   ``"authors"`` (full only: the authors' RandomState(100) shuffle,
   ``datasets/omniglot.py``; same 1200/211/212 sizes, different classes).
+  Option ``resize``: ``"nearest"`` (default; builder config and variant
+  ``full_nearest``) or ``"lanczos"`` (``full``).
 - ``slimagenet64``: the TFDS builder ``cfsl_slimagenet64`` prepared from
   ``SlimageNet64.tar.bz2`` in ``manual_dir``; its own train/val/test split.
+  Option ``normalisation``: ``"imagenet"`` (default; variant
+  ``slimagenet64/imagenet_norm``) or ``"unit"`` (/255 only; ``slimagenet64``).
+  The preprocessing options: ``datasets/preprocessing.py``.
 
 TFDS datasets are written as ``array_record`` into ``data_dir`` (default
 ``$CFSL_DATA_DIR`` or ``~/tensorflow_datasets``) on first use and read back
@@ -47,6 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cfsl_jax.datasets.preprocessing import IMAGENET, Normalisation, family, with_preprocessing
 from cfsl_jax.runtime import progress
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.runtime.options import positive_int
@@ -71,6 +77,7 @@ class SplitInfo:
     class_names: tuple[str, ...]
     source: str  # where the images come from, for people (may name this machine's folders)
     variant: str = ""  # what the images are, for the task fingerprint (no machine's folder)
+    normalisation: Normalisation | None = None  # after /255; None: values stay in [0, 1]
 
     @property
     def dataset_variant(self) -> str:
@@ -96,9 +103,16 @@ class Split:
 
 
 def gather_normalised(split_or_images: Split | jax.Array, indices: jax.Array) -> jax.Array:
-    """Images at ``indices`` (any shape) as float32 in [0, 1]; works inside jit."""
-    images = split_or_images.images if isinstance(split_or_images, Split) else split_or_images
-    return images[indices].astype(jnp.float32) / 255.0
+    """Images at ``indices`` (any shape) as float32: /255, then the split's per-channel
+    ``SplitInfo.normalisation`` if it has one (raw images: /255 only); works inside jit."""
+    if isinstance(split_or_images, Split):
+        images, norm = split_or_images.images, split_or_images.info.normalisation
+    else:
+        images, norm = split_or_images, None
+    x = images[indices].astype(jnp.float32) / 255.0
+    if norm is None:
+        return x
+    return (x - jnp.asarray(norm.mean, jnp.float32)) / jnp.asarray(norm.std, jnp.float32)
 
 
 def default_data_dir() -> str:
@@ -119,7 +133,9 @@ def load_split(name: str, split: str, data_dir: str | None = None,
       download: Omniglot only: fetch the zips from GitHub when they are not in the
         manual folder (otherwise that is refused at once).
       **options: ``synthetic``: ``num_classes``, ``samples_per_class``,
-        ``image_size``, ``seed``; ``omniglot``: ``class_split`` ("ordered", "authors").
+        ``image_size``, ``seed``; ``omniglot``: ``class_split`` ("ordered", "authors"),
+        ``resize`` ("nearest", "lanczos"); ``slimagenet64``: ``normalisation``
+        ("imagenet", "unit"). A preprocessing option not given takes its default.
 
     Raises:
       ValueError: an unknown name, split or option (the message lists the valid ones).
@@ -137,20 +153,32 @@ def load_split(name: str, split: str, data_dir: str | None = None,
                              f"valid: {_SYNTHETIC_OPTIONS}")
         images, labels, names, source = _synthetic(split, **options)
     else:
-        valid = ("class_split",) if name.startswith("omniglot") else ()
+        preprocessing = family(name)
+        valid = (("class_split",) if name.startswith("omniglot") else ()) + (
+            preprocessing.option,)
         unknown = sorted(set(options) - set(valid))
         if unknown:
             raise UserError(f"unknown option(s) {unknown} for dataset {name!r}; valid: {valid}")
+        chosen = with_preprocessing(name, options)[preprocessing.option]
+        if chosen not in preprocessing.values:
+            raise UserError(f"{preprocessing.option}={chosen!r} for dataset {name!r}; valid: "
+                            f"{preprocessing.values}")
         data_dir = os.path.abspath(data_dir or default_data_dir())
         manual_dir = os.path.abspath(manual_dir) if manual_dir else None
         class_split = options.get("class_split", "ordered")
+        resize = chosen if name.startswith("omniglot") else None
         with _tfds_scope(data_dir):
             if class_split == "ordered":
                 images, labels, names, source = _tfds_split(name, split, data_dir, manual_dir,
-                                                            download)
+                                                            download, resize)
             else:
                 images, labels, names, source = _authors_split(name, split, data_dir,
-                                                               manual_dir, download, class_split)
+                                                               manual_dir, download, class_split,
+                                                               resize)
+        if chosen == "imagenet":
+            return _to_split(name, split, images, labels, names, source._replace(
+                text=source.text + ", ImageNet mean/std",
+                variant=source.variant + "/imagenet_norm"), IMAGENET)
     return _to_split(name, split, images, labels, names, source)
 
 
@@ -177,7 +205,7 @@ def _tfds_scope(data_dir: str) -> Iterator[None]:
 
 
 def _to_split(name, split, images: np.ndarray, labels: np.ndarray, names: tuple[str, ...],
-              source: Source) -> Split:
+              source: Source, normalisation: Normalisation | None = None) -> Split:
     """Device arrays from class-major images and their labels."""
     num_classes = len(names)
     sizes = np.bincount(labels, minlength=num_classes).astype(np.int32)
@@ -190,7 +218,7 @@ def _to_split(name, split, images: np.ndarray, labels: np.ndarray, names: tuple[
     chex.assert_type(images, np.uint8)
     chex.assert_shape(labels, (images.shape[0],))
     info = SplitInfo(name, split, num_classes, len(images), tuple(images.shape[1:]), names,
-                     source.text, source.variant)
+                     source.text, source.variant, normalisation)
     return Split(jnp.asarray(images), jnp.asarray(table), jnp.asarray(sizes), info)
 
 
@@ -216,16 +244,17 @@ def _synthetic(split: str, num_classes: int = 1623, samples_per_class: int = 20,
     return images[keep], labels[keep] - classes.start, names, Source(text, text)
 
 
-def _omniglot_config(name: str, data_dir: str, manual_dir: str | None) -> str:
-    """The builder config of ``omniglot`` / ``omniglot/<config>`` (see the module docstring)."""
-    from cfsl_jax.datasets.omniglot import CONFIGS, CfslOmniglot
+def _omniglot_config(name: str, data_dir: str, manual_dir: str | None, resize: str) -> str:
+    """The builder config of ``omniglot`` / ``omniglot/<zips>`` resized by ``resize`` (see the
+    module docstring)."""
+    from cfsl_jax.datasets.omniglot import CONFIGS, CfslOmniglot, config_name
     if "/" in name:
-        return name.split("/", 1)[1]
+        return config_name(name.split("/", 1)[1], resize)
     if manual_dir:
         for config in ("full", "small"):
             if all(os.path.isfile(os.path.join(manual_dir, z)) for z in CONFIGS[config].zip_names):
-                return config
-    for config in ("full", "small"):
+                return config_name(config, resize)
+    for config in (config_name("full", resize), config_name("small", resize)):
         if _is_prepared(CfslOmniglot(config=config, data_dir=data_dir, file_format="array_record")):
             return config
     if manual_dir:
@@ -237,7 +266,7 @@ def _omniglot_config(name: str, data_dir: str, manual_dir: str | None) -> str:
             f"no Omniglot zips in {manual_dir} (expected {' and '.join(CONFIGS['full'].zip_names)} "
             f"for omniglot/full, or {' and '.join(CONFIGS['small'].zip_names)} for "
             f"omniglot/small) and no prepared omniglot in {data_dir}")
-    return "full"  # prepared from TFDS's default manual dir, else downloaded
+    return config_name("full", resize)  # prepared from TFDS's default manual dir, else downloaded
 
 
 def _is_prepared(builder) -> bool:
@@ -245,10 +274,10 @@ def _is_prepared(builder) -> bool:
     return builder.data_path.exists() and builder.is_prepared()
 
 
-def _builder(name: str, data_dir: str, manual_dir: str | None):
+def _builder(name: str, data_dir: str, manual_dir: str | None, resize: str | None):
     if name.startswith("omniglot"):
         from cfsl_jax.datasets.omniglot import CfslOmniglot
-        config = _omniglot_config(name, data_dir, manual_dir)
+        config = _omniglot_config(name, data_dir, manual_dir, resize)
         builder = CfslOmniglot(config=config, data_dir=data_dir, file_format="array_record")
         return builder, f"omniglot/{config}"
     from cfsl_jax.datasets.slimagenet64 import CfslSlimagenet64
@@ -300,8 +329,8 @@ def _missing_ancestors(path) -> list[str]:
 
 
 def _tfds_split(name: str, split: str, data_dir: str, manual_dir: str | None,
-                download: bool = False):
-    builder, resolved = _builder(name, data_dir, manual_dir)
+                download: bool = False, resize: str | None = None):
+    builder, resolved = _builder(name, data_dir, manual_dir, resize)
     if not _is_prepared(builder):
         _prepare(builder, resolved, data_dir, manual_dir, download)
     source = builder.as_data_source(split=split)
@@ -328,9 +357,10 @@ def _tfds_split(name: str, split: str, data_dir: str, manual_dir: str | None,
 
 
 @functools.lru_cache(maxsize=1)  # the three splits of one run share one read
-def _all_omniglot_classes(name: str, data_dir: str, manual_dir: str | None, download: bool):
+def _all_omniglot_classes(name: str, data_dir: str, manual_dir: str | None, download: bool,
+                          resize: str):
     """Every class of a prepared Omniglot config: (images, global labels, names, source)."""
-    parts = [_tfds_split(name, split, data_dir, manual_dir, download) for split in SPLITS]
+    parts = [_tfds_split(name, split, data_dir, manual_dir, download, resize) for split in SPLITS]
     images = np.concatenate([p[0] for p in parts])
     offsets = np.cumsum([0] + [len(p[2]) for p in parts[:-1]])
     labels = np.concatenate([p[1] + offset for p, offset in zip(parts, offsets)])
@@ -339,7 +369,7 @@ def _all_omniglot_classes(name: str, data_dir: str, manual_dir: str | None, down
 
 
 def _authors_split(name: str, split: str, data_dir: str, manual_dir: str | None,
-                   download: bool, class_split: str):
+                   download: bool, class_split: str, resize: str):
     """One split of Omniglot under the authors' class split (``datasets/omniglot.py``)."""
     if class_split not in OMNIGLOT_CLASS_SPLITS:
         raise UserError(f"class_split={class_split!r} for dataset {name!r}; valid: "
@@ -349,7 +379,7 @@ def _authors_split(name: str, split: str, data_dir: str, manual_dir: str | None,
                         "of omniglot/full; omniglot/small has 242")
     from cfsl_jax.datasets.omniglot import authors_split
     images, labels, names, source = _all_omniglot_classes(
-        "omniglot/full", data_dir, manual_dir, download)
+        "omniglot/full", data_dir, manual_dir, download, resize)
     chosen = authors_split(names)[split]
     images, labels = select_classes(images, labels, names, chosen)
     return images, labels, tuple(chosen), source._replace(

@@ -12,9 +12,20 @@ read from TFDS's `manual_dir` (`DownloadConfig(manual_dir=...)`). Two configs:
 
 Every character has 20 drawings. A zip member `<root>/<Alphabet>/<characterNN>/<file>.png`
 is drawing number `i` of class `Alphabet/characterNN`, where `i` is the rank of
-`<file>` among that character's file names (sorted). The 105x105 binary PNGs are
-converted to greyscale ("L") and resized to 28x28 with PIL's LANCZOS filter
-(antialiased). Ink stays dark on a light background, as in the source:
+`<file>` among that character's file names (sorted).
+
+The 105x105 PNGs are 1 bit per pixel (mode "1") and are resized to 28x28 in one
+of two ways (`RESIZES`), each its own builder config (`<config>` and
+`<config>_nearest`), so a prepared dataset names how its images were made:
+
+- `nearest` (configs `full_nearest`, `small_nearest`): PIL's NEAREST resize of
+  the 1-bit image, then greyscale, so every pixel is 0 or 255. This is what the
+  authors' `transforms.Resize((28, 28))` does to these PNGs (Pillow resizes a
+  mode "1" image with NEAREST whatever filter is asked).
+- `lanczos` (configs `full`, `small`): greyscale ("L") first, then PIL's
+  LANCZOS filter (antialiased): grey levels at the strokes' edges.
+
+Either way ink stays dark on a light background, as in the source:
 255 = paper, 0 = ink.
 
 Class split rule (deterministic, shared with the synthetic set): order the
@@ -73,6 +84,7 @@ import tensorflow_datasets as tfds
 from PIL import Image
 
 from .errors import CorruptDatasetError, DatasetNotFoundError
+from .preprocessing import PREPROCESSING
 
 IMAGE_SIZE = 28
 DRAWINGS_PER_CHARACTER = 20
@@ -82,30 +94,39 @@ DOWNLOAD_URL = "https://github.com/brendenlake/omniglot/raw/master/python/{}"
 Character = tuple[str, list[tuple[str, bytes]]]  # (class name, [(file name, png bytes)])
 
 
+RESIZES = PREPROCESSING["omniglot"].values  # how the 105x105 drawings become 28x28 (module doc)
+_RESAMPLING = {"nearest": Image.Resampling.NEAREST, "lanczos": Image.Resampling.LANCZOS}
+
+
 @dataclasses.dataclass(eq=False)
 class OmniglotConfig(tfds.core.BuilderConfig):
-    """Which zips make up the config and how many characters each must hold."""
+    """Which zips make up the config, how many characters each must hold, how images resize."""
 
     zip_names: tuple[str, ...] = ()
     characters_per_zip: tuple[int, ...] = ()
     distinct_characters: int = 0
+    resize: str = "lanczos"  # RESIZES
 
 
+def config_name(base: str, resize: str) -> str:
+    """The builder config of the zips ``base`` ("full", "small") resized by ``resize``."""
+    return base if resize == "lanczos" else f"{base}_{resize}"
+
+
+_ZIPS = {
+    "full": dict(description="images_background + images_evaluation: 1623 characters.",
+                 zip_names=("images_background.zip", "images_evaluation.zip"),
+                 characters_per_zip=(964, 659), distinct_characters=1623),
+    "small": dict(description="images_background_small1 + small2, de-duplicated: 242 characters.",
+                  zip_names=("images_background_small1.zip", "images_background_small2.zip"),
+                  characters_per_zip=(136, 156), distinct_characters=242),
+}
 CONFIGS: dict[str, OmniglotConfig] = {
-    "full": OmniglotConfig(
-        name="full",
-        description="images_background + images_evaluation: 1623 characters.",
-        zip_names=("images_background.zip", "images_evaluation.zip"),
-        characters_per_zip=(964, 659),
-        distinct_characters=1623,
-    ),
-    "small": OmniglotConfig(
-        name="small",
-        description="images_background_small1 + small2, de-duplicated: 242 characters.",
-        zip_names=("images_background_small1.zip", "images_background_small2.zip"),
-        characters_per_zip=(136, 156),
-        distinct_characters=242,
-    ),
+    config_name(base, resize): OmniglotConfig(
+        name=config_name(base, resize), resize=resize,
+        **{**zips, "description": zips["description"] + (
+            "" if resize == "lanczos" else f" {resize.capitalize()} resize of the 1-bit PNGs.")})
+    for base, zips in _ZIPS.items() for resize in RESIZES
 }
 
 
@@ -214,15 +235,19 @@ def read_characters(path: Path, expected_characters: int) -> list[Character]:
         ]
 
 
-def decode_drawing(png: bytes, source: str) -> np.ndarray:
-    """PNG bytes -> uint8 [28, 28, 1], greyscale, LANCZOS-resized, ink dark."""
+def decode_drawing(png: bytes, source: str, resize: str = "lanczos") -> np.ndarray:
+    """PNG bytes -> uint8 [28, 28, 1], greyscale, ink dark, resized by ``resize`` (module doc:
+    ``nearest`` resizes the image in its own mode, ``lanczos`` its greyscale)."""
     try:
         with Image.open(io.BytesIO(png)) as image:
+            image.load()
+            if resize == "lanczos":
+                image = image.convert("L")
+            if image.size != (IMAGE_SIZE, IMAGE_SIZE):
+                image = image.resize((IMAGE_SIZE, IMAGE_SIZE), _RESAMPLING[resize])
             grey = image.convert("L")
     except (OSError, ValueError, SyntaxError) as error:  # PIL.UnidentifiedImageError is an OSError
         raise CorruptDatasetError(f"{source}: undecodable PNG ({error})") from error
-    if grey.size != (IMAGE_SIZE, IMAGE_SIZE):
-        grey = grey.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.LANCZOS)
     return np.asarray(grey, dtype=np.uint8)[:, :, None]
 
 
@@ -240,18 +265,19 @@ def load_classes(paths: Sequence[Path], config: OmniglotConfig) -> list[tuple[st
             f"{', '.join(str(p) for p in paths)}: {len(ordered)} distinct characters, expected "
             f"{config.distinct_characters} for config {config.name!r}")
     return [
-        (class_name, np.stack([decode_drawing(png, f"{class_name}/{file_name}")
+        (class_name, np.stack([decode_drawing(png, f"{class_name}/{file_name}", config.resize)
                                for file_name, png in files]))
         for class_name, files in ordered
     ]
 
 
 class CfslOmniglot(tfds.core.GeneratorBasedBuilder):
-    """Omniglot, 28x28 grey, 20 drawings per character, deterministic class split."""
+    """Omniglot, 28x28 grey (nearest or LANCZOS), 20 drawings per character, deterministic
+    class split."""
 
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "Initial release."}
-    BUILDER_CONFIGS = [CONFIGS["full"], CONFIGS["small"]]
+    BUILDER_CONFIGS = list(CONFIGS.values())
     DEFAULT_CONFIG_NAME = "full"
     MANUAL_DOWNLOAD_INSTRUCTIONS = (
         "Place the Omniglot zips from https://github.com/brendenlake/omniglot/tree/master/python "

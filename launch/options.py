@@ -8,7 +8,9 @@ from absl import app, flags
 def define_data_flags() -> None:
     """--dataset_option, --data_dir and --manual_dir: where a dataset comes from."""
     flags.DEFINE_multi_string("dataset_option", [], "Dataset option NAME=VALUE (repeatable), "
-                              "e.g. --dataset_option=num_classes=200 for synthetic.")
+                              "e.g. --dataset_option=num_classes=200 for synthetic, "
+                              "resize=lanczos or class_split=authors for omniglot, "
+                              "normalisation=unit for slimagenet64.")
     flags.DEFINE_string("data_dir", None, "Where prepared TFDS datasets live.")
     flags.DEFINE_string("manual_dir", None, "Folder with the official archives (Omniglot: "
                         "images_background.zip and images_evaluation.zip, or the two *_small "

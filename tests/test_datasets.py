@@ -40,7 +40,7 @@ def test_omniglot_small_has_242_characters_of_20_drawings(omniglot_splits):
 
 def test_omniglot_prepares_once_and_picks_the_small_config(omniglot_dir, data_dir,
                                                            omniglot_train):
-    prepared = os.path.join(data_dir, "cfsl_omniglot", "small", "1.0.0")
+    prepared = os.path.join(data_dir, "cfsl_omniglot", "small_nearest", "1.0.0")
     assert os.path.isdir(prepared)
     before = os.path.getmtime(os.path.join(prepared, "dataset_info.json"))
     again = data.load_split("omniglot/small", "train", data_dir=data_dir)  # no manual_dir needed
@@ -420,5 +420,6 @@ def test_authors_class_split_option_is_checked(tmp_path):
         data.load_split("omniglot/full", "train", data_dir=str(tmp_path), class_split="shuffled")
     with pytest.raises(UserError, match="omniglot/small has 242"):
         data.load_split("omniglot/small", "train", data_dir=str(tmp_path), class_split="authors")
-    with pytest.raises(UserError, match=r"unknown option\(s\) \['seed'\].*valid: \('class_split',\)"):
+    with pytest.raises(UserError,
+                       match=r"unknown option\(s\) \['seed'\].*valid: \('class_split', 'resize'\)"):
         data.load_split("omniglot/small", "train", data_dir=str(tmp_path), seed=1)

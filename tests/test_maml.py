@@ -380,12 +380,13 @@ def test_bad_options_are_refused_naming_the_value(name, option, value):
 # ---- learning on real data -------------------------------------------------------------------
 
 
-def test_maml_low_meta_training_improves_c3_accuracy_on_omniglot(omniglot_splits,
+def test_maml_low_meta_training_improves_c3_accuracy_on_omniglot(omniglot_dir, data_dir,
                                                                  full_optimisation):
     spec = TaskSpec.preset("C3")
     learner = get_learner("maml_low", spec, filters=16, inner_steps=2, inner_lr=0.1,
                           multi_step_loss=False)
-    train, val = omniglot_splits["train"], omniglot_splits["val"]
+    train, val = (data.load_split("omniglot", split, data_dir=data_dir, manual_dir=omniglot_dir,
+                                  resize="lanczos") for split in ("train", "val"))
     params = init(learner, IMAGE)
     optimizer = optax.adam(1e-2)
     opt_state = optimizer.init(params)
@@ -421,8 +422,9 @@ def test_maml_low_meta_training_improves_c3_accuracy_on_omniglot(omniglot_splits
         params, opt_state = train_step(params, opt_state, jax.random.fold_in(jax.random.key(7),
                                                                              step))
     after = float(val_accuracy(params))
-    # C3 reuses the 5 labels across 3 class groups; 60 steps of 4 tasks took 0.297 -> 0.400
-    # (with parameter seeds 1 and 2 and their own training keys: +0.095, +0.125). With 32
+    # C3 reuses the 5 labels across 3 class groups; on the LANCZOS images 60 steps of 4 tasks
+    # took 0.297 -> 0.400 (with parameter seeds 1 and 2 and their own training keys: +0.095,
+    # +0.125); on the default nearest-neighbour images 0.276 -> 0.350, closer to the bar. With 32
     # filters, 3 inner steps and 30 steps the gain was +0.02..+0.09 depending on the seed and
     # on the CPU's rounding (meta-training amplifies it), too close to the bar.
     assert after > before + 0.05, (before, after)

@@ -24,8 +24,8 @@ def test_a_run_records_its_data_folders_as_absolute_paths(tmp_path, monkeypatch)
 
 def test_results_name_the_variant_a_plain_omniglot_resolved_to(omniglot_splits):
     info = omniglot_splits["test"].info
-    assert (info.dataset, info.variant) == ("omniglot", "omniglot/small")
-    assert info.source.startswith("omniglot/small prepared in ")
+    assert (info.dataset, info.variant) == ("omniglot", "omniglot/small_nearest")
+    assert info.source.startswith("omniglot/small_nearest prepared in ")
 
 
 def test_a_run_recorded_with_relative_paths_resumes_and_verifies_with_folders_given(tmp_path):

@@ -36,10 +36,16 @@ from cfsl_jax.protocol.spec import PAPER_GRID, TaskSpec
 
 # Our dataset names -> the dataset of the paper their numbers compare with. The paper
 # used full Omniglot; omniglot/small (242 characters) is compared with it for reference only.
-PAPER_DATASETS: dict[str, str] = {"omniglot": "omniglot", "omniglot/full": "omniglot",
-                                  "omniglot/small": "omniglot", "slimagenet64": "slimagenet64"}
+# A variant's name adds its preprocessing (``cfsl_jax.datasets.preprocessing``): nearest-neighbour
+# Omniglot (the authors') is ``*_nearest``, ImageNet-normalised SlimageNet64 (the authors')
+# ``slimagenet64/imagenet_norm``; the names without a suffix are the other settings.
+PAPER_DATASETS: dict[str, str] = {
+    "omniglot": "omniglot", "omniglot/full": "omniglot", "omniglot/small": "omniglot",
+    "omniglot/full_nearest": "omniglot", "omniglot/small_nearest": "omniglot",
+    "slimagenet64": "slimagenet64", "slimagenet64/imagenet_norm": "slimagenet64"}
 # Ours that hold the paper's images (omniglot/small is 242 of Omniglot's 1,623 characters).
-SAME_DATA: tuple[str, ...] = ("omniglot", "omniglot/full", "slimagenet64")
+SAME_DATA: tuple[str, ...] = ("omniglot", "omniglot/full", "omniglot/full_nearest",
+                              "slimagenet64", "slimagenet64/imagenet_norm")
 
 SOURCE = ("Antoniou, Patacchiola, Ochal, Storkey. Defining Benchmarks for Continual Few-Shot "
           "Learning. arXiv:2004.11967, Table 1")

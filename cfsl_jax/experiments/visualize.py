@@ -103,9 +103,10 @@ def show_task(dataset: str = "synthetic", split: str = "train", task: str = "D8"
                           loaded.class_sizes, spec)
     summary = task_summary(indices, spec, loaded.info.class_names)
     if out:
-        fig = plot_task(data.gather_normalised(loaded, indices.support_idx),
+        # the images as stored, in [0, 1] (without a dataset's per-channel normalisation)
+        fig = plot_task(data.gather_normalised(loaded.images, indices.support_idx),
                         np.asarray(indices.support_labels),
-                        data.gather_normalised(loaded, indices.target_idx),
+                        data.gather_normalised(loaded.images, indices.target_idx),
                         np.asarray(indices.target_labels), spec,
                         target_group=np.asarray(indices.target_group),
                         title=f"{dataset}/{split} {spec.name} seed={seed}")

@@ -7,7 +7,10 @@
 ``cfsl_jax.training.budgets``). ``from_json`` reads a saved ``config.json``: a field the file
 lacks takes its ``LEGACY_DEFAULTS`` value where the default changed since such files were
 written, else today's default; every reader of a workdir (resuming, comparing, reporting)
-goes through it.
+goes through it. ``to_json`` writes the dataset's preprocessing option
+(``cfsl_jax.datasets.preprocessing``) even when it was left at its default, so a
+``config.json`` without it was saved before the option existed and reads back with the
+value such runs used (LANCZOS Omniglot, SlimageNet64 in [0, 1]).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from cfsl_jax.datasets.preprocessing import with_preprocessing
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.learners import COMPUTE_DTYPES
 from cfsl_jax.protocol.spec import TaskSpec
@@ -91,7 +95,10 @@ class TrainConfig:
         self.spec  # noqa: B018  (validates the task)
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields, with the dataset's preprocessing option written out (module doc)."""
+        out = dataclasses.asdict(self)
+        out["dataset_options"] = with_preprocessing(self.dataset, self.dataset_options)
+        return out
 
 
 # What ``from_json`` reads for a field a config.json was saved without, where the default has
@@ -107,6 +114,8 @@ LEGACY_LEARNER_OPTIONS: dict[str, dict[str, Any]] = {
 def with_legacy_defaults(saved: dict[str, Any]) -> dict[str, Any]:
     """A saved config.json's fields, with what runs saved before a default changed used."""
     out = {**LEGACY_DEFAULTS, **saved}
+    out["dataset_options"] = with_preprocessing(saved.get("dataset", TrainConfig.dataset),
+                                                saved.get("dataset_options", {}), legacy=True)
     if "eval_seed" not in saved:
         legacy = LEGACY_LEARNER_OPTIONS.get(saved.get("learner", TrainConfig.learner), {})
         out["learner_options"] = {**legacy, **saved.get("learner_options", {})}
