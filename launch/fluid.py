@@ -55,6 +55,8 @@ flags.DEFINE_string("split", "train", "Split the stream and pretraining data com
 define_list("method", list(METHODS), f"Methods to run: {list(METHODS)}.")
 flags.DEFINE_enum("streams", "test", STREAM_KINDS, "Test streams, or validation for tuning.")
 flags.DEFINE_integer("num_streams", None, "Streams (default: the preset's).")
+flags.DEFINE_integer("validation_streams", None, "Validation streams a 'new class' threshold "
+                     "is chosen on (default: the preset's: paper 2, small 1).")
 flags.DEFINE_integer("stream_classes", None, "K: classes in the stream.")
 flags.DEFINE_integer("stream_length", None, "L: samples in the stream.")
 flags.DEFINE_float("pretrain_fraction", None, "Fraction of the stream classes that pretrain.")
@@ -141,7 +143,7 @@ def config_from_flags():
     if FLAGS.dataset_option:
         overrides["dataset_options"] = {**base["dataset_options"],
                                         **parse_options(FLAGS.dataset_option, "dataset_option")}
-    for name in ("num_streams", "pretrain_steps"):
+    for name in ("num_streams", "validation_streams", "pretrain_steps"):
         if getattr(FLAGS, name) is not None:
             overrides[name] = getattr(FLAGS, name)
     return preset(FLAGS.preset, **overrides)

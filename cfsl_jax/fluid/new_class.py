@@ -12,8 +12,9 @@ of a stream into the K+1-way predictions after the stream.
 Counting (``targets``): the first sample of a *novel* class has the target
 ``NEW``; every other sample's target is its label -- the pretrain classes are
 known from pretraining, so their first samples are not new (the same
-positives as the unseen-class AUROC: the paper's 750 per sequence). A ``NEW``
-prediction for any other sample is wrong. Overall, mean-per-class and
+positives as the unseen-class AUROC: the paper's 750 per sequence; the
+targets are the stream's, also for a method run with ``known_classes=False``).
+A ``NEW`` prediction for any other sample is wrong. Overall, mean-per-class and
 cross-section accuracies count against these targets
 (``metrics.stream_metrics``), so a novel class's first sample is correct when
 predicted new (without the option it is always wrong).
