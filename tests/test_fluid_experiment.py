@@ -129,8 +129,8 @@ def test_omniglot_stream_has_alphabet_disjoint_pretrain_and_novel_classes(omnigl
 def test_pretraining_on_a_wider_set_keeps_the_stream_classes_head():
     split = data.load_split("synthetic", "train", num_classes=20, samples_per_class=30,
                             image_size=16)
-    narrow = fluid.StreamConfig(num_classes=6, length=60, min_pretrain_samples=6)  # P = 3
-    wide = fluid.StreamConfig(**{**narrow.__dict__, "pretrain_classes": 8})  # + 5 extra
+    wide = fluid.StreamConfig(num_classes=6, length=60, min_pretrain_samples=6,
+                              pretrain_classes=8)  # P = 3, + 5 pretraining-only classes
     stream, classes = fluid.make_stream(jax.random.key(0), split.class_table, split.class_sizes,
                                         wide)
     pretraining = fluid.pretrain_split(split, classes, extra=True)
@@ -142,16 +142,8 @@ def test_pretraining_on_a_wider_set_keeps_the_stream_classes_head():
     assert fluid.pretrain_split(split, classes).class_table.shape[0] == 3  # the default
     method = fluid.get_method("ncm", 6, (16, 16, 1), filters=8)
     init = method.init_params(jax.random.key(1), np.zeros((1, 16, 16, 1), np.float32))
-    pretrained = {}
-    for name, config in (("narrow", narrow), ("wide", wide)):
-        _, own = fluid.make_stream(jax.random.key(0), split.class_table, split.class_sizes,
-                                   config)
-        params = fluid.pretrain_model(method, init, split, own, jax.random.key(2), steps=2)
-        params = fluid.prepare_params(method, params, split, own, jax.random.key(3))
-        # the head keeps the stream's 3 pretrain classes; their statistics only
-        assert params["head"]["kernel"].shape == (8, 3) and params["head"]["bias"].shape == (3,)
-        np.testing.assert_array_equal(params["known"].counts, (own.pretrain_table >= 0).sum(1))
-        pretrained[name] = params
-    moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), pretrained["wide"]["embed"],
-                         pretrained["narrow"]["embed"])
-    assert max(jax.tree.leaves(moved)) > 1e-4  # 8-way pretraining is another training
+    params = fluid.pretrain_model(method, init, split, classes, jax.random.key(2), steps=2)
+    params = fluid.prepare_params(method, params, split, classes, jax.random.key(3))
+    # the head keeps the stream's 3 pretrain classes; the class statistics are theirs only
+    assert params["head"]["kernel"].shape == (8, 3) and params["head"]["bias"].shape == (3,)
+    np.testing.assert_array_equal(params["known"].counts, (classes.pretrain_table >= 0).sum(1))

@@ -79,28 +79,34 @@ TINY = dict(methods=("ncm",), stream=fluid.StreamConfig(
     dataset_options={"num_classes": 20, "samples_per_class": 30, "image_size": 16})
 
 
-def test_the_threshold_is_chosen_on_validation_streams_and_used_on_the_test_stream(tmp_path):
+def test_the_threshold_is_chosen_on_validation_streams_and_used_on_the_test_stream(
+        tmp_path, monkeypatch):
+    runs, original = {}, experiment.run_methods  # what each real stream run returned
+
+    def recorded(config, split, built, index):
+        runs[config.streams] = original(config, split, built, index)
+        return runs[config.streams]
+
+    monkeypatch.setattr(experiment, "run_methods", recorded)
     config = experiment.FluidConfig(**TINY, method_options={"ncm": {"new_class": True}})
     results = experiment.run_experiment(config, str(tmp_path / "on"))
     chosen = results["new_class"]["ncm"]
     stored = json.loads((tmp_path / "on" / "new_class.json").read_text())["thresholds"]["ncm"]
     assert chosen == stored and chosen["validation_streams"] == 1
-    # the same rule recomputed on validation stream 0 (not on the test stream)
-    split = experiment.load(config)
-    built = experiment.build_methods(config, split)
-    validation = dataclasses.replace(config, streams="validation")
-    v_stream, _, v_runs = experiment.run_methods(validation, split, built, 0)
-    t_stream, _, t_runs = experiment.run_methods(config, split, built, 0)
+    (v_stream, _, v_run), (t_stream, _, t_run) = runs["validation"], runs["test"]
     assert not np.array_equal(np.asarray(v_stream.sample_idx), np.asarray(t_stream.sample_idx))
-    v_record, t_record = v_runs["ncm"][0], t_runs["ncm"][0]
+    # the rule on validation stream 0 (not on the test stream) ...
+    v_record, t_record = v_run["ncm"][0], t_run["ncm"][0]
     assert (chosen["threshold"], chosen["validation_accuracy"]) == new_class.select_threshold(
         [v_record.prediction], [v_record.unseen_score], [new_class.targets(v_stream)])
+    assert -np.inf < chosen["threshold"] < np.max(v_record.unseen_score)  # some are "new"
+    # ... counts the test stream K+1-way
     metrics = results["streams"][0]["methods"]["ncm"]["metrics"]
     expected = fluid.stream_metrics(t_record.prediction, t_record.unseen_score, t_stream,
                                     new_class_threshold=chosen["threshold"])
     assert metrics["accuracy"] == expected["accuracy"]
     assert metrics["new_class"] == expected["new_class"]
-    assert -np.inf < chosen["threshold"] < np.max(v_record.unseen_score)  # some are "new"
+    assert metrics["new_class"]["new_targets"] == 4  # its 4 novel classes' first samples
     assert metrics["new_class"]["new_detected"] >= 1
 
 
