@@ -26,7 +26,8 @@ between two distinct scores; ties go to the largest ``t`` (the fewest "new"
 predictions). ``t`` = the largest score means "never new". ``thresholds``
 runs the validation streams once per workdir and stores the choice
 (``new_class.json``), so each stream of a run (a SLURM job per stream too)
-uses the same thresholds.
+uses the same thresholds. A run of the validation streams themselves
+(``--streams=validation``) is counted with thresholds chosen on them.
 """
 
 from __future__ import annotations
