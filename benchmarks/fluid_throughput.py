@@ -4,7 +4,7 @@
     python benchmarks/fluid_throughput.py --methods=ncm --preset=small --repeats=3
 
 The stream is the ``paper`` preset's (1,000 classes, 250 pretrain, 90,000
-samples, Zipf s=1, <= 961 per class) on the synthetic set (1,353 classes x
+samples, Zipf s=1, <= 961 per class) on the synthetic set (2,367 classes x
 1,061 samples, 28x28), or the ``small`` preset's. A 64-filter Conv-4 with
 random weights (throughput does not depend on them; no pretraining, so no
 class is known). A run is ``fluid.run_stream`` end to end with each method's

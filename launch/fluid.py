@@ -7,9 +7,12 @@
     python -m launch.fluid --preset=small --study=update_strategy --workdir=/tmp/fluid_us
 
 ``--preset=paper``: 1,000 classes (250 pretrain, 750 novel), 90,000 samples,
-Zipf s=1, <= 961 per class, head > 50, 3 test streams, mean ± std.
-``--preset=small``: 40 classes, 1,200 samples. Stream flags left unset keep
-the preset's values. Each method's schedule is the paper's (4 epochs every
+Zipf s=1, <= 961 per class, head > 50, 3 test streams, mean ± std; pretraining
+on 1,000 classes (the 250 pretrain classes and 750 that never enter a stream,
+the analogue of ImageNet-1K; --pretrain_classes=stream: the 250 only).
+``--preset=small``: 40 classes, 1,200 samples, pretraining on 40 classes.
+Stream flags left unset keep the preset's values (--stream_classes alone
+scales the pretraining set with it). Each method's schedule is the paper's (4 epochs every
 5,000 samples, batch 256; Weight Imprinting from 10,000; OLTR also every 200
 up to 10,000) scaled to the stream length, unless --update_every (and
 --epochs_per_update, --batch_size) set one for all methods. Writes
@@ -52,6 +55,8 @@ flags.DEFINE_string("split", "train", "Split the stream and pretraining data com
 define_list("method", list(METHODS), f"Methods to run: {list(METHODS)}.")
 flags.DEFINE_enum("streams", "test", STREAM_KINDS, "Test streams, or validation for tuning.")
 flags.DEFINE_integer("num_streams", None, "Streams (default: the preset's).")
+flags.DEFINE_integer("validation_streams", None, "Validation streams a 'new class' threshold "
+                     "is chosen on (default: the preset's: paper 2, small 1).")
 flags.DEFINE_integer("stream_classes", None, "K: classes in the stream.")
 flags.DEFINE_integer("stream_length", None, "L: samples in the stream.")
 flags.DEFINE_float("pretrain_fraction", None, "Fraction of the stream classes that pretrain.")
@@ -60,6 +65,9 @@ flags.DEFINE_integer("head_threshold", None, "A class with more samples is a hea
 flags.DEFINE_enum("order", None, ORDERS, "Sample order.")
 flags.DEFINE_integer("min_pretrain_samples", None, "Samples per pretrain class kept out.")
 flags.DEFINE_integer("max_per_class", None, "Cap on a class's stream samples (0: none).")
+flags.DEFINE_string("pretrain_classes", None, "Classes of the pretraining set, the stream's "
+                    "pretrain classes included (the paper: ImageNet-1K's 1,000), or 'stream': "
+                    "the stream's pretrain classes only (default: the preset's).")
 flags.DEFINE_integer("update_every", None, "U for every method (default: each one's, scaled).")
 flags.DEFINE_integer("epochs_per_update", 4, "E, with --update_every.")
 flags.DEFINE_integer("batch_size", 256, "Training minibatch, with --update_every.")
@@ -79,7 +87,25 @@ FLAGS = flags.FLAGS
 _STREAM_FLAGS = {"stream_classes": "num_classes", "stream_length": "length",
                  "pretrain_fraction": "pretrain_fraction", "zipf_s": "zipf_s",
                  "head_threshold": "head_threshold", "order": "order",
-                 "min_pretrain_samples": "min_pretrain_samples", "max_per_class": "max_per_class"}
+                 "min_pretrain_samples": "min_pretrain_samples", "max_per_class": "max_per_class",
+                 "pretrain_classes": "pretrain_classes"}
+
+
+def pretrain_classes_flag(text: str) -> int:
+    """--pretrain_classes: 'stream' -> 0 (the stream's pretrain classes only), or an int."""
+    if text == "stream":
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f"--pretrain_classes={text!r} is neither 'stream' nor an integer (the "
+                        f"number of pretraining classes)") from None
+
+
+def stream_flag(flag: str):
+    value = getattr(FLAGS, flag)
+    return pretrain_classes_flag(value) if flag == "pretrain_classes" and value is not None \
+        else value
 
 
 def method_options(pairs: list[str]) -> dict[str, dict]:
@@ -100,8 +126,12 @@ def method_options(pairs: list[str]) -> dict[str, dict]:
 def config_from_flags():
     base = PRESETS[FLAGS.preset]
     stream = dataclasses.replace(base["stream"], **{
-        field: getattr(FLAGS, flag) for flag, field in _STREAM_FLAGS.items()
+        field: stream_flag(flag) for flag, field in _STREAM_FLAGS.items()
         if getattr(FLAGS, flag) is not None})
+    if FLAGS.pretrain_classes is None and FLAGS.stream_classes is not None:
+        # the preset's pretraining breadth, in stream classes (both presets: as many as the stream)
+        stream = dataclasses.replace(stream, pretrain_classes=round(
+            base["stream"].pretrain_classes * stream.num_classes / base["stream"].num_classes))
     schedule = (Schedule(update_every=FLAGS.update_every,
                          epochs_per_update=FLAGS.epochs_per_update, batch_size=FLAGS.batch_size)
                 if FLAGS.update_every is not None else None)
@@ -113,7 +143,7 @@ def config_from_flags():
     if FLAGS.dataset_option:
         overrides["dataset_options"] = {**base["dataset_options"],
                                         **parse_options(FLAGS.dataset_option, "dataset_option")}
-    for name in ("num_streams", "pretrain_steps"):
+    for name in ("num_streams", "validation_streams", "pretrain_steps"):
         if getattr(FLAGS, name) is not None:
             overrides[name] = getattr(FLAGS, name)
     return preset(FLAGS.preset, **overrides)
@@ -137,17 +167,36 @@ def check_stream_flags() -> None:
                             f"--stream_classes <= {length} too")
         raise UserError(f"--stream_classes={classes} is more than --stream_length={length}: "
                         f"every class needs at least one sample in the stream")
-    if FLAGS.dataset == "synthetic" and "stream_classes" in given:
-        from cfsl_jax.datasets.omniglot import split_class_counts
-        options = {**PRESETS[FLAGS.preset]["dataset_options"],
-                   **parse_options(FLAGS.dataset_option, "dataset_option")}
-        total = options.get("num_classes", 1623)
-        limit = (split_class_counts(total).get(FLAGS.split) if isinstance(total, int)
-                 and total >= 3 else None)
-        if limit is not None and classes > limit:
-            raise UserError(f"--stream_classes={classes} is more than the {limit} classes of "
-                            f"the {FLAGS.split} split (--preset={FLAGS.preset}'s synthetic set; "
-                            f"--dataset_option=num_classes=N makes it larger)")
+    limit = synthetic_split_classes()
+    if limit is not None and "stream_classes" in given and classes > limit:
+        raise UserError(f"--stream_classes={classes} is more than the {limit} classes of "
+                        f"the {FLAGS.split} split (--preset={FLAGS.preset}'s synthetic set; "
+                        f"--dataset_option=num_classes=N makes it larger)")
+
+
+def synthetic_split_classes() -> int | None:
+    """Classes of --split in the synthetic set the flags ask for (None: another dataset)."""
+    if FLAGS.dataset != "synthetic":
+        return None
+    from cfsl_jax.datasets.omniglot import split_class_counts
+    options = {**PRESETS[FLAGS.preset]["dataset_options"],
+               **parse_options(FLAGS.dataset_option, "dataset_option")}
+    total = options.get("num_classes", 1623)
+    return (split_class_counts(total).get(FLAGS.split) if isinstance(total, int) and total >= 3
+            else None)
+
+
+def check_pretraining_breadth(stream) -> None:
+    """The stream's classes and the pretraining-only ones fit in the synthetic split."""
+    limit = synthetic_split_classes()
+    extra = max(stream.pretrain_classes - stream.num_pretrain, 0)
+    if limit is not None and stream.num_classes + extra > limit:
+        raise UserError(
+            f"--pretrain_classes={FLAGS.pretrain_classes or stream.pretrain_classes} needs "
+            f"{extra} pretraining-only classes besides the stream's {stream.num_classes}, but "
+            f"the {FLAGS.split} split has {limit} classes (--dataset_option=num_classes=N "
+            f"makes it larger; --pretrain_classes=stream pretrains on the stream's pretrain "
+            f"classes only)")
 
 
 def flag_words(message: str) -> str:
@@ -169,6 +218,7 @@ def check():
         config = config_from_flags()
     except ValueError as error:  # UserError included: one line, no traceback
         raise app.UsageError(flag_words(str(error))) from error
+    check_pretraining_breadth(config.stream)
     if FLAGS.shard is not None:
         raise UserError("--shard is for launch.sweep; launch.fluid runs its streams as SLURM "
                         "array jobs with --launcher=slurm")

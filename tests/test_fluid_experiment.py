@@ -124,3 +124,26 @@ def test_omniglot_stream_has_alphabet_disjoint_pretrain_and_novel_classes(omnigl
     assert pretrain_alphabets and novel_alphabets and not pretrain_alphabets & novel_alphabets
     assert classes.count.max() <= 20 and classes.count[:20].max() <= 15  # 20 drawings a class
     assert np.asarray(stream.is_head_class).any()
+
+
+def test_pretraining_on_a_wider_set_keeps_the_stream_classes_head():
+    split = data.load_split("synthetic", "train", num_classes=20, samples_per_class=30,
+                            image_size=16)
+    wide = fluid.StreamConfig(num_classes=6, length=60, min_pretrain_samples=6,
+                              pretrain_classes=8)  # P = 3, + 5 pretraining-only classes
+    stream, classes = fluid.make_stream(jax.random.key(0), split.class_table, split.class_sizes,
+                                        wide)
+    pretraining = fluid.pretrain_split(split, classes, extra=True)
+    table = np.asarray(pretraining.class_table)
+    assert table.shape[0] == pretraining.info.num_classes == 8
+    assert pretraining.info.class_names[3:] == tuple(split.info.class_names[c]
+                                                     for c in classes.extra_class)
+    assert not set(table[table >= 0]) & set(np.asarray(stream.sample_idx))
+    assert fluid.pretrain_split(split, classes).class_table.shape[0] == 3  # the default
+    method = fluid.get_method("ncm", 6, (16, 16, 1), filters=8)
+    init = method.init_params(jax.random.key(1), np.zeros((1, 16, 16, 1), np.float32))
+    params = fluid.pretrain_model(method, init, split, classes, jax.random.key(2), steps=2)
+    params = fluid.prepare_params(method, params, split, classes, jax.random.key(3))
+    # the head keeps the stream's 3 pretrain classes; the class statistics are theirs only
+    assert params["head"]["kernel"].shape == (8, 3) and params["head"]["bias"].shape == (3,)
+    np.testing.assert_array_equal(params["known"].counts, (classes.pretrain_table >= 0).sum(1))

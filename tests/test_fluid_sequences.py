@@ -145,3 +145,38 @@ def test_bad_configs_are_refused_with_the_numbers():
         fluid.StreamConfig(num_classes=10, length=5)
     with pytest.raises(ValueError, match="order='random' is invalid"):
         fluid.StreamConfig(order="random")
+
+
+def test_pretraining_only_classes_never_enter_the_stream():
+    table, sizes = table_of(40, 30, ragged=True)
+    narrow = fluid.StreamConfig(num_classes=20, length=300, pretrain_fraction=0.25,
+                                min_pretrain_samples=4)
+    wide = fluid.StreamConfig(**{**narrow.__dict__, "pretrain_classes": 20})  # P=5, 15 extra
+    a_stream, a = fluid.make_stream(jax.random.key(6), table, sizes, narrow)
+    b_stream, b = fluid.make_stream(jax.random.key(6), table, sizes, wide)
+    for x, y in zip(a_stream, b_stream):  # the same stream, only the pretraining set grows
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert a.extra_class.size == 0 and b.extra_class.size == 15
+    assert len(set(b.extra_class)) == 15 and not set(b.extra_class) & set(b.split_class)
+    np.testing.assert_array_equal(b.extra_table, table[b.extra_class])  # all their samples
+    pre_table, pre_sizes = fluid.sequences.pretrain_class_table(b, extra=True)
+    assert pre_table.shape[0] == 20
+    np.testing.assert_array_equal(pre_sizes, np.r_[(a.pretrain_table >= 0).sum(1),
+                                                   sizes[b.extra_class]])
+    assert not set(pre_table[pre_table >= 0]) & set(np.asarray(b_stream.sample_idx))
+    same = fluid.make_stream(jax.random.key(6), table, sizes, wide)[1]
+    other = fluid.make_stream(jax.random.key(7), table, sizes, wide)[1]
+    np.testing.assert_array_equal(same.extra_class, b.extra_class)
+    assert not np.array_equal(other.extra_class, b.extra_class)
+    mask = np.arange(40) % 2 == 0  # with a pretrain mask: extras from its side only
+    _, masked = fluid.make_stream(jax.random.key(6), table, sizes,
+                                  fluid.StreamConfig(**{**wide.__dict__, "pretrain_classes": 12}),
+                                  pretrain_mask=mask)
+    assert masked.extra_class.size == 7 and mask[masked.extra_class].all()
+    with pytest.raises(ValueError, match="pretrain_classes=26 needs 21 classes outside the "
+                                         "stream's 20, but the split offers 20"):
+        fluid.make_stream(jax.random.key(6), table, sizes,
+                          fluid.StreamConfig(**{**wide.__dict__, "pretrain_classes": 26}))
+    with pytest.raises(ValueError, match="pretrain_classes=4 is invalid: must be 0 .* >= the "
+                                         "stream's 5 pretrain classes"):
+        fluid.StreamConfig(**{**wide.__dict__, "pretrain_classes": 4})

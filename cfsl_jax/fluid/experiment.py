@@ -8,10 +8,14 @@ streams), ``results.txt`` (the paper's Table 3 layout beside ours,
 
 Presets (``PRESETS``): ``paper`` -- 1,000 classes (250 pretrain, 750 novel),
 90,000 samples, Zipf s=1, at most 961 samples per class, head > 50, 3 test
-streams (and 2 validation streams with ``--streams=validation``), on the
-synthetic set with 1,353 classes (1,000 in its train split) x 1,061 samples
-(each pretrain class keeps >= 100 images out of the stream for pretraining);
-``small`` -- 40 classes, 1,200 samples, head > 30, for CPU smoke runs. Each
+streams (and 2 validation streams with ``--streams=validation``), pretraining
+on 1,000 classes (the stream's 250 pretrain classes, each keeping >= 100
+images out of the stream, and 750 pretraining-only classes: the analogue of
+ImageNet-1K), on the synthetic set with 2,367 classes (1,750 in its train
+split) x 1,061 samples; ``small`` -- 40 classes (10 pretrain), 1,200 samples,
+head > 30, pretraining on 40 classes (95 synthetic classes, 70 in the train
+split), for CPU smoke runs. ``StreamConfig.pretrain_classes=0`` pretrains on
+the stream's pretrain classes only. Each
 method's schedule is the paper's, scaled to the stream length
 (``Schedule.scaled``; logged), unless ``schedule`` overrides it.
 
@@ -47,23 +51,24 @@ from cfsl_jax.training import results as results_io
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.runtime.options import positive_int
 from cfsl_jax.fluid import methods as fluid_methods
-from cfsl_jax.fluid import report
-from cfsl_jax.fluid.metrics import rolling_accuracy, stream_metrics
+from cfsl_jax.fluid import new_class, report
+from cfsl_jax.fluid.metrics import correctness, rolling_accuracy, stream_metrics
 from cfsl_jax.fluid.pretraining import pretrain_model, prepare_params
 from cfsl_jax.fluid.protocol import Schedule, run_stream
 from cfsl_jax.fluid.sequences import StreamConfig, describe, make_stream
 
 PAPER_STREAM = StreamConfig(num_classes=1000, length=90_000, pretrain_fraction=0.25, zipf_s=1.0,
-                            head_threshold=50, min_pretrain_samples=100, max_per_class=961)
+                            head_threshold=50, min_pretrain_samples=100, max_per_class=961,
+                            pretrain_classes=1000)
 SMALL_STREAM = StreamConfig(num_classes=40, length=1200, pretrain_fraction=0.25, zipf_s=1.0,
-                            head_threshold=30, min_pretrain_samples=20)
+                            head_threshold=30, min_pretrain_samples=20, pretrain_classes=40)
 PRESETS = {
-    "paper": dict(stream=PAPER_STREAM, dataset_options={"num_classes": 1353,
+    "paper": dict(stream=PAPER_STREAM, dataset_options={"num_classes": 2367,
                                                         "samples_per_class": 1061},
                   pretrain_steps=2000, num_streams=3),
-    "small": dict(stream=SMALL_STREAM, dataset_options={"num_classes": 80,
+    "small": dict(stream=SMALL_STREAM, dataset_options={"num_classes": 95,
                                                         "samples_per_class": 120},
-                  pretrain_steps=200, num_streams=1),
+                  pretrain_steps=200, num_streams=1, validation_streams=1),
 }
 STREAM_KINDS = ("test", "validation")
 FISHER = 10_000  # key offset of EWC's Fisher samples
@@ -84,6 +89,7 @@ class FluidConfig:
     schedule: Schedule | None = None  # None: each method's paper schedule, scaled to the stream
     num_streams: int = 3
     streams: str = "test"  # "test" or "validation" (tuning)
+    validation_streams: int = 2  # the validation streams a "new class" threshold is chosen on
     seed: int = 0
     filters: int = 64  # Conv-4 width, shared by every method
     pretrain_steps: int = 2000
@@ -109,6 +115,11 @@ class FluidConfig:
         if self.streams not in STREAM_KINDS:
             raise UserError(f"streams={self.streams!r}; valid: {STREAM_KINDS}")
         positive_int("num_streams", self.num_streams)
+        positive_int("validation_streams", self.validation_streams)
+        for name, options in self.method_options.items():
+            if options.get("new_class_threshold") is not None and not options.get("new_class"):
+                raise UserError(f"method {name}: new_class_threshold="
+                                f"{options['new_class_threshold']} needs new_class=true")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -154,23 +165,21 @@ def schedule_for(method, config: FluidConfig) -> Schedule | None:
     return method.schedule.scaled(config.stream.length)
 
 
-def run_one_stream(config: FluidConfig, split: data.Split, built: dict, index: int
-                   ) -> tuple[dict, dict, dict]:
-    """Stream ``index``: (stream statistics, per method results, rolling-accuracy curves)."""
+def run_methods(config: FluidConfig, split: data.Split, built: dict, index: int):
+    """Stream ``index`` of ``config.streams``: ``(stream, classes, {name: (record, schedule,
+    pretrain seconds)})``, every method pretrained for the stream and run on it."""
     mask = (alphabet_pretrain_mask(split.info.class_names, config.stream.pretrain_fraction)
             if config.dataset.startswith("omniglot") else None)
-    stream, classes = make_stream(
-        stream_key(config, index), split.class_table,
-        split.class_sizes, config.stream, pretrain_mask=mask)
-    stats = describe(stream, classes)
-    progress.say(f"[FLUID] {config.streams} stream {index}: {stats}")
+    stream, classes = make_stream(stream_key(config, index), split.class_table,
+                                  split.class_sizes, config.stream, pretrain_mask=mask)
+    progress.say(f"[FLUID] {config.streams} stream {index}: {describe(stream, classes)}")
     image_shape = tuple(split.images.shape[1:])
     init = next(iter(built.values())).init_params(seeding.purpose_key(config.seed, "init"),
                                                   jnp.zeros((1, *image_shape), jnp.float32))
     pretrain_key = jax.random.fold_in(seeding.purpose_key(config.seed, "pretrain"), index)
     fisher_key = jax.random.fold_in(seeding.purpose_key(config.seed, "pretrain"), FISHER + index)
     train_key = jax.random.fold_in(seeding.purpose_key(config.seed, "train"), index)
-    pretrained, known, per_method, curves = {}, {}, {}, {}
+    pretrained, known, runs = {}, {}, {}
     for name, method in built.items():
         started = time.perf_counter()
         if method.pretraining not in pretrained:  # one pretraining per strategy and stream
@@ -186,19 +195,48 @@ def run_one_stream(config: FluidConfig, split: data.Split, built: dict, index: i
             known[method.pretraining] = params["known"]
         pretrain_seconds = time.perf_counter() - started
         schedule = schedule_for(method, config)
-        record = run_stream(method, params, stream, split,
-                            train_key, schedule)
-        result = stream_metrics(record.prediction, record.unseen_score, stream, config.window)
-        curves[name] = rolling_accuracy(record.prediction == np.asarray(stream.label),
-                                        result["rolling_window"])
-        per_method[name] = {"detector": method.detector, "metrics": result, "macs": record.macs,
+        runs[name] = (run_stream(method, params, stream, split, train_key, schedule), schedule,
+                      pretrain_seconds)
+    return stream, classes, runs
+
+
+def run_one_stream(config: FluidConfig, split: data.Split, built: dict, index: int,
+                   thresholds: dict[str, float] | None = None) -> tuple[dict, dict, dict]:
+    """Stream ``index``: (stream statistics, per method results, rolling-accuracy curves);
+    ``thresholds``: the "new class" threshold of each method counted K+1-way."""
+    stream, classes, runs = run_methods(config, split, built, index)
+    per_method, curves = {}, {}
+    for name, (record, schedule, pretrain_seconds) in runs.items():
+        threshold = (thresholds or {}).get(name)
+        result = stream_metrics(record.prediction, record.unseen_score, stream, config.window,
+                                new_class_threshold=threshold)
+        curves[name] = rolling_accuracy(
+            correctness(record.prediction, record.unseen_score, stream, threshold)[0],
+            result["rolling_window"])
+        per_method[name] = {"detector": built[name].detector, "metrics": result,
+                            "macs": record.macs,
                             "schedule": schedule.describe() if schedule else None,
                             "train_steps": record.train_steps, "seconds": record.seconds,
                             "pretrain_seconds": pretrain_seconds}
         progress.say(f"[FLUID] {name}: accuracy {result['accuracy']:.4f} auroc "
                      f"{report.auroc_text(result['auroc'])} ({record.seconds:.1f} s; schedule "
                      f"{per_method[name]['schedule']})")
-    return stats, per_method, curves
+    return describe(stream, classes), per_method, curves
+
+
+def new_class_thresholds(config: FluidConfig, workdir: str, split: data.Split, built: dict
+                         ) -> dict[str, dict]:
+    """Per method with the ``new_class`` option: its threshold, chosen on the validation
+    streams ``0 .. validation_streams-1`` (``new_class.thresholds``)."""
+    validation = dataclasses.replace(config, streams="validation")
+
+    def run(names, index):  # validation stream ``index``: (stream, {name: StreamRecord})
+        stream, _, runs = run_methods(validation, split, {n: built[n] for n in names}, index)
+        return stream, {name: run[0] for name, run in runs.items()}
+
+    return new_class.thresholds({n: method_options(config, n) for n in built},
+                                os.path.join(workdir, "new_class.json"), config.to_json(),
+                                config.validation_streams, run)
 
 
 def summarise(per_stream: list[dict]) -> dict[str, dict]:
@@ -276,6 +314,7 @@ def run_experiment(config: FluidConfig, workdir: str) -> dict[str, Any]:
             "streams": streams,
             "complete": len(streams) == config.num_streams,
             "summary": summarise([s["methods"] for s in streams]),
+            "new_class": done.get("new_class", {}),
             "wall_seconds": previous + time.perf_counter() - started,
             "versions": {"cfsl_jax": cfsl_jax.__version__, "jax": jax.__version__,
                          "backend": jax.default_backend()},
@@ -322,7 +361,9 @@ def read_stream_file(config: FluidConfig, workdir: str, index: int) -> dict | No
 def compute_stream(config: FluidConfig, workdir: str, split: data.Split, built: dict,
                    index: int) -> dict:
     """Run stream ``index``; the first stream also plots ``rolling_accuracy.png``."""
-    stats, per_method, curves = run_one_stream(config, split, built, index)
+    thresholds = new_class_thresholds(config, workdir, split, built)
+    stats, per_method, curves = run_one_stream(config, split, built, index,
+                                               {n: t["threshold"] for n, t in thresholds.items()})
     if index == 0:
         window = next(iter(per_method.values()))["metrics"]["rolling_window"]
         report.plot_rolling_accuracy(curves, window,
@@ -332,7 +373,7 @@ def compute_stream(config: FluidConfig, workdir: str, split: data.Split, built: 
                "num_classes": split.info.num_classes, "num_images": split.info.num_images,
                "source": split.info.source}
     return {"config": config.to_json(), "dataset": dataset, "stream": stats,
-            "methods": per_method}
+            "methods": per_method, "new_class": thresholds}
 
 
 def run_stream_alone(config: FluidConfig, workdir: str, index: int) -> None:
@@ -352,7 +393,8 @@ def run_stream_alone(config: FluidConfig, workdir: str, index: int) -> None:
 
 def _write_table(results: dict, config: FluidConfig, workdir: str) -> None:
     text = report.paper_table(results["summary"], dataset=results["dataset"]["name"],
-                              streams=f"{len(results['streams'])} {config.streams} stream(s)")
+                              streams=f"{len(results['streams'])} {config.streams} stream(s)",
+                              new_class=results.get("new_class"))
     with open(os.path.join(workdir, "results.txt"), "w") as f:
         f.write(text + "\n")
 

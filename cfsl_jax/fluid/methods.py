@@ -35,6 +35,11 @@ ProtoNets, as the paper's Figure 5a, and the cosine classifiers), Euclidean to
 raw class means (OLTR), the maximum dot-product similarity (Exemplar Tuning and
 linear layers, as the paper's Figure 5 b-c).
 
+The paper's "new class" output is the ``new_class`` option (every method):
+the experiment turns the recorded predictions into K+1-way ones with a
+threshold on the unseen-class score chosen on validation streams
+(``fluid.new_class``); it changes the counting, not what a method learns.
+
 Notes of what was followed (and not): EWC's Fisher is the diagonal empirical
 Fisher on pretraining images at the pretrained weights, computed once before
 the stream (the paper recomputes it at each phase: with the anchor fixed at
@@ -88,6 +93,10 @@ class MethodOptions:
     mdt_metric: str | None = option(None, "MDT's similarity (none: the head's own).",
                                     choices=cls.MDT_METRICS)
     known_classes: bool = option(True, "The memory starts with the pretrain classes known.")
+    new_class: bool = option(False, "Predict 'new' when the unseen-class score is above a "
+                             "threshold (the paper's K+1-way output; fluid.new_class).")
+    new_class_threshold: float | None = option(None, "The 'new' threshold (none: chosen on the "
+                                               "validation streams).")
 
     def __post_init__(self):
         check_fields(self)

@@ -4,6 +4,9 @@ Every sample counts, first appearances included (a novel class's first sample
 is always wrong: its label is not among the known or seen classes), as in the
 authors' ``OnlineMetricTracker`` (metrics.py): overall accuracy over all
 samples, per-class accuracy = correct / images of the class in the sequence.
+With a ``new_class_threshold`` the predictions are the paper's K+1-way ones
+(``new_class``): a novel class's first sample is correct when predicted
+"new", and a "new" prediction for any other sample is wrong.
 
 - ``accuracy``: fraction of samples predicted correctly.
 - ``mean_per_class_accuracy``: the mean over the stream's classes of each
@@ -31,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from cfsl_jax.fluid import new_class
 from cfsl_jax.runtime.options import positive_int
 
 CROSS_SECTIONS = ("pretrain_head", "pretrain_tail", "novel_head", "novel_tail")
@@ -80,16 +84,31 @@ def novel_first_appearances(stream) -> np.ndarray:
     return np.asarray(stream.first_appearance) & ~np.asarray(stream.is_pretrain_class)
 
 
-def stream_metrics(prediction, unseen_score, stream, window: int | None = None,
-                   curve_points: int = 20) -> dict[str, Any]:
-    """All metrics of one stream as plain numbers; ``window`` defaults to max(10, L // 20)."""
+def correctness(prediction, unseen_score, stream, new_class_threshold: float | None = None
+                ) -> tuple[np.ndarray, dict[str, Any] | None]:
+    """(bool [L] correct, the K+1-way counts or None): the class predictions against the
+    labels, or (``new_class_threshold``) the K+1-way predictions against ``new_class.targets``."""
     label = np.asarray(stream.label)
     prediction = np.asarray(prediction)
     if prediction.shape != label.shape:
         raise ValueError(f"prediction {prediction.shape} does not match the stream {label.shape}")
+    if new_class_threshold is None:
+        return prediction == label, None
+    prediction = new_class.apply(prediction, unseen_score, new_class_threshold)
+    target = new_class.targets(stream)
+    return prediction == target, {"threshold": float(new_class_threshold),
+                                  **new_class.summary(prediction, target)}
+
+
+def stream_metrics(prediction, unseen_score, stream, window: int | None = None,
+                   curve_points: int = 20, new_class_threshold: float | None = None
+                   ) -> dict[str, Any]:
+    """All metrics of one stream as plain numbers; ``window`` defaults to max(10, L // 20);
+    ``new_class_threshold``: counted as the paper's K+1-way output (module doc)."""
+    label = np.asarray(stream.label)
+    correct, counts = correctness(prediction, unseen_score, stream, new_class_threshold)
     length = label.size
     window = max(10, length // 20) if window is None else window
-    correct = prediction == label
     pretrain = np.asarray(stream.is_pretrain_class)
     head = np.asarray(stream.is_head_class)
     classes = np.unique(label)
@@ -104,6 +123,7 @@ def stream_metrics(prediction, unseen_score, stream, window: int | None = None,
     rolling = rolling_accuracy(correct, window)
     points = np.unique(np.linspace(0, length - 1, min(curve_points, length)).round().astype(int))
     return {
+        **({"new_class": counts} if counts is not None else {}),
         "accuracy": float(correct.mean()),
         "mean_per_class_accuracy": float(np.mean(per_class)),
         **sections,

@@ -2,8 +2,12 @@
 
 The pretraining data is the stream's split with its class table replaced by
 ``StreamClasses.pretrain_table`` (row k = pretrain class k's samples that are
-not in the stream): pretraining never touches a stream sample, and novel
-classes are never seen. Strategies (``Method.pretraining``):
+not in the stream) followed by the pretraining-only classes' rows
+(``extra_table``, when ``StreamConfig.pretrain_classes`` widens the set, as the
+paper's ImageNet-1K): pretraining never touches a stream sample, and novel
+classes are never seen. After pretraining only the head's first P columns
+(the stream's pretrain classes) are kept, as the authors' ``SplitModel`` keeps
+the pretrained rows of the stream's base classes. Strategies (``Method.pretraining``):
 
 - ``supervised`` (the paper's "Sup."): softmax cross-entropy of the backbone
   and a linear head over the P pretrain classes (``cfsl_jax.training.pretrain``'s step:
@@ -40,11 +44,14 @@ from cfsl_jax.fluid.sequences import StreamClasses, pretrain_class_table
 STRATEGIES = ("supervised", "protonets", "meta_baseline", "maml")
 
 
-def pretrain_split(split: Split, classes: StreamClasses) -> Split:
-    """``split`` with only the pretraining data in its class table (images untouched)."""
-    table, sizes = pretrain_class_table(classes)
+def pretrain_split(split: Split, classes: StreamClasses, extra: bool = False) -> Split:
+    """``split`` with only the pretraining data in its class table (images untouched): the
+    stream's P pretrain classes, then (``extra``) the pretraining-only classes."""
+    table, sizes = pretrain_class_table(classes, extra)
     info = split.info
-    names = tuple(info.class_names[c] for c in classes.split_class[:table.shape[0]])
+    rows = np.concatenate([classes.split_class[:classes.pretrain_table.shape[0]],
+                           classes.extra_class if extra else []]).astype(int)
+    names = tuple(info.class_names[c] for c in rows)
     info = dataclasses.replace(info, split=f"{info.split} (FLUID pretraining data)",
                                num_classes=len(names), class_names=names)
     return dataclasses.replace(split, class_table=jnp.asarray(table),
@@ -154,7 +161,7 @@ def pretrain_model(method: Method, params: Params, split: Split, classes: Stream
         progress.say("[FLUID pretraining] no pretraining data (no pretrain classes): the "
                      "backbone stays random")
         return params
-    pre = pretrain_split(split, classes)
+    pre = pretrain_split(split, classes, extra=True)
     sup_key, meta_key, head_key = jax.random.split(key, 3)
     strategy = method.pretraining
     if strategy in ("supervised", "meta_baseline"):
@@ -166,7 +173,8 @@ def pretrain_model(method: Method, params: Params, split: Split, classes: Stream
         features, labels = pretraining_features(method, params, pre)
         params = {**params, "head": fit_head(features, labels, pre.class_table.shape[0],
                                              head_key)}
-    return params
+    p = classes.pretrain_table.shape[0]  # the stream's pretrain classes: its labels 0..P-1
+    return {**params, "head": jax.tree.map(lambda a: a[..., :p], params["head"])}
 
 
 def prepare_params(method: Method, params: Params, split: Split, classes: StreamClasses,

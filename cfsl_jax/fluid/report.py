@@ -92,13 +92,18 @@ def _render(rows: list[list[str]]) -> list[str]:
     return lines
 
 
-def paper_table(summary: dict[str, dict], dataset: str, streams: str) -> str:
-    """Rows = methods (ours, then the paper's where it has them); Table 3's columns."""
+def paper_table(summary: dict[str, dict], dataset: str, streams: str,
+                new_class: dict[str, dict] | None = None) -> str:
+    """Rows = methods (ours, then the paper's where it has them); Table 3's columns.
+    ``new_class``: the methods counted K+1-way, with their threshold (``new_class``)."""
     header = ["method", "source", *(h for _, h in COLUMNS), "GMACs", "detector"]
     rows = [header]
     for name, entry in summary.items():
+        detector = entry["detector"]
+        if name in (new_class or {}):
+            detector += f", 'new' above {new_class[name]['threshold']:.4g}"
         rows.append([name, f"ours ({dataset})", *(_cell(entry, key) for key, _ in COLUMNS),
-                     _gmacs(entry), entry["detector"]])
+                     _gmacs(entry), detector])
         if name in PAPER:
             *numbers, source = PAPER[name]
             rows.append(["", "paper", *(n or "-" for n in numbers), source])

@@ -31,7 +31,15 @@ split's class table (the stream holds sample indices; images stay on device):
 
 Pretraining data (``StreamClasses.pretrain_table``, [P, S], -1 padded): row
 ``k`` lists the samples of pretrain class ``k`` that are NOT in the stream, so
-pretraining data and the stream are disjoint.
+pretraining data and the stream are disjoint. The pretraining set can be wider
+than the stream (the paper pretrains on ImageNet-1K's 1,000 classes, 250 of
+which are its streams' pretrain classes): ``config.pretrain_classes = N > P``
+adds ``N - P`` *pretraining-only* classes (``extra_class``, ``extra_table``:
+all their samples), drawn uniformly without replacement from the split's
+classes that are not in the stream (with ``pretrain_mask``: from the masked
+ones), with ``fold_in(key, 4)`` -- the stream itself is the same as with
+``pretrain_classes=0``. They never enter the stream, so no novel class is
+ever seen in pretraining (the paper's novel classes are outside ImageNet-1K).
 
 Random choices are made with ``jax.random`` from ``key`` (split by purpose:
 classes, ranks, samples, order); the bookkeeping is numpy. Same key, same
@@ -62,6 +70,7 @@ class StreamConfig:
     order: str = "uniform"  # "uniform" | "staggered" (classes first appear over time)
     min_pretrain_samples: int = 10  # samples of each pretrain class kept out of the stream
     max_per_class: int = 0  # > 0: no class has more stream samples (the paper's: 961)
+    pretrain_classes: int = 0  # N > 0: pretraining set of N classes, the P stream ones included
 
     def __post_init__(self):
         def check(name, ok, limit):
@@ -80,6 +89,10 @@ class StreamConfig:
               "an int >= 0 (0: no cap)")
         check("min_pretrain_samples",
               _is_int(self.min_pretrain_samples) and self.min_pretrain_samples >= 0, "an int >= 0")
+        check("pretrain_classes", _is_int(self.pretrain_classes) and (
+            self.pretrain_classes == 0 or self.pretrain_classes >= self.num_pretrain),
+            f"0 (the stream's pretrain classes only) or an int >= the stream's "
+            f"{self.num_pretrain} pretrain classes")
 
     @property
     def num_pretrain(self) -> int:
@@ -110,6 +123,8 @@ class StreamClasses(NamedTuple):
     count: np.ndarray  # int32 [K] samples of class k in the stream
     rank: np.ndarray  # int32 [K] Zipf rank (1 = largest share)
     pretrain_table: np.ndarray  # int32 [P, S] pretrain class k's samples not in the stream, -1 pad
+    extra_class: np.ndarray = np.zeros(0, np.int32)  # int32 [E] pretraining-only classes' rows
+    extra_table: np.ndarray = np.zeros((0, 0), np.int32)  # int32 [E, S] their samples, -1 pad
 
 
 def zipf_shares(num_classes: int, s: float) -> np.ndarray:
@@ -219,18 +234,44 @@ def make_stream(key: jax.Array, class_table, class_sizes, config: StreamConfig,
     first = np.zeros(config.length, bool)
     first[np.unique(labels, return_index=True)[1]] = True
 
+    extra_class, extra_table = _extra_classes(jax.random.fold_in(key, 4), table, chosen, config,
+                                              pretrain_mask)
     is_head = count > config.head_threshold
     stream = Stream(jnp.asarray(sample_idx, jnp.int32), jnp.asarray(labels, jnp.int32),
                     jnp.asarray(is_pretrain[labels]), jnp.asarray(is_head[labels]),
                     jnp.asarray(first))
     classes = StreamClasses(chosen.astype(np.int32), is_pretrain, is_head,
-                            count.astype(np.int32), rank, pretrain_table)
+                            count.astype(np.int32), rank, pretrain_table, extra_class,
+                            extra_table)
     return stream, classes
 
 
-def pretrain_class_table(classes: StreamClasses) -> tuple[np.ndarray, np.ndarray]:
-    """(class_table [P, S], class_sizes [P]) of the pretraining data: row k = pretrain class k."""
+def _extra_classes(key: jax.Array, table: np.ndarray, chosen: np.ndarray, config: StreamConfig,
+                   pretrain_mask) -> tuple[np.ndarray, np.ndarray]:
+    """(class rows [E], samples [E, S]) of the ``pretrain_classes - P`` pretraining-only classes."""
+    extra = max(config.pretrain_classes - config.num_pretrain, 0)
+    pool = np.ones(table.shape[0], bool) if pretrain_mask is None else np.asarray(pretrain_mask,
+                                                                                  bool).copy()
+    pool[chosen] = False
+    pool = np.flatnonzero(pool)
+    if extra > pool.size:
+        raise ValueError(f"pretrain_classes={config.pretrain_classes} needs {extra} classes "
+                         f"outside the stream's {config.num_classes}, but the split offers "
+                         f"{pool.size}" + (" in the pretrain mask" if pretrain_mask is not None
+                                           else ""))
+    rows = np.sort(pool[np.asarray(jax.random.permutation(key, pool.size))[:extra]])
+    return rows.astype(np.int32), table[rows].astype(np.int32)
+
+
+def pretrain_class_table(classes: StreamClasses, extra: bool = False
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """(class_table [P, S], class_sizes [P]) of the pretraining data: row k = pretrain class k;
+    ``extra``: then the E pretraining-only classes' rows ([P + E, S])."""
     table = classes.pretrain_table
+    if extra and classes.extra_class.size:
+        width = max(table.shape[1], classes.extra_table.shape[1])
+        table = np.concatenate([np.pad(t, ((0, 0), (0, width - t.shape[1])), constant_values=-1)
+                                for t in (table, classes.extra_table)])
     return table, (table >= 0).sum(axis=1).astype(np.int32)
 
 
@@ -245,6 +286,8 @@ def describe(stream: Stream, classes: StreamClasses) -> dict:
         "largest_class": int(classes.count.max()),
         "smallest_class": int(classes.count.min()),
         "pretrain_samples": int((classes.pretrain_table >= 0).sum()),
+        "pretraining_only_classes": int(classes.extra_class.size),
+        "pretraining_only_samples": int((classes.extra_table >= 0).sum()),
         "samples": {f"{'pretrain' if p else 'novel'}_{'head' if h else 'tail'}":
                     int(np.sum((pretrain == p) & (head == h)))
                     for p in (True, False) for h in (True, False)},
