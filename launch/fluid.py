@@ -28,6 +28,7 @@ from absl import app, flags
 
 from cfsl_jax.experiments import slurm, sweep
 from cfsl_jax.data import DATASETS
+from cfsl_jax.runtime import files
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import study
 from cfsl_jax.fluid.experiment import PRESETS, STREAM_KINDS, preset, run_experiment
@@ -162,6 +163,10 @@ def check():
     """The run's FluidConfig, every flag checked (nothing is created)."""
     if not FLAGS.workdir:
         raise UserError("--workdir is required")
+    if files.is_url(FLAGS.workdir):
+        raise UserError(f"--workdir={FLAGS.workdir}: launch.fluid writes into a local or shared "
+                        f"POSIX folder; gs:// is for launch.train, evaluate, verify, sweep and "
+                        f"report")
     check_data_flags()
     check_output_dir("workdir", FLAGS.workdir)
     check_stream_flags()

@@ -15,6 +15,7 @@ import sys
 from absl import flags
 
 from cfsl_jax.experiments.verify import load, verify
+from cfsl_jax.runtime import files
 
 from . import cli
 from .checks import check_data_flags
@@ -30,8 +31,9 @@ define_backend_flags()
 
 
 def check() -> None:
-    """The workdir holds a finished run; the folders given exist."""
+    """The workdir (local or gs://) holds a finished run; the folders given exist."""
     check_data_flags()
+    files.check_url("workdir", _WORKDIR.value)
     load(_WORKDIR.value)
 
 

@@ -1,0 +1,161 @@
+"""Workdirs on cloud storage: every file of a run, a sweep, a report and verify goes through
+``cfsl_jax.runtime.files`` (etils.epath), on a local disk and on gs:// (here a fake GCS backed by
+a local folder, ``fake_gcs``: no network), and nothing turns a URL into a local folder ``gs:``."""
+
+import importlib.util
+import json
+import os
+import threading
+
+import pytest
+
+from cfsl_jax.runtime import files
+from cfsl_jax.runtime.errors import UserError
+from fake_gcs import fake_gcs
+from launch_inprocess import command_module, run_in_process
+from test_cli import TINY_ARGS, assert_error
+
+
+@pytest.fixture
+def gcs(tmp_path, monkeypatch):
+    """A fake gs:// under tmp_path/gcs; the working folder is tmp_path/cwd (checked empty
+    after the test: a URL mangled into a local path would land there)."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    with fake_gcs(tmp_path / "gcs") as root:
+        yield root
+    assert os.listdir(cwd) == []
+
+
+def test_paths_are_joined_and_made_absolute_without_mangling_urls(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert files.join("gs://b/sweep", "omniglot", "results.json") == \
+        "gs://b/sweep/omniglot/results.json"
+    assert files.absolute("gs://b/x") == "gs://b/x"  # os.path.abspath: <cwd>/gs:/b/x
+    assert files.absolute("run") == os.path.join(os.path.realpath(tmp_path), "run")
+    assert files.dirname("gs://b/x/results.json") == "gs://b/x"
+    assert (files.is_url("gs://b"), files.is_url("/tmp/gs"), files.is_url(None)) == (
+        True, False, False)
+
+
+@pytest.mark.parametrize("where", ["local", "gs"])
+def test_files_round_trip_and_leave_no_temporaries(where, tmp_path, gcs):
+    top = str(tmp_path / "top") if where == "local" else "gs://bucket/top"
+    target = files.join(top, "a", "results.json")
+    files.write_atomic(target, '{"v": 1}')
+    files.write_atomic(target, '{"v": 2}')  # replaces
+    files.write_atomic(files.join(top, "b", "c", "image.png"), b"\x89PNG")
+    files.append_text(files.join(top, "a", "metrics.jsonl"), "1\n")
+    files.append_text(files.join(top, "a", "metrics.jsonl"), "2\n")
+    files.makedirs(files.join(top, "a", "checkpoints", "x"))
+    assert files.read_text(target) == '{"v": 2}'
+    assert files.read_bytes(files.join(top, "b", "c", "image.png")) == b"\x89PNG"
+    assert files.read_text(files.join(top, "a", "metrics.jsonl")) == "1\n2\n"
+    walked = [(root, dirs, names) for root, dirs, names in files.walk(top, skip=("checkpoints",))]
+    assert walked == [(top, ["a", "b"], []),
+                      (files.join(top, "a"), [], ["metrics.jsonl", "results.json"]),
+                      (files.join(top, "b"), ["c"], []),
+                      (files.join(top, "b", "c"), [], ["image.png"])]
+    assert (files.isdir(top), files.isfile(target), files.isfile(top)) == (True, True, False)
+    files.remove(target)
+    files.remove(target)  # already gone: nothing
+    assert not files.exists(target)
+    files.rmtree(top)
+    assert not files.exists(top) and files.listdir(top) == []
+    if where == "gs":  # it all happened in the bucket's folder
+        assert os.listdir(gcs) == ["bucket"]
+
+
+def test_concurrent_atomic_writes_are_always_read_whole(tmp_path):
+    """Two sweep shards writing the same report file at once: a reader sees one writer's file,
+    whole, at every moment, and the last one stays."""
+    target = str(tmp_path / "report" / "table1.md")
+    texts = {name: name * 200_000 for name in "ab"}
+    files.write_atomic(target, texts["a"])
+    seen, stop = set(), threading.Event()
+
+    def write(name: str) -> None:
+        for _ in range(30):
+            files.write_atomic(target, texts[name])
+
+    def read() -> None:
+        while not stop.is_set():
+            seen.add(files.read_text(target))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    writers = [threading.Thread(target=write, args=(name,)) for name in "ab"]
+    for thread in writers:
+        thread.start()
+    for thread in writers:
+        thread.join()
+    stop.set()
+    reader.join()
+    assert seen <= set(texts.values()) and seen
+    assert files.read_text(target) in texts.values()
+    assert os.listdir(tmp_path / "report") == ["table1.md"]
+
+
+def test_urls_other_than_gs_or_without_gcsfs_are_refused_in_one_line():
+    with pytest.raises(UserError, match=r"^--workdir=s3://b/x: s3:// is not supported"):
+        files.check_url("workdir", "s3://b/x")
+    files.check_url("workdir", "/tmp/local")  # nothing to check
+    if importlib.util.find_spec("gcsfs") is None:
+        with pytest.raises(UserError, match=r"^--workdir=gs://b/x: gs:// paths need the gcsfs "
+                                            r"package, which is not installed: pip install gcsfs"):
+            files.check_url("workdir", "gs://b/x")
+
+
+def test_commands_refuse_what_cannot_work_on_gs(gcs):
+    run_dir = "gs://bucket/s"
+    with command_module("sweep") as module:
+        slurm = run_in_process(module, "sweep", [f"--workdir={run_dir}", "--launcher=slurm"])
+    with command_module("fluid") as module:
+        fluid = run_in_process(module, "fluid", [f"--workdir={run_dir}", "--preset=small"])
+    with command_module("train") as module:
+        data = run_in_process(module, "train", [*TINY_ARGS, f"--workdir={run_dir}",
+                                                "--data_dir=gs://bucket/data"])
+    assert_error(slurm, f"--workdir={run_dir}: --launcher=slurm needs a shared POSIX folder")
+    assert_error(fluid, f"--workdir={run_dir}: launch.fluid writes into a local or shared POSIX")
+    assert_error(data, "--data_dir=gs://bucket/data: the dataset folder must be a local")
+    assert os.listdir(gcs) == []  # nothing created
+
+
+def test_train_verify_sweep_and_report_on_gs(gcs):
+    """launch.train into gs://, launch.verify says MATCH from there, launch.sweep (local
+    launcher) finds the run done and writes its report there, launch.report reads it."""
+    sweep_dir = "gs://bucket/sweep"
+    run_dir = f"{sweep_dir}/synthetic/protonets/B2/seed0"  # the sweep's layout
+    budget = [arg for arg in TINY_ARGS if not arg.startswith("--task")]
+    with command_module("train") as module:
+        trained = run_in_process(module, "train", [*budget, "--task=B2", "--learner=protonets",
+                                                   f"--workdir={run_dir}"])
+    assert trained[0] == 0, trained[2][-3000:]
+    local = os.path.join(gcs, "bucket", "sweep", "synthetic", "protonets", "B2", "seed0")
+    result = json.loads(open(os.path.join(local, "results.json")).read())
+    assert result["test"]["num_tasks"] == 7 and 0.0 <= result["test"]["acc_mean"] <= 1.0
+    assert {"config.json", "results.csv", "metrics.jsonl", "val_history.json", "flags.txt",
+            "checkpoints"} <= set(os.listdir(local))
+    assert sorted(os.listdir(os.path.join(local, "checkpoints", "best"))) == ["0", "1"]
+    assert f"--workdir={run_dir}" in open(os.path.join(local, "flags.txt")).read()
+    with command_module("verify") as module:
+        verified = run_in_process(module, "verify", [f"--workdir={run_dir}"])
+    assert verified[0] == 0 and verified[1].strip().splitlines()[-1] == "MATCH", verified
+    with command_module("sweep") as module:
+        swept = run_in_process(module, "sweep", [*budget, "--learners=protonets", "--cells=B2",
+                                                 "--seeds=0", "--workers=0",
+                                                 f"--workdir={sweep_dir}"])
+    assert swept[0] == 0, swept[2][-3000:]
+    assert "1 skipped" in swept[1]  # done before: not run again
+    report_dir = os.path.join(gcs, "bucket", "sweep", "report")
+    assert {"table1_synthetic.md", "table1_synthetic_acc.csv", "figure3_synthetic.png"} <= set(
+        os.listdir(report_dir))
+    with command_module("report") as module:
+        reported = run_in_process(module, "report", [f"--sweep_dir={sweep_dir}",
+                                                     "--out_dir=gs://bucket/report2"])
+    assert reported[0] == 0, reported[2][-3000:]
+    table = open(os.path.join(gcs, "bucket", "report2", "table1_synthetic.md")).read()
+    assert table == open(os.path.join(report_dir, "table1_synthetic.md")).read()
+    assert f"{100 * result['test']['acc_mean']:.2f}" in table
+    assert not [name for _, _, names in os.walk(gcs) for name in names if name.endswith(".tmp")]
