@@ -7,6 +7,7 @@ import json
 import os
 import threading
 
+import jax
 import pytest
 
 from cfsl_jax.runtime import files
@@ -16,6 +17,13 @@ from launch_inprocess import command_module, run_in_process
 from test_cli import TINY_ARGS, assert_error
 
 
+# What a command's main sets in the process (``backend.configure``), restored after a test that
+# runs commands in this process.
+COMMAND_JAX_OPTIONS = ("jax_default_matmul_precision", "jax_compilation_cache_dir",
+                       "jax_persistent_cache_min_compile_time_secs",
+                       "jax_persistent_cache_min_entry_size_bytes")
+
+
 @pytest.fixture
 def gcs(tmp_path, monkeypatch):
     """A fake gs:// under tmp_path/gcs; the working folder is tmp_path/cwd (checked empty
@@ -23,8 +31,13 @@ def gcs(tmp_path, monkeypatch):
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
-    with fake_gcs(tmp_path / "gcs") as root:
-        yield root
+    saved = {name: jax.config.values[name] for name in COMMAND_JAX_OPTIONS}
+    try:
+        with fake_gcs(tmp_path / "gcs") as root:
+            yield root
+    finally:
+        for name, value in saved.items():
+            jax.config.update(name, value)
     assert os.listdir(cwd) == []
 
 
@@ -123,11 +136,14 @@ def test_commands_refuse_what_cannot_work_on_gs(gcs):
 
 
 def test_train_verify_sweep_and_report_on_gs(gcs):
-    """launch.train into gs://, launch.verify says MATCH from there, launch.sweep (local
-    launcher) finds the run done and writes its report there, launch.report reads it."""
+    """launch.train into gs://, launch.evaluate re-tests it there and launch.verify says MATCH;
+    launch.sweep (local launcher) finds that run done, runs another and writes the report
+    there; launch.report reads the sweep from gs:// and writes the same report elsewhere."""
     sweep_dir = "gs://bucket/sweep"
     run_dir = f"{sweep_dir}/synthetic/protonets/B2/seed0"  # the sweep's layout
-    budget = [arg for arg in TINY_ARGS if not arg.startswith("--task")]
+    backend = ["--precision=highest",  # the suite's, and its compilation cache
+               f"--compilation_cache_dir={jax.config.values['jax_compilation_cache_dir'] or ''}"]
+    budget = [arg for arg in TINY_ARGS if not arg.startswith("--task")] + backend
     with command_module("train") as module:
         trained = run_in_process(module, "train", [*budget, "--task=B2", "--learner=protonets",
                                                    f"--workdir={run_dir}"])
@@ -139,15 +155,22 @@ def test_train_verify_sweep_and_report_on_gs(gcs):
             "checkpoints"} <= set(os.listdir(local))
     assert sorted(os.listdir(os.path.join(local, "checkpoints", "best"))) == ["0", "1"]
     assert f"--workdir={run_dir}" in open(os.path.join(local, "flags.txt")).read()
+    with command_module("evaluate") as module:
+        evaluated = run_in_process(module, "evaluate", [f"--workdir={run_dir}", *backend])
+    assert evaluated[0] == 0, evaluated[2][-3000:]
+    rows = open(os.path.join(local, "results.csv")).read().splitlines()
+    assert len(rows) == 3 and rows[1] == rows[2]  # header, the run, its re-test (appended)
     with command_module("verify") as module:
-        verified = run_in_process(module, "verify", [f"--workdir={run_dir}"])
+        verified = run_in_process(module, "verify", [f"--workdir={run_dir}", *backend])
     assert verified[0] == 0 and verified[1].strip().splitlines()[-1] == "MATCH", verified
     with command_module("sweep") as module:
-        swept = run_in_process(module, "sweep", [*budget, "--learners=protonets", "--cells=B2",
-                                                 "--seeds=0", "--workers=0",
-                                                 f"--workdir={sweep_dir}"])
+        swept = run_in_process(module, "sweep", [
+            *budget, "--learners=protonets,init_tune", "--learner_option=init_tune:inner_steps=1",
+            "--cells=B2", "--seeds=0", "--workers=0", f"--workdir={sweep_dir}"])
     assert swept[0] == 0, swept[2][-3000:]
-    assert "1 skipped" in swept[1]  # done before: not run again
+    assert "1 finished, 1 skipped" in swept[1]  # protonets was done before: not run again
+    assert os.path.isfile(os.path.join(gcs, "bucket", "sweep", "synthetic", "init_tune", "B2",
+                                       "seed0", "results.json"))
     report_dir = os.path.join(gcs, "bucket", "sweep", "report")
     assert {"table1_synthetic.md", "table1_synthetic_acc.csv", "figure3_synthetic.png"} <= set(
         os.listdir(report_dir))
