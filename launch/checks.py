@@ -43,17 +43,23 @@ def check_input_dir(flag: str, path: str, holding: str | None = None) -> None:
 
 
 def check_input_file(flag: str, path: str) -> None:
-    if not os.path.isfile(path):
-        raise UserError(f"--{flag}={path} " + ("is a folder, not a file" if os.path.isdir(path)
+    """``--flag=path`` (local or gs://) must be an existing file."""
+    files.check_url(flag, path)
+    if not files.isfile(path):
+        raise UserError(f"--{flag}={path} " + ("is a folder, not a file" if files.isdir(path)
                                                else "does not exist"))
 
 
 def check_output_file(flag: str, path: str) -> None:
-    """``--flag=path`` is a file to write: its folder must exist, and it must not be a folder."""
+    """``--flag=path`` is a file to write (local or gs://): its folder must exist (a gs:// folder
+    is created with the file), and it must not be a folder."""
     if not path:
         raise UserError(f"--{flag} is empty: give a file to write")
-    if os.path.isdir(path):
+    files.check_url(flag, path)
+    if files.isdir(path):
         raise UserError(f"--{flag}={path} is a folder: give a file name")
+    if files.is_url(path):
+        return
     folder = os.path.dirname(os.path.abspath(os.path.expanduser(path)))
     if not os.path.isdir(folder):
         raise UserError(f"--{flag}={path}: the folder {folder} does not exist (create it first)")

@@ -10,7 +10,7 @@ import threading
 import jax
 import pytest
 
-from cfsl_jax.runtime import files
+from cfsl_jax.runtime import files, plotting
 from cfsl_jax.runtime.errors import UserError
 from fake_gcs import fake_gcs
 from launch_inprocess import command_module, run_in_process
@@ -58,12 +58,14 @@ def test_files_round_trip_and_leave_no_temporaries(where, tmp_path, gcs):
     target = files.join(top, "a", "results.json")
     files.write_atomic(target, '{"v": 1}')
     files.write_atomic(target, '{"v": 2}')  # replaces
-    files.write_atomic(files.join(top, "b", "c", "image.png"), b"\x89PNG")
+    figure, axis = plotting.subplots(figsize=(2, 2))
+    axis.plot([0, 1])
+    plotting.save(figure, files.join(top, "b", "c", "image.png"))  # bytes, atomically
     files.append_text(files.join(top, "a", "metrics.jsonl"), "1\n")
     files.append_text(files.join(top, "a", "metrics.jsonl"), "2\n")
     files.makedirs(files.join(top, "a", "checkpoints", "x"))
     assert files.read_text(target) == '{"v": 2}'
-    assert files.read_bytes(files.join(top, "b", "c", "image.png")) == b"\x89PNG"
+    assert files.read_bytes(files.join(top, "b", "c", "image.png"))[:8] == b"\x89PNG\r\n\x1a\n"
     assert files.read_text(files.join(top, "a", "metrics.jsonl")) == "1\n2\n"
     walked = [(root, dirs, names) for root, dirs, names in files.walk(top, skip=("checkpoints",))]
     assert walked == [(top, ["a", "b"], []),

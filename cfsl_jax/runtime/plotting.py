@@ -26,9 +26,10 @@ def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float] | N
 
 
 def save(figure: Figure, path: str, dpi: int = 120) -> str:
-    """``figure`` as a PNG at ``path`` (local or gs://), written atomically
-    (``files.write_atomic``); returns ``path``."""
+    """``figure`` saved at ``path`` (local or gs://; the format from its extension, PNG without
+    one), written atomically (``files.write_atomic``); returns ``path``."""
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=dpi)
+    extension = files.basename(path).rpartition(".")[2] if "." in files.basename(path) else ""
+    figure.savefig(buffer, format=extension.lower() or "png", dpi=dpi)
     files.write_atomic(path, buffer.getvalue())
     return path
