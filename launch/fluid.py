@@ -163,10 +163,6 @@ def check():
     """The run's FluidConfig, every flag checked (nothing is created)."""
     if not FLAGS.workdir:
         raise UserError("--workdir is required")
-    if files.is_url(FLAGS.workdir):
-        raise UserError(f"--workdir={FLAGS.workdir}: launch.fluid writes into a local or shared "
-                        f"POSIX folder; gs:// is for launch.train, evaluate, verify, sweep and "
-                        f"report")
     check_data_flags()
     check_output_dir("workdir", FLAGS.workdir)
     check_stream_flags()
@@ -216,8 +212,7 @@ def main(argv) -> None:
 def _report(config) -> None:
     """Run the streams not stored yet (none after a SLURM run) and print Table 3."""
     results = run_experiment(config, FLAGS.workdir)
-    with open(f"{FLAGS.workdir}/results.txt") as f:
-        print(f.read())
+    print(files.read_text(files.join(FLAGS.workdir, "results.txt")))
     print(f"wall time {results['wall_seconds']:.0f} s; written to {FLAGS.workdir}: "
           f"results.json, results.txt, rolling_accuracy.png")
 

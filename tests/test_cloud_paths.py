@@ -127,12 +127,12 @@ def test_commands_refuse_what_cannot_work_on_gs(gcs):
     with command_module("sweep") as module:
         slurm = run_in_process(module, "sweep", [f"--workdir={run_dir}", "--launcher=slurm"])
     with command_module("fluid") as module:
-        fluid = run_in_process(module, "fluid", [f"--workdir={run_dir}", "--preset=small"])
+        fluid = run_in_process(module, "fluid", [f"--workdir={run_dir}", "--launcher=slurm"])
     with command_module("train") as module:
         data = run_in_process(module, "train", [*TINY_ARGS, f"--workdir={run_dir}",
                                                 "--data_dir=gs://bucket/data"])
     assert_error(slurm, f"--workdir={run_dir}: --launcher=slurm needs a shared POSIX folder")
-    assert_error(fluid, f"--workdir={run_dir}: launch.fluid writes into a local or shared POSIX")
+    assert_error(fluid, f"--workdir={run_dir}: --launcher=slurm needs a shared POSIX folder")
     assert_error(data, "--data_dir=gs://bucket/data: the dataset folder must be a local")
     assert os.listdir(gcs) == []  # nothing created
 
@@ -184,3 +184,24 @@ def test_train_verify_sweep_and_report_on_gs(gcs):
     assert table == open(os.path.join(report_dir, "table1_synthetic.md")).read()
     assert f"{100 * result['test']['acc_mean']:.2f}" in table
     assert not [name for _, _, names in os.walk(gcs) for name in names if name.endswith(".tmp")]
+
+
+def test_fluid_on_gs(gcs):
+    """launch.fluid (local) writes its results, table and plot into gs:// and resumes there."""
+    workdir = "gs://bucket/fluid"
+    args = ["--preset=small", "--method=ncm", "--stream_classes=6", "--stream_length=90",
+            "--head_threshold=15", "--min_pretrain_samples=5", "--pretrain_steps=3",
+            "--filters=8", "--dataset_option=num_classes=20",
+            "--dataset_option=samples_per_class=30", "--dataset_option=image_size=16",
+            f"--workdir={workdir}"]
+    with command_module("fluid") as module:
+        first = run_in_process(module, "fluid", [*args, "--num_streams=1"])
+        again = run_in_process(module, "fluid", [*args, "--num_streams=1"])
+    assert first[0] == 0, first[2][-3000:]
+    local = os.path.join(gcs, "bucket", "fluid")
+    assert {"results.json", "results.txt", "rolling_accuracy.png", "flags.txt"} <= set(
+        os.listdir(local))
+    results = json.loads(open(os.path.join(local, "results.json")).read())
+    assert results["complete"] and len(results["streams"]) == 1
+    assert again[0] == 0 and "every stream already done" in again[1], again
+    assert open(os.path.join(local, "results.txt")).read() in again[1]
