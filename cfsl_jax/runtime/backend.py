@@ -169,7 +169,7 @@ def enable_compilation_cache(path: str | None) -> str | None:
     if not path:
         jax.config.update("jax_compilation_cache_dir", None)
         return None
-    path = files.absolute(path)
+    path = files.absolute(os.path.expanduser(path))
     files.makedirs(path)
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

@@ -46,8 +46,9 @@ def path(name: str | os.PathLike) -> epath.Path:
 
 
 def absolute(name: str) -> str:
-    """A local path made absolute (``~`` expanded); a URL as given."""
-    return name if is_url(name) else os.path.abspath(os.path.expanduser(name))
+    """A local path made absolute (``os.path.abspath``: ``~`` is not expanded, as every other
+    use of the path reads it); a URL as given."""
+    return name if is_url(name) else os.path.abspath(name)
 
 
 def join(first: str, *rest: str) -> str:
