@@ -4,9 +4,10 @@
     files.write_atomic("gs://bucket/run/results.json", text)      # readers: old or new, whole
     files.read_text(path); files.exists(path); files.walk(root, skip=("checkpoints",))
 
-Every file a run, a sweep, a report or ``verify`` reads or writes goes through this module, so a
-workdir may be a local path or a ``gs://`` URL (``etils.epath`` through fsspec: the ``gcsfs`` package
-must be installed, ``check_url`` says so in one line; orbax writes checkpoints there itself).
+Every file a run, a sweep, FLUID, a report or ``verify`` reads or writes goes through this
+module, so a workdir may be a local path or a ``gs://`` URL (``etils.epath`` through fsspec: the
+``gcsfs`` package must be installed, ``check_url`` says so in one line; orbax writes the
+checkpoints there itself).
 
 Rules:
 
@@ -15,8 +16,9 @@ Rules:
 - ``write_atomic`` writes a temporary file in the target's folder (a hidden name ending in
   ``.tmp``) and renames it over the target. On a local disk (or NFS) the rename is POSIX
   ``rename``: a reader sees the old file or the new one, never part of one; a kill leaves the
-  old file (and at worst a stray temporary). On an object store (``gs://``) a rename is a copy then a delete: the copy replaces the target object in one step (an object
-  is never seen half-written), and a kill between the two leaves a stray temporary object.
+  old file (and at worst a stray temporary). On an object store (``gs://``) a rename is a copy
+  then a delete: the copy replaces the target object in one step (an object is never seen
+  half-written), and a kill between the two leaves a stray temporary object.
   Two writers at once (two sweep shards writing the report): the last one's file wins, whole.
 - ``append_text`` appends (``O_APPEND``) on a local disk; an object store cannot append, so
   there the file is read and written again whole, atomically (fine for the small files it is
