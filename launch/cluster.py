@@ -53,19 +53,22 @@ def shard_from_flags() -> tuple[int, int] | None:
     return shard
 
 
+def check_workdir() -> None:
+    """--launcher=slurm refuses a URL --workdir (first: no package makes it work)."""
+    if FLAGS.launcher == "slurm" and files.is_url(FLAGS.workdir):
+        raise UserError(f"--workdir={FLAGS.workdir}: --launcher=slurm needs a shared POSIX "
+                        f"folder (submitit's job files and logs); a gs:// workdir runs with "
+                        f"--launcher=local (and --shard=K/N)")
+
+
 def options_from_flags() -> slurm.SlurmOptions | None:
     """The --slurm_* flags (None with --launcher=local, which refuses them), validated against
-    the cluster before anything is submitted; a gs:// --workdir is refused (submitit's
-    folder must be a shared POSIX path)."""
+    the cluster before anything is submitted."""
     if FLAGS.launcher != "slurm":
         given = [f"--{name}" for name in _SLURM_ONLY if FLAGS[name].present]
         if given:
             raise UserError(f"{', '.join(given)}: only with --launcher=slurm")
         return None
-    if files.is_url(FLAGS.workdir):
-        raise UserError(f"--workdir={FLAGS.workdir}: --launcher=slurm needs a shared POSIX "
-                        f"folder (submitit's job files and logs); a gs:// workdir runs with "
-                        f"--launcher=local (and --shard=K/N)")
     options = slurm.SlurmOptions(
         partition=FLAGS.slurm_partition, max_parallel=FLAGS.slurm_max_parallel,
         timeout_min=FLAGS.slurm_timeout_min, max_timeouts=FLAGS.slurm_max_timeouts,

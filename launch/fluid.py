@@ -163,6 +163,7 @@ def check():
     """The run's FluidConfig, every flag checked (nothing is created)."""
     if not FLAGS.workdir:
         raise UserError("--workdir is required")
+    cluster.check_workdir()
     check_data_flags()
     check_output_dir("workdir", FLAGS.workdir)
     check_stream_flags()

@@ -120,6 +120,7 @@ def check():
         if FLAGS[singular].present:
             raise cli.UserError(f"--{singular} is one run's flag; a sweep takes --{plural}")
     train_cli.require_workdir()
+    cluster.check_workdir()
     check_data_flags()
     check_output_dir("workdir", FLAGS.workdir)
     check_lists()
