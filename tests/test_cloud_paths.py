@@ -24,6 +24,12 @@ COMMAND_JAX_OPTIONS = ("jax_default_matmul_precision", "jax_compilation_cache_di
                        "jax_persistent_cache_min_entry_size_bytes")
 
 
+def backend_flags() -> list[str]:
+    """The suite's precision and compilation cache, as a command's flags."""
+    return ["--precision=highest",
+            f"--compilation_cache_dir={jax.config.values['jax_compilation_cache_dir'] or ''}"]
+
+
 @pytest.fixture
 def gcs(tmp_path, monkeypatch):
     """A fake gs:// under tmp_path/gcs; the working folder is tmp_path/cwd (checked empty
@@ -143,8 +149,7 @@ def test_train_verify_sweep_and_report_on_gs(gcs):
     there; launch.report reads the sweep from gs:// and writes the same report elsewhere."""
     sweep_dir = "gs://bucket/sweep"
     run_dir = f"{sweep_dir}/synthetic/protonets/B2/seed0"  # the sweep's layout
-    backend = ["--precision=highest",  # the suite's, and its compilation cache
-               f"--compilation_cache_dir={jax.config.values['jax_compilation_cache_dir'] or ''}"]
+    backend = backend_flags()
     budget = [arg for arg in TINY_ARGS if not arg.startswith("--task")] + backend
     with command_module("train") as module:
         trained = run_in_process(module, "train", [*budget, "--task=B2", "--learner=protonets",
@@ -193,7 +198,7 @@ def test_fluid_on_gs(gcs):
             "--head_threshold=15", "--min_pretrain_samples=5", "--pretrain_steps=3",
             "--filters=8", "--dataset_option=num_classes=20",
             "--dataset_option=samples_per_class=30", "--dataset_option=image_size=16",
-            f"--workdir={workdir}"]
+            f"--workdir={workdir}", *backend_flags()]
     with command_module("fluid") as module:
         first = run_in_process(module, "fluid", [*args, "--num_streams=1"])
         again = run_in_process(module, "fluid", [*args, "--num_streams=1"])
