@@ -74,7 +74,8 @@ flags.DEFINE_bool("list_options", False, "Print the options of each --method (ty
                   "help) and exit.")
 define_data_flags()
 define_backend_flags()
-flags.DEFINE_string("workdir", None, "Where results are written; required.")
+flags.DEFINE_string("workdir", None, "Where results are written (a local path or "
+                    "gs://BUCKET/PATH); required.")
 
 FLAGS = flags.FLAGS
 _STREAM_FLAGS = {"stream_classes": "num_classes", "stream_length": "length",

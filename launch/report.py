@@ -27,7 +27,7 @@ from .checks import check_input_dir, check_input_file, check_output_dir
 from .flag_types import define_list
 from .options import define_deprecated_flag
 
-flags.DEFINE_string("sweep_dir", None, "Sweep directory (launch.sweep --workdir).")
+flags.DEFINE_string("sweep_dir", None, "Sweep directory (launch.sweep --workdir; local or gs://).")
 flags.DEFINE_string("out_dir", None, "Where to write (default: SWEEP_DIR/report or ./cfsl_report).")
 define_list("figure", ["accuracy_nss"], "Figures: accuracy_nss (Figure 3, needs --sweep_dir), "
             "atm_macs (Figure 4, no training).", enum_values=["accuracy_nss", "atm_macs"])

@@ -21,7 +21,8 @@ from . import cli
 from .checks import check_data_flags
 from .options import define_backend_flags
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A finished run's directory.", required=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "A finished run's directory (local or gs://).",
+                               required=True)
 _METRICS = flags.DEFINE_bool("metrics", True, "Also recompute the test metrics.")
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "Where the run's dataset is prepared "
                                 "(default: the folder the run recorded).")
