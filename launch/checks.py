@@ -13,6 +13,7 @@ import os
 
 from absl import flags
 
+from cfsl_jax.runtime import files
 from cfsl_jax.runtime.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -27,32 +28,38 @@ def absolute(path: str | None) -> str | None:
 
 
 def check_input_dir(flag: str, path: str, holding: str | None = None) -> None:
-    """``--flag=path`` must be an existing folder (holding a file named ``holding`` somewhere
-    below it, when given)."""
-    if not os.path.exists(path):
+    """``--flag=path`` (local or gs://) must be an existing folder (holding a file named
+    ``holding`` somewhere below it, when given)."""
+    files.check_url(flag, path)
+    if not files.exists(path):
         raise UserError(f"--{flag}={path} does not exist")
-    if not os.path.isdir(path):
+    if not files.isdir(path):
         raise UserError(f"--{flag}={path} is a file, not a folder")
     if holding is not None:
-        for _, dirs, files in os.walk(path):
-            dirs[:] = [d for d in dirs if d not in ("checkpoints", "xla_cache")]
-            if holding in files:
+        for _, _, names in files.walk(path, skip=("checkpoints", "xla_cache", "tensorboard")):
+            if holding in names:
                 return
         raise UserError(f"--{flag}={path} holds no {holding} (nothing finished there yet)")
 
 
 def check_input_file(flag: str, path: str) -> None:
-    if not os.path.isfile(path):
-        raise UserError(f"--{flag}={path} " + ("is a folder, not a file" if os.path.isdir(path)
+    """``--flag=path`` (local or gs://) must be an existing file."""
+    files.check_url(flag, path)
+    if not files.isfile(path):
+        raise UserError(f"--{flag}={path} " + ("is a folder, not a file" if files.isdir(path)
                                                else "does not exist"))
 
 
 def check_output_file(flag: str, path: str) -> None:
-    """``--flag=path`` is a file to write: its folder must exist, and it must not be a folder."""
+    """``--flag=path`` is a file to write (local or gs://): its folder must exist (a gs:// folder
+    is created with the file), and it must not be a folder."""
     if not path:
         raise UserError(f"--{flag} is empty: give a file to write")
-    if os.path.isdir(path):
+    files.check_url(flag, path)
+    if files.isdir(path):
         raise UserError(f"--{flag}={path} is a folder: give a file name")
+    if files.is_url(path):
+        return
     folder = os.path.dirname(os.path.abspath(os.path.expanduser(path)))
     if not os.path.isdir(folder):
         raise UserError(f"--{flag}={path}: the folder {folder} does not exist (create it first)")
@@ -60,8 +67,13 @@ def check_output_file(flag: str, path: str) -> None:
 
 def check_output_dir(flag: str, path: str | None) -> None:
     """``--flag=path`` is a folder to write into (created when missing): it must not be a
-    file, nor lie below one."""
-    if not path or "://" in path:
+    file, nor lie below one; a URL must be gs:// with gcsfs installed (``files.check_url``)."""
+    if not path:
+        return
+    if files.is_url(path):
+        files.check_url(flag, path)
+        if files.isfile(path):
+            raise UserError(f"--{flag}={path} is a file, not a folder")
         return
     probe = os.path.abspath(os.path.expanduser(path))
     while not os.path.exists(probe):
@@ -72,8 +84,12 @@ def check_output_dir(flag: str, path: str | None) -> None:
 
 
 def check_data_flags() -> None:
-    """--manual_dir must be an existing folder; --data_dir must not be a file (where the
-    command defines them)."""
+    """--manual_dir must be an existing folder, --data_dir not a file, both local (or shared
+    POSIX) paths (where the command defines them)."""
+    for flag in ("manual_dir", "data_dir"):
+        if flag in FLAGS and files.is_url(FLAGS[flag].value):
+            raise UserError(f"--{flag}={FLAGS[flag].value}: the dataset folder must be a local "
+                            f"or shared POSIX path (gs:// is for workdirs and sweep dirs)")
     if "manual_dir" in FLAGS and FLAGS.manual_dir:
         path = FLAGS.manual_dir
         if not os.path.exists(os.path.expanduser(path)):

@@ -230,7 +230,7 @@ def flags_recorded(folder: str) -> Iterator[None]:
 def write_flagfile(folder: str) -> None:
     """``folder/flags.txt`` (the first host only): ``--flagfile=folder/flags.txt`` re-runs the
     command that wrote it from any folder."""
+    from cfsl_jax.runtime import files
     from cfsl_jax.training import results
-    if results.is_primary() and os.path.isdir(folder):
-        with open(os.path.join(folder, FLAGFILE), "w") as f:
-            f.write(flagfile_text())
+    if results.is_primary() and files.isdir(folder):
+        files.write_atomic(files.join(folder, FLAGFILE), flagfile_text())

@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 from absl import flags
 
 from cfsl_jax.experiments import slurm, sweep
+from cfsl_jax.runtime import files
 from cfsl_jax.runtime.errors import UserError
 
 flags.DEFINE_enum("launcher", "local", ["local", "slurm"], "local: worker processes on this "
@@ -50,6 +51,14 @@ def shard_from_flags() -> tuple[int, int] | None:
         raise UserError(f"--shard={FLAGS.shard} is for --launcher=local (machines without "
                         f"a scheduler); --launcher=slurm submits every run as one array")
     return shard
+
+
+def check_workdir() -> None:
+    """--launcher=slurm refuses a URL --workdir (first: no package makes it work)."""
+    if FLAGS.launcher == "slurm" and files.is_url(FLAGS.workdir):
+        raise UserError(f"--workdir={FLAGS.workdir}: --launcher=slurm needs a shared POSIX "
+                        f"folder (submitit's job files and logs); a gs:// workdir runs with "
+                        f"--launcher=local (and --shard=K/N)")
 
 
 def options_from_flags() -> slurm.SlurmOptions | None:

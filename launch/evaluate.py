@@ -13,10 +13,9 @@ table; progress lines show tasks done and the ETA.
 
 from __future__ import annotations
 
-import os
-
 from absl import flags
 
+from cfsl_jax.runtime import files
 from cfsl_jax.training import runs, train
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.learners import get_learner
@@ -34,12 +33,13 @@ def check() -> TrainConfig | None:
     train_cli.require_workdir()
     workdir = FLAGS.workdir
     check_data_flags()
-    if os.path.exists(os.path.join(workdir, "config.json")):
+    files.check_url("workdir", workdir)
+    if files.exists(files.join(workdir, "config.json")):
         runs.load_config(workdir)
         return None
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
+    if files.exists(workdir) and not files.isdir(workdir):
         raise cli.UserError(f"--workdir={workdir} is a file, not a folder")
-    if not FLAGS["learner"].present and not os.path.exists(workdir):
+    if not FLAGS["learner"].present and not files.exists(workdir):
         raise cli.UserError(f"--workdir={workdir} does not exist (give a finished run's folder, "
                             f"or --learner to evaluate a learner that needs no training)")
     if not FLAGS["learner"].present:

@@ -31,6 +31,7 @@ from absl import app, flags
 
 from cfsl_jax.experiments import slurm, sweep
 from cfsl_jax.data import DATASETS
+from cfsl_jax.runtime import files
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import study
 from cfsl_jax.fluid.experiment import PRESETS, STREAM_KINDS, preset, run_experiment
@@ -81,7 +82,8 @@ flags.DEFINE_bool("list_options", False, "Print the options of each --method (ty
                   "help) and exit.")
 define_data_flags()
 define_backend_flags()
-flags.DEFINE_string("workdir", None, "Where results are written; required.")
+flags.DEFINE_string("workdir", None, "Where results are written (a local path or "
+                    "gs://BUCKET/PATH); required.")
 
 FLAGS = flags.FLAGS
 _STREAM_FLAGS = {"stream_classes": "num_classes", "stream_length": "length",
@@ -211,6 +213,7 @@ def check():
     """The run's FluidConfig, every flag checked (nothing is created)."""
     if not FLAGS.workdir:
         raise UserError("--workdir is required")
+    cluster.check_workdir()
     check_data_flags()
     check_output_dir("workdir", FLAGS.workdir)
     check_stream_flags()
@@ -261,8 +264,7 @@ def main(argv) -> None:
 def _report(config) -> None:
     """Run the streams not stored yet (none after a SLURM run) and print Table 3."""
     results = run_experiment(config, FLAGS.workdir)
-    with open(f"{FLAGS.workdir}/results.txt") as f:
-        print(f.read())
+    print(files.read_text(files.join(FLAGS.workdir, "results.txt")))
     print(f"wall time {results['wall_seconds']:.0f} s; written to {FLAGS.workdir}: "
           f"results.json, results.txt, rolling_accuracy.png")
 

@@ -16,11 +16,10 @@ and XLA's cost analysis in a few minutes on CPU. Output goes to --out_dir
 
 from __future__ import annotations
 
-import os
-
 from absl import app, flags
 
 from cfsl_jax.experiments import figures, report
+from cfsl_jax.runtime import files
 from cfsl_jax.learners import LEARNERS
 
 from . import cli
@@ -28,7 +27,7 @@ from .checks import check_input_dir, check_input_file, check_output_dir
 from .flag_types import define_list
 from .options import define_deprecated_flag
 
-flags.DEFINE_string("sweep_dir", None, "Sweep directory (launch.sweep --workdir).")
+flags.DEFINE_string("sweep_dir", None, "Sweep directory (launch.sweep --workdir; local or gs://).")
 flags.DEFINE_string("out_dir", None, "Where to write (default: SWEEP_DIR/report or ./cfsl_report).")
 define_list("figure", ["accuracy_nss"], "Figures: accuracy_nss (Figure 3, needs --sweep_dir), "
             "atm_macs (Figure 4, no training).", enum_values=["accuracy_nss", "atm_macs"])
@@ -50,18 +49,17 @@ def figure4(out_dir: str) -> str:
     from cfsl_jax.runtime import backend
 
     cache = FLAGS.compilation_cache_dir
-    backend.enable_compilation_cache(os.path.join(out_dir, "xla_cache") if cache is None
-                                     else cache)
+    backend.enable_compilation_cache(backend.cache_dir_in(out_dir) if cache is None else cache)
     curves, skipped = figures.cost_curves(
         FLAGS.learners or LEARNERS, [int(n) for n in FLAGS.nss], FLAGS.task_type,
         tuple(int(n) for n in FLAGS.image_shape))
     if not curves:
         raise app.UsageError(f"no learner could be measured: {skipped}")
-    figures.write_cost_curves_csv(curves, os.path.join(out_dir, "figure4.csv"))
+    figures.write_cost_curves_csv(curves, files.join(out_dir, "figure4.csv"))
     path = figures.plot_cost_curves(
-        curves, os.path.join(out_dir, "figure4.png"),
+        curves, files.join(out_dir, "figure4.png"),
         title=f"ATM and MACs per task against NSS (type {FLAGS.task_type})")
-    print(f"Figure 4: {path} (numbers: {os.path.join(out_dir, 'figure4.csv')})")
+    print(f"Figure 4: {path} (numbers: {files.join(out_dir, 'figure4.csv')})")
     for key, what in (("atm", "ATM"), ("macs_per_task", "MACs")):
         for names in figures.coinciding(curves, key):
             print(f"  {what}: {' = '.join(names)} at every NSS (their lines coincide)")
@@ -97,9 +95,9 @@ def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     check()
-    default = os.path.join(FLAGS.sweep_dir, "report") if FLAGS.sweep_dir else "cfsl_report"
+    default = files.join(FLAGS.sweep_dir, "report") if FLAGS.sweep_dir else "cfsl_report"
     out_dir = FLAGS.out_dir or default
-    os.makedirs(out_dir, exist_ok=True)
+    files.makedirs(out_dir)
     if FLAGS.sweep_dir:
         try:
             paper = report.load_paper_table(FLAGS.paper_results)
@@ -108,7 +106,7 @@ def main(argv) -> None:
         except (FileNotFoundError, ValueError) as error:
             raise app.UsageError(str(error)) from error
         for dataset, path in paths["markdown"].items():
-            print(open(path).read())
+            print(files.read_text(path))
             print(f"written: {path}, CSVs {sorted(paths['csv'][dataset].values())}"
                   + (f", Figure 3 {paths['figure3'][dataset]}"
                      if paths["figure3"].get(dataset) else ""))

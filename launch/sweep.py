@@ -20,7 +20,9 @@ the report (launch.report) is written to WORKDIR/report and Table 1 printed.
 --dry_run loads the datasets and marks "impossible" the runs whose spec a split
 cannot supply, with the reason. Ctrl-C stops the sweep at once (each run in
 progress checkpoints; no queued run starts); the same command continues it.
-A line per finished run gives runs done/total and the ETA.
+A line per finished run gives runs done/total and the ETA. WORKDIR may be
+gs://BUCKET/PATH (gcsfs installed) with the local launcher and --shard; --launcher=slurm
+needs a shared POSIX folder.
 
 --shard=K/N runs only shard K of N of the runs (machines sharing WORKDIR, one
 shard each; launch.report reads them all). --launcher=slurm submits the runs
@@ -114,13 +116,11 @@ def check_lists() -> None:
 def check():
     """(the run configs of this shard, the learners skipped with their reasons, the shard, the
     SLURM options or None), every flag checked; nothing is created or submitted."""
-    if "://" in FLAGS.workdir:
-        raise cli.UserError(f"--workdir={FLAGS.workdir}: a sweep needs a POSIX path (a local or "
-                            f"shared filesystem); URLs such as gs:// are not supported")
     for singular, plural in _SINGULAR.items():
         if FLAGS[singular].present:
             raise cli.UserError(f"--{singular} is one run's flag; a sweep takes --{plural}")
     train_cli.require_workdir()
+    cluster.check_workdir()
     check_data_flags()
     check_output_dir("workdir", FLAGS.workdir)
     check_lists()

@@ -34,7 +34,8 @@ flags.DEFINE_enum("learner", _DEFAULTS.learner, LEARNERS, "Learner to train.")
 flags.DEFINE_enum("dataset", _DEFAULTS.dataset, DATASETS, "Dataset.")
 flags.DEFINE_string("task", _DEFAULTS.task, "Paper cell (B3, D8, ...), type (A-D) or type+NSS "
                     "(B7); any case.")
-flags.DEFINE_string("workdir", None, "Run directory (checkpoints, results); required.")
+flags.DEFINE_string("workdir", None, "Run directory (checkpoints, results; a local path or "
+                    "gs://BUCKET/PATH); required.")
 flags.DEFINE_integer("nss", None, "Override: support sets per task.")
 flags.DEFINE_integer("nc", None, "Override: classes per support set.")
 flags.DEFINE_integer("ks", None, "Override: shots per class in a support set.")

@@ -15,12 +15,14 @@ import sys
 from absl import flags
 
 from cfsl_jax.experiments.verify import load, verify
+from cfsl_jax.runtime import files
 
 from . import cli
 from .checks import check_data_flags
 from .options import define_backend_flags
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A finished run's directory.", required=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "A finished run's directory (local or gs://).",
+                               required=True)
 _METRICS = flags.DEFINE_bool("metrics", True, "Also recompute the test metrics.")
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "Where the run's dataset is prepared "
                                 "(default: the folder the run recorded).")
@@ -30,8 +32,9 @@ define_backend_flags()
 
 
 def check() -> None:
-    """The workdir holds a finished run; the folders given exist."""
+    """The workdir (local or gs://) holds a finished run; the folders given exist."""
     check_data_flags()
+    files.check_url("workdir", _WORKDIR.value)
     load(_WORKDIR.value)
 
 

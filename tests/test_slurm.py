@@ -238,8 +238,8 @@ def test_bad_input_is_one_line_before_anything_is_submitted(tmp_path):
                                                       "KEY=VALUE"),
         ([*slurm_flags, "--slurm_option=array=0-3"], "the launcher sets --array itself"),
         ([*base, "--slurm_partition=debug"], "--slurm_partition: only with --launcher=slurm"),
-        ([*base[1:], "--workdir=gs://bucket/sweep"], "--workdir=gs://bucket/sweep: a sweep needs "
-                                                     "a POSIX path"),
+        ([*slurm_flags[1:], "--workdir=gs://bucket/sweep"],
+         "--workdir=gs://bucket/sweep: --launcher=slurm needs a shared POSIX folder"),
     ]
     outcomes = run_cases("sweep", [argv for argv, _ in cases], env={"PATH": path})
     for outcome, (_, expected) in zip(outcomes, cases):

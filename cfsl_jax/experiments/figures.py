@@ -24,10 +24,10 @@ once per learner and loaded for the other NSS values.
 
 from __future__ import annotations
 
-import csv
 from typing import Any, Callable, Mapping, Sequence
 
-from cfsl_jax.runtime import plotting, progress
+from cfsl_jax.runtime import files, plotting, progress
+from cfsl_jax.training import results as results_io
 
 FIGURE4_NSS: tuple[int, ...] = (1, 2, 5, 10, 20, 40, 80, 160, 320, 640)
 COST_FIELDS: tuple[str, ...] = ("nss", "atm", "state_bytes", "support_bytes", "macs_adapt",
@@ -111,12 +111,9 @@ def cost_curves(learners: Sequence[str], nss_values: Sequence[int] = FIGURE4_NSS
 
 def write_cost_curves_csv(curves: Mapping[str, Sequence[Mapping[str, float]]], path: str
                           ) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=("learner", *COST_FIELDS))
-        writer.writeheader()
-        for name, points in curves.items():
-            for point in points:
-                writer.writerow({"learner": name, **{k: point[k] for k in COST_FIELDS}})
+    rows = [{"learner": name, **{k: point[k] for k in COST_FIELDS}}
+            for name, points in curves.items() for point in points]
+    files.write_atomic(path, results_io.csv_text(rows, ("learner", *COST_FIELDS)))
 
 
 def coinciding(curves: Mapping[str, Sequence[Mapping[str, float]]], key: str
@@ -153,8 +150,7 @@ def plot_cost_curves(curves: Mapping[str, Sequence[Mapping[str, float]]], path: 
                   frameon=False)  # one legend shared by both panels
     figure.suptitle(title)
     figure.tight_layout(rect=(0, 0.08, 1, 1))
-    figure.savefig(path, dpi=120)
-    return path
+    return plotting.save(figure, path)
 
 
 def plot_accuracy_vs_nss(accuracy: Mapping[tuple[str, str, str], Any], path: str,
@@ -190,5 +186,4 @@ def plot_accuracy_vs_nss(accuracy: Mapping[tuple[str, str, str], Any], path: str
     axes[0].set_ylabel("test accuracy (%)")
     figure.suptitle(title)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    return path
+    return plotting.save(figure, path)

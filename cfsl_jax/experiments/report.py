@@ -2,7 +2,7 @@
 
     from cfsl_jax.experiments import report
     paths = report.write_report("/tmp/sweep", "/tmp/sweep/report")
-    print(open(paths["markdown"]["synthetic"]).read())
+    print(files.read_text(paths["markdown"]["synthetic"]))
 
 Rules:
 
@@ -22,6 +22,9 @@ Rules:
 - The paper's published accuracy (``paper_results.TABLE1`` or a JSON file of
   the same layout) is put side by side where a cell has one, with the
   difference ours - paper in percentage points.
+- Files: the sweep directory and the report folder may be local or ``gs://``; every file is
+  written atomically (``files.write_atomic``), so shards finishing at once each leave whole
+  files (the last one's report).
 - Paired differences (``paired_rows``): runs record each test task's accuracy;
   learners tested on the same tasks (the same task fingerprint: a fixed
   ``--eval_seed``) are compared task by task with the cell's most accurate one.
@@ -29,9 +32,7 @@ Rules:
 
 from __future__ import annotations
 
-import csv
 import functools
-import os
 from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
@@ -39,6 +40,7 @@ import numpy as np
 
 from cfsl_jax.experiments import figures, paper_results
 from cfsl_jax.protocol import metrics
+from cfsl_jax.runtime import files
 from cfsl_jax.training import results as results_io
 from cfsl_jax.learners import LEARNERS
 from cfsl_jax.training.records import EvalRecord
@@ -68,16 +70,18 @@ class Aggregate(NamedTuple):
 
 Key = tuple[str, str, str]  # (dataset, learner, cell)
 
+# Folders under a sweep directory that hold no run results (searched by nothing).
+SKIPPED_FOLDERS = ("checkpoints", "xla_cache", "tensorboard")
+
 
 def load_results(sweep_dir: str) -> list[dict[str, Any]]:
     """Every results.json under ``sweep_dir``, sorted by path."""
-    if not os.path.isdir(sweep_dir):
+    if not files.isdir(sweep_dir):
         raise FileNotFoundError(f"sweep directory {sweep_dir!r} does not exist")
     found = []
-    for root, dirs, files in os.walk(sweep_dir):
-        dirs[:] = sorted(d for d in dirs if d not in ("checkpoints", "xla_cache"))
-        if "results.json" in files:
-            found.append(results_io.read_json(os.path.join(root, "results.json")))
+    for root, _, names in files.walk(sweep_dir, skip=SKIPPED_FOLDERS):
+        if "results.json" in names:
+            found.append(results_io.read_json(files.join(root, "results.json")))
     return found
 
 
@@ -234,10 +238,7 @@ def long_rows(aggregates: dict[Key, Aggregate], dataset: str, metric: str,
 def write_csv(path: str, rows: Sequence[dict[str, Any]]) -> None:
     if not rows:
         raise ValueError(f"no rows to write to {path}")
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    files.write_atomic(path, results_io.csv_text(rows))
 
 
 def paired_rows(results: Iterable[dict[str, Any]], dataset: str) -> list[list[str]]:
@@ -323,14 +324,13 @@ def write_report(sweep_dir: str, out_dir: str | None = None, paper: dict | None 
     results = load_results(sweep_dir)
     if not results:
         raise FileNotFoundError(f"no results.json under {sweep_dir!r}: has the sweep run?")
-    out_dir = out_dir or os.path.join(sweep_dir, "report")
-    os.makedirs(out_dir, exist_ok=True)
+    out_dir = out_dir or files.join(sweep_dir, "report")
+    files.makedirs(out_dir)
     paper = paper if paper is not None else load_paper_table()
     paths: dict[str, Any] = {"markdown": {}, "csv": {}, "figure3": {}}
     for dataset in sorted({r["dataset"] for r in results}):
-        stem = os.path.join(out_dir, f"table1_{safe_name(dataset)}")
-        with open(stem + ".md", "w") as f:
-            f.write(dataset_markdown(results, dataset, paper))
+        stem = files.join(out_dir, f"table1_{safe_name(dataset)}")
+        files.write_atomic(stem + ".md", dataset_markdown(results, dataset, paper))
         paths["markdown"][dataset] = stem + ".md"
         paths["csv"][dataset] = {}
         for metric in METRICS:
@@ -338,7 +338,7 @@ def write_report(sweep_dir: str, out_dir: str | None = None, paper: dict | None 
             write_csv(f"{stem}_{metric}.csv", rows)
             paths["csv"][dataset][metric] = f"{stem}_{metric}.csv"
         if figure3:
-            path = os.path.join(out_dir, f"figure3_{safe_name(dataset)}.png")
+            path = files.join(out_dir, f"figure3_{safe_name(dataset)}.png")
             accuracy = {k: v for k, v in aggregate(results, "acc").items() if k[0] == dataset}
             paths["figure3"][dataset] = figures.plot_accuracy_vs_nss(
                 accuracy, path, title=f"Test accuracy vs NSS, CCI=1 ({dataset})")

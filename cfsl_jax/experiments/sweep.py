@@ -13,7 +13,8 @@ Rules:
 - Only runs that are not done are run (a partial run resumes from its
   checkpoints; a conflicting one is never run), in the plan's seed-major order.
   Workers share the persistent XLA compilation cache, at
-  ``<sweep_dir>/xla_cache`` unless this process already configured one.
+  ``<sweep_dir>/xla_cache`` (this machine's default cache for a gs:// sweep dir) unless this
+  process already configured one.
 - Workers are separate processes (``multiprocessing`` "spawn": a process that
   imported jax is never forked). ``workers=None`` probes a fresh process for
   the backend: one worker per GPU (each sees only its own GPU through
@@ -50,7 +51,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 
 from cfsl_jax import data
-from cfsl_jax.runtime import progress, stops
+from cfsl_jax.runtime import backend, files, progress, stops
 from cfsl_jax.training import train
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.runtime.errors import UserError
@@ -149,23 +150,19 @@ def execute(config_json: dict, workdir: str) -> tuple[str, float, str]:
         return "failed", time.perf_counter() - started, f"error: {error}"
     except Exception:  # noqa: BLE001  (one failed run must not stop the sweep)
         detail = traceback.format_exc()
-        os.makedirs(workdir, exist_ok=True)
-        with open(os.path.join(workdir, "error.log"), "w") as f:
-            f.write(detail)
+        files.write_atomic(files.join(workdir, "error.log"), detail)
         return "failed", time.perf_counter() - started, detail
-    error_log = os.path.join(workdir, "error.log")
-    if os.path.exists(error_log):
-        os.remove(error_log)
+    files.remove(files.join(workdir, "error.log"))
     return "finished", time.perf_counter() - started, f"test acc {out['test']['acc_mean']:.4f}"
 
 
 def worker_jax_options(sweep_dir: str) -> dict[str, Any]:
-    """This process's compilation options, with a cache in the sweep dir if it has none."""
+    """This process's compilation options, with a cache if it has none
+    (``backend.cache_dir_in(sweep_dir)``: in a local sweep dir, this machine's for gs://)."""
     options = {name: jax.config.values[name] for name in INHERITED_JAX_OPTIONS
                if jax.config.values.get(name) is not None}
     if not options.get("jax_compilation_cache_dir"):
-        options["jax_compilation_cache_dir"] = os.path.abspath(os.path.join(sweep_dir,
-                                                                            "xla_cache"))
+        options["jax_compilation_cache_dir"] = backend.cache_dir_in(sweep_dir)
     return options
 
 
@@ -225,7 +222,7 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
         slots = context.Queue()
         for slot in range(workers):
             slots.put(slot)
-        os.makedirs(sweep_dir, exist_ok=True)
+        files.makedirs(sweep_dir)
         log(f"{workers} worker process(es) on {platform}")
         pool = concurrent.futures.ProcessPoolExecutor(
             workers, mp_context=context, initializer=_init_worker,

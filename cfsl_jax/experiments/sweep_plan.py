@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from cfsl_jax import data
+from cfsl_jax.runtime import files
 from cfsl_jax.training import results
 from cfsl_jax.training import runs
 from cfsl_jax.training.config import TrainConfig
@@ -77,7 +77,7 @@ def safe_name(name: str) -> str:
 
 def run_dir(sweep_dir: str, config: TrainConfig) -> str:
     """``<sweep_dir>/<dataset>/<learner>/<cell>/seed<k>`` for a run's config."""
-    return os.path.join(sweep_dir, safe_name(config.dataset), safe_name(config.learner),
+    return files.join(sweep_dir, safe_name(config.dataset), safe_name(config.learner),
                         safe_name(config.task), f"seed{config.seed}")
 
 
@@ -141,14 +141,14 @@ def grid(base: TrainConfig, learners: Sequence[str] | None = None,
 
 def status(run: Run) -> tuple[str, str]:
     """(one of STATUSES, a detail) for a run's workdir."""
-    config_path = os.path.join(run.workdir, "config.json")
-    if not os.path.exists(config_path):
+    config_path = files.join(run.workdir, "config.json")
+    if not files.exists(config_path):
         return "new", ""
     differs = runs.config_differences(results.read_json(config_path), run.config)
     if differs:
         return "conflict", (f"{run.workdir} holds a run with a different config (fields "
                             f"{differs}); use another sweep directory")
-    if os.path.exists(os.path.join(run.workdir, "results.json")):
+    if files.exists(files.join(run.workdir, "results.json")):
         return "done", ""
     return "partial", ""
 

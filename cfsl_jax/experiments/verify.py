@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 
-from cfsl_jax.runtime import progress
+from cfsl_jax.runtime import files, progress
 from cfsl_jax.training import results
 from cfsl_jax.training import runs
 from cfsl_jax.training.config import TrainConfig
@@ -20,11 +19,11 @@ def load(workdir: str, **paths: str | None) -> tuple[TrainConfig, dict]:
     given replace the recorded ones (a run recorded before paths were made absolute, verified
     from another folder)."""
     config = runs.load_config(workdir)
-    path = os.path.join(workdir, "results.json")
-    if not os.path.isfile(path):
+    path = files.join(workdir, "results.json")
+    if not files.isfile(path):
         raise UserError(f"--workdir={workdir} holds no finished run (no results.json): finish "
                         f"it first (re-run its launch.train command)")
-    given = {name: os.path.abspath(value) for name, value in paths.items() if value}
+    given = {name: files.absolute(value) for name, value in paths.items() if value}
     return dataclasses.replace(config, **given), results.read_json(path)
 
 

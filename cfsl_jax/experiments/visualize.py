@@ -110,5 +110,5 @@ def show_task(dataset: str = "synthetic", split: str = "train", task: str = "D8"
                         np.asarray(indices.target_labels), spec,
                         target_group=np.asarray(indices.target_group),
                         title=f"{dataset}/{split} {spec.name} seed={seed}")
-        fig.savefig(out, dpi=110)
+        plotting.save(fig, out, dpi=110)
     return summary

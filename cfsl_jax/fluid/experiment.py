@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from typing import Any
 
@@ -46,7 +45,7 @@ import numpy as np
 import cfsl_jax
 from cfsl_jax import data
 from cfsl_jax.protocol import metrics
-from cfsl_jax.runtime import progress, seeding
+from cfsl_jax.runtime import files, progress, seeding
 from cfsl_jax.training import results as results_io
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.runtime.options import positive_int
@@ -235,7 +234,7 @@ def new_class_thresholds(config: FluidConfig, workdir: str, split: data.Split, b
         return stream, {name: run[0] for name, run in runs.items()}
 
     return new_class.thresholds({n: method_options(config, n) for n in built},
-                                os.path.join(workdir, "new_class.json"), config.to_json(),
+                                files.join(workdir, "new_class.json"), config.to_json(),
                                 config.validation_streams, run)
 
 
@@ -261,7 +260,7 @@ def summarise(per_stream: list[dict]) -> dict[str, dict]:
 
 def _stored_run(config: FluidConfig, path: str) -> dict:
     """What an earlier run of the same config left in ``path`` (``{}`` if nothing)."""
-    if not os.path.exists(path):
+    if not files.exists(path):
         return {}
     stored = results_io.read_json(path)
     ours = json.loads(json.dumps(config.to_json()))  # tuples as JSON stores them
@@ -286,8 +285,8 @@ def run_experiment(config: FluidConfig, workdir: str) -> dict[str, Any]:
     rewrites ``results.txt``. A stream that ``run_stream_alone`` stored (a SLURM
     job per stream) is read, not run again.
     """
-    os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, "results.json")
+    files.makedirs(workdir)
+    path = files.join(workdir, "results.json")
     stored = _stored_run(config, path)
     streams = list(stored.get("streams", []))
     if len(streams) == config.num_streams:
@@ -341,14 +340,14 @@ def build_methods(config: FluidConfig, split: data.Split) -> dict:
 
 def stream_file(workdir: str, index: int) -> str:
     """Where stream ``index`` run alone (``run_stream_alone``) stores its results."""
-    return os.path.join(workdir, "streams", f"{index}.json")
+    return files.join(workdir, "streams", f"{index}.json")
 
 
 def read_stream_file(config: FluidConfig, workdir: str, index: int) -> dict | None:
     """Stream ``index``'s stored results (None if not run alone); UserError for another
     config's."""
     path = stream_file(workdir, index)
-    if not os.path.exists(path):
+    if not files.exists(path):
         return None
     stored = results_io.read_json(path)
     ours = json.loads(json.dumps(config.to_json()))
@@ -367,7 +366,7 @@ def compute_stream(config: FluidConfig, workdir: str, split: data.Split, built: 
     if index == 0:
         window = next(iter(per_method.values()))["metrics"]["rolling_window"]
         report.plot_rolling_accuracy(curves, window,
-                                     os.path.join(workdir, "rolling_accuracy.png"),
+                                     files.join(workdir, "rolling_accuracy.png"),
                                      title=f"FLUID on {split.info.dataset}: rolling accuracy")
     dataset = {"name": split.info.dataset, "split": split.info.split,
                "num_classes": split.info.num_classes, "num_images": split.info.num_images,
@@ -380,11 +379,11 @@ def run_stream_alone(config: FluidConfig, workdir: str, index: int) -> None:
     """Stream ``index`` in a process of its own (a SLURM array job): writes
     ``stream_file(workdir, index)``, which ``run_experiment`` then reads instead of running
     the stream. Nothing is run when the stream is stored already."""
-    done = os.path.exists(os.path.join(workdir, "results.json")) and len(
-        _stored_run(config, os.path.join(workdir, "results.json")).get("streams", [])) > index
+    path = files.join(workdir, "results.json")
+    done = files.exists(path) and len(_stored_run(config, path).get("streams", [])) > index
     if done or read_stream_file(config, workdir, index) is not None:
         return
-    os.makedirs(workdir, exist_ok=True)
+    files.makedirs(workdir)
     split = load(config)
     results_io.write_json(stream_file(workdir, index),
                           compute_stream(config, workdir, split, build_methods(config, split),
@@ -395,8 +394,7 @@ def _write_table(results: dict, config: FluidConfig, workdir: str) -> None:
     text = report.paper_table(results["summary"], dataset=results["dataset"]["name"],
                               streams=f"{len(results['streams'])} {config.streams} stream(s)",
                               new_class=results.get("new_class"))
-    with open(os.path.join(workdir, "results.txt"), "w") as f:
-        f.write(text + "\n")
+    files.write_atomic(files.join(workdir, "results.txt"), text + "\n")
 
 
 def method_options(config: FluidConfig, name: str) -> dict:

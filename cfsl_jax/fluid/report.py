@@ -150,4 +150,4 @@ def _finish(figure, axis, title: str, path: str) -> None:
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    plotting.save(figure, path)

@@ -13,12 +13,11 @@ Writes ``update_strategy.json`` and ``update_strategy.png`` into the workdir.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import jax
 import jax.numpy as jnp
 
-from cfsl_jax.runtime import progress, seeding
+from cfsl_jax.runtime import files, progress, seeding
 from cfsl_jax.training import results as results_io
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import methods as fluid_methods
@@ -40,7 +39,7 @@ def run_update_strategy(config: FluidConfig, workdir: str, method_name: str = "f
     if method.train_step is None:
         raise UserError(f"--study_method={method_name!r} does not train; use one of "
                         f"{[m for m, s in fluid_methods.SPECS.items() if s.schedule]}")
-    os.makedirs(workdir, exist_ok=True)
+    files.makedirs(workdir)
     split = load(config)
     method = fluid_methods.get_method(method_name, config.stream.num_classes,
                                       tuple(split.images.shape[1:]),
@@ -73,9 +72,9 @@ def run_update_strategy(config: FluidConfig, workdir: str, method_name: str = "f
                           "train_steps": record.train_steps, "seconds": record.seconds})
             progress.say(f"[FLUID study] U={every} E={e}: accuracy {metrics['accuracy']:.4f}, "
                          f"{cells[-1]['gmacs']:.3g} GMACs")
-    results_io.write_json(os.path.join(workdir, "update_strategy.json"),
+    results_io.write_json(files.join(workdir, "update_strategy.json"),
                           {"method": method_name, "config": config.to_json(), "cells": cells})
-    report.plot_update_strategy(cells, os.path.join(workdir, "update_strategy.png"),
+    report.plot_update_strategy(cells, files.join(workdir, "update_strategy.png"),
                                 f"FLUID update strategies: {method_name}, "
                                 f"{config.stream.length} samples")
     return cells

@@ -44,6 +44,7 @@ import jax
 from jax import monitoring
 from jax.sharding import SingleDeviceSharding
 
+from cfsl_jax.runtime import files
 from cfsl_jax.runtime.errors import UserError
 
 COUNTING_PLATFORM = "cpu"  # MACs are XLA:CPU's count wherever a run happens
@@ -150,6 +151,15 @@ def default_cache_dir() -> str:
     return os.path.join(root, "cfsl_jax", "xla")
 
 
+def cache_dir_in(folder: str) -> str:
+    """The compilation cache of a command writing into ``folder``: ``folder/xla_cache`` when
+    ``folder`` is local (absolute), the machine's ``default_cache_dir()`` when it is a URL
+    (each machine compiles for itself, and a local cache is read in milliseconds)."""
+    if files.is_url(folder):
+        return default_cache_dir()
+    return files.absolute(files.join(folder, "xla_cache"))
+
+
 def enable_compilation_cache(path: str | None) -> str | None:
     """Cache every compiled program under ``path`` (None or ``''``: no cache); returns it.
 
@@ -159,8 +169,8 @@ def enable_compilation_cache(path: str | None) -> str | None:
     if not path:
         jax.config.update("jax_compilation_cache_dir", None)
         return None
-    path = os.path.abspath(os.path.expanduser(path))
-    os.makedirs(path, exist_ok=True)
+    path = files.absolute(os.path.expanduser(path))
+    files.makedirs(path)
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -7,18 +7,19 @@
 A checkpoint is written only after its step's loss was checked finite, so a
 run stopped by a NaN keeps its last good checkpoint. Orbax writes each checkpoint to a
 temporary folder and renames it when complete; one that cannot be read back is refused in one
-line naming its folder (``UserError``).
+line naming its folder (``UserError``). The workdir may be a local path or a ``gs://`` URL:
+orbax gets it as an ``epath.Path`` (a local path made absolute, a URL as given).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from cfsl_jax.runtime import files
 from cfsl_jax.runtime.errors import UserError
 
 
@@ -27,7 +28,7 @@ def _manager(directory: str, max_to_keep: int | None, best: bool = False
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep, create=True,
         best_fn=(lambda m: m["val_acc"]) if best else None, best_mode="max")
-    return ocp.CheckpointManager(os.path.abspath(directory), options=options)
+    return ocp.CheckpointManager(files.path(files.absolute(directory)), options=options)
 
 
 class Checkpoints:
@@ -35,12 +36,12 @@ class Checkpoints:
 
     def __init__(self, workdir: str, keep_best: int = 5, read_only: bool = False):
         """``read_only``: the workdir must already hold checkpoints (nothing is saved then)."""
-        root = os.path.join(workdir, "checkpoints")
-        if read_only and not os.path.isdir(root):
+        root = files.join(workdir, "checkpoints")
+        if read_only and not files.isdir(root):
             raise FileNotFoundError(f"no checkpoints in {workdir!r} (looked for {root})")
-        self.latest = _manager(os.path.join(root, "latest"), 1)
-        self.best = _manager(os.path.join(root, "best"), keep_best, best=True)
-        self.pretrained = _manager(os.path.join(root, "pretrained"), 1)
+        self.latest = _manager(files.join(root, "latest"), 1)
+        self.best = _manager(files.join(root, "best"), keep_best, best=True)
+        self.pretrained = _manager(files.join(root, "pretrained"), 1)
 
     # -- saving ------------------------------------------------------------------
     def save_latest(self, step: int, params: Any, opt_state: Any) -> None:
@@ -96,7 +97,7 @@ def _restore(manager: ocp.CheckpointManager, step: int, target: Any) -> Any:
     try:
         return manager.restore(step, args=ocp.args.StandardRestore(target))
     except Exception as error:  # noqa: BLE001  (orbax and tensorstore raise many kinds)
-        path = os.path.join(str(manager.directory), str(step))
+        path = files.join(str(manager.directory), str(step))
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
         raise UserError(f"checkpoint {path} cannot be read ({first}); delete it to train that "
                         f"part of the run again, or give another workdir") from None

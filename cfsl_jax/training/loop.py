@@ -28,7 +28,6 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import time
 from typing import Any, Callable, NamedTuple
@@ -38,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from cfsl_jax.runtime import progress, stops
+from cfsl_jax.runtime import files, progress, stops
 from cfsl_jax.training import results
 from cfsl_jax.training import checkpoints
 from cfsl_jax.training.config import TrainConfig
@@ -138,7 +137,7 @@ def run(phase: Phase, state: TrainState, step_for: Callable[[int, TrainState], S
         state = TrainState(params, opt_state)
         progress.say(f"[{phase.name}] resuming from step {start}")
     committed = Committed(start, place(state))
-    history_path = os.path.join(workdir, "val_history.json")
+    history_path = files.join(workdir, "val_history.json")
     history = [h for h in results.read_json(history_path, default=[])
                if h["epoch"] < start // phase.iters_per_epoch]
     saved = start

@@ -10,14 +10,13 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import os
-import tempfile
-from typing import Any
+import io
+from typing import Any, Sequence
 
 import jax
 
 import cfsl_jax
-from cfsl_jax.runtime import backend
+from cfsl_jax.runtime import backend, files
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training.records import EvalRecord
 
@@ -32,40 +31,25 @@ def is_primary() -> bool:
 
 
 def write_json(path: str, payload: Any) -> None:
-    """Write JSON atomically (a temporary file renamed), so a kill never leaves half a file.
+    """Write JSON atomically (``files.write_atomic``: a temporary file renamed), so a kill never
+    leaves half a file, on a local disk or on gs://.
 
     Only the primary process writes (every host of a multi-host run computes the same).
     """
     if not is_primary():
         return
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as f:
-        json.dump(payload, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.chmod(f.name, FILE_MODE & ~_umask())  # as open() would create it (tempfile gives 0600)
-    os.replace(f.name, path)
-
-
-FILE_MODE = 0o666
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    files.write_atomic(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
 def read_json(path: str, default: Any = None) -> Any:
     """The JSON in ``path`` (``default`` when it does not exist and one is given); a file that is
     not valid JSON (truncated, corrupt) is a UserError naming it and what to do."""
-    if not os.path.exists(path):
+    if not files.exists(path):
         if default is not None:
             return default
         raise FileNotFoundError(f"{path} does not exist")
     try:
-        with open(path) as f:
-            return json.load(f)
+        return json.loads(files.read_text(path))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise UserError(f"{path} is not valid JSON (truncated or corrupt: {error}); delete it to "
                         f"let the command write it again, or give another folder") from None
@@ -108,8 +92,8 @@ def record(config, learner, splits, report: EvalRecord, workdir: str,
         "task_fingerprint": report.task_fingerprint,
     }
     if is_primary():
-        write_json(os.path.join(workdir, "results.json"), out)
-        write_csv_row(os.path.join(workdir, "results.csv"), csv_row(out))
+        write_json(files.join(workdir, "results.json"), out)
+        write_csv_row(files.join(workdir, "results.csv"), csv_row(out))
         print(table(out))
     return out
 
@@ -132,12 +116,21 @@ def csv_row(result: dict[str, Any]) -> dict[str, Any]:
 
 def write_csv_row(path: str, row: dict[str, Any]) -> None:
     """Append a row (writing the header first if the file is new)."""
-    new = not os.path.exists(path)
-    with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        if new:
-            writer.writeheader()
-        writer.writerow(row)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=CSV_FIELDS)
+    if not files.exists(path):
+        writer.writeheader()
+    writer.writerow(row)
+    files.append_text(path, text.getvalue())
+
+
+def csv_text(rows: Sequence[dict[str, Any]], fields: Sequence[str] | None = None) -> str:
+    """``rows`` as CSV text with a header (``fields``, default the first row's keys)."""
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=list(fields or rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return text.getvalue()
 
 
 def table(result: dict[str, Any]) -> str:

@@ -17,7 +17,6 @@ itself is ``cfsl_jax.training.config``.
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any
 
@@ -25,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from cfsl_jax.runtime import backend, seeding
+from cfsl_jax.runtime import backend, files, seeding
 from cfsl_jax import data
 from cfsl_jax.training import results
 from cfsl_jax.training import checkpoints
@@ -112,23 +111,23 @@ _NOT_IDENTITY = ("download", "data_dir", "manual_dir", "tensorboard", "wandb_pro
 
 
 def check_workdir_config(workdir: str, config: TrainConfig, create: bool = True) -> None:
-    path = os.path.join(workdir, "config.json")
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
+    path = files.join(workdir, "config.json")
+    if files.exists(workdir) and not files.isdir(workdir):
         raise UserError(f"--workdir={workdir} is a file, not a folder; give another path")
-    if os.path.exists(path):
+    if files.exists(path):
         differs = config_differences(results.read_json(path), config)
         if differs:
             raise UserError(f"workdir {workdir!r} holds a run with a different config "
                             f"(fields {differs}); use a new workdir")
     elif create:
-        os.makedirs(workdir, exist_ok=True)
+        files.makedirs(workdir)
         results.write_json(path, config.to_json())
 
 
 def finished_results(workdir: str, config: TrainConfig) -> dict[str, Any] | None:
     """The stored results of ``workdir`` when it holds a finished run of ``config``."""
-    path = os.path.join(workdir, "results.json")
-    if not os.path.isfile(path):
+    path = files.join(workdir, "results.json")
+    if not files.isfile(path):
         return None
     check_workdir_config(workdir, config, create=False)
     return results.read_json(path)
@@ -161,10 +160,10 @@ def restore_params(config: TrainConfig, learner: Learner, splits, workdir: str,
 
 
 def load_config(workdir: str) -> TrainConfig:
-    path = os.path.join(workdir, "config.json")
-    if not os.path.exists(workdir):
+    path = files.join(workdir, "config.json")
+    if not files.exists(workdir):
         raise UserError(f"--workdir={workdir} does not exist")
-    if not os.path.exists(path):
+    if not files.exists(path):
         raise UserError(f"--workdir={workdir} holds no run (no config.json): give the folder a "
                         f"run was trained into")
     return from_json(results.read_json(path))
@@ -189,7 +188,7 @@ def evaluate_run(workdir: str, num_tasks: int | None = None,
         ckpt = checkpoints.Checkpoints(workdir, config.keep_best, read_only=True)
         best = ckpt.best_epochs()
         ckpt.close()
-    stored = results.read_json(os.path.join(workdir, "results.json"), default={})
+    stored = results.read_json(files.join(workdir, "results.json"), default={})
     if "macs_per_meta_step" in stored.get("test", {}):
         report = report.replace(macs_per_meta_step=stored["test"]["macs_per_meta_step"])
     wall = stored.get("wall_seconds", time.perf_counter() - started)

@@ -21,10 +21,10 @@ from __future__ import annotations
 import json
 import math
 import numbers
-import os
 import time
 from typing import Any, Mapping
 
+from cfsl_jax.runtime import files
 from cfsl_jax.training import results
 from cfsl_jax.runtime.errors import UserError
 
@@ -44,16 +44,16 @@ class Tracking:
 
     def __init__(self, workdir: str | None, tensorboard: bool = False,
                  wandb_project: str | None = None, config: Mapping[str, Any] | None = None):
-        self.path = os.path.join(workdir, METRICS_FILE) if workdir else None
+        self.path = files.join(workdir, METRICS_FILE) if workdir else None
         self.writer = self.wandb_run = None
         primary = results.is_primary()
         if workdir and tensorboard and primary:
             writer = _optional("tensorboardX", "--tensorboard", "tensorboardX")
-            self.writer = writer.SummaryWriter(logdir=os.path.join(workdir, "tensorboard"))
+            self.writer = writer.SummaryWriter(logdir=files.join(workdir, "tensorboard"))
         if workdir and wandb_project and primary:
             wandb = _optional("wandb", "--wandb_project", "wandb")
-            self.wandb_run = wandb.init(project=wandb_project, name=os.path.basename(
-                os.path.abspath(workdir)), config=dict(config or {}))
+            self.wandb_run = wandb.init(project=wandb_project, name=files.basename(
+                files.absolute(workdir)), config=dict(config or {}))
         if not primary:
             self.path = None
 
@@ -66,12 +66,10 @@ class Tracking:
             elif isinstance(value, numbers.Real):
                 flat[name] = value if isinstance(value, int) else float(value)
         if self.path:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
             line = {"phase": phase, "step": int(step), "time": round(time.time(), 3), **{
                 k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
                 for k, v in flat.items()}}
-            with open(self.path, "a") as f:
-                f.write(json.dumps(line, sort_keys=True) + "\n")
+            files.append_text(self.path, json.dumps(line, sort_keys=True) + "\n")
         if self.writer is not None:
             for name, value in flat.items():
                 self.writer.add_scalar(f"{phase}/{name}", value, int(step))
@@ -98,13 +96,12 @@ class Tracking:
 
 def read(path: str) -> list[dict[str, Any]]:
     """The records of a metrics file; a line cut short by a kill (the last) is skipped."""
-    if not os.path.isfile(path):
+    if not files.isfile(path):
         return []
     records = []
-    with open(path) as f:
-        for line in f:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    for line in files.read_text(path).splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
     return records

@@ -24,8 +24,6 @@ epoch loop (resume, stops, checkpoints, validation) is ``cfsl_jax.training.loop`
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 import time
 from typing import Any
@@ -36,7 +34,7 @@ import optax
 
 from jax.sharding import Mesh
 
-from cfsl_jax.runtime import backend, memory, parallel, progress, seeding, stops
+from cfsl_jax.runtime import backend, files, memory, parallel, progress, seeding, stops
 from cfsl_jax import data
 from cfsl_jax.protocol import episode, metrics
 from cfsl_jax.training import optimizers, results
@@ -199,22 +197,21 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
         progress.say(f"{workdir} holds this finished run (re-test it with --retest):")
         print(results.table(done), flush=True)
         return done
-    new = not os.path.exists(workdir)
+    new = not files.exists(workdir)
     try:
         with stops.handled():
             return _train_and_evaluate(config, workdir, stop_after_steps, mesh)
     except Exception as error:
-        if new and os.path.isdir(workdir) and _is_user_error(error) and not _has_checkpoints(
+        if new and files.isdir(workdir) and _is_user_error(error) and not _has_checkpoints(
                 workdir):
-            shutil.rmtree(workdir, ignore_errors=True)
+            files.rmtree(workdir)
         raise
 
 
 def _has_checkpoints(workdir: str) -> bool:
-    root = os.path.join(workdir, "checkpoints")
+    root = files.join(workdir, "checkpoints")
     return any(name.isdigit() for series in ("latest", "best", "pretrained")
-               for name in (os.listdir(os.path.join(root, series))
-                            if os.path.isdir(os.path.join(root, series)) else ()))
+               for name in files.listdir(files.join(root, series)))
 
 
 def _is_user_error(error: BaseException) -> bool:
