@@ -44,7 +44,10 @@ def random_task(spec, image_shape, seed=0, dtype=jnp.float32):
 
 
 def init(learner, image_shape, seed=0):
-    return learner.init_params(jax.random.key(seed), jnp.zeros((1, *image_shape)), learner.spec)
+    """The learner's initial parameters, drawn by one jitted program (the same values as op by
+    op, without compiling each op)."""
+    return jax.jit(learner.init_params, static_argnums=2)(
+        jax.random.key(seed), jnp.zeros((1, *image_shape)), learner.spec)
 
 
 def meta_grad_fn(learner, progress=0.5):
