@@ -22,7 +22,7 @@ import pytest
 from cfsl_jax.experiments import figures, paper_results, report, sweep
 from cfsl_jax.training.config import TrainConfig
 from conftest import (TEST_PRECISION, TINY_SWEEP, TINY_SWEEP_LEARNER_OPTIONS,
-                      interruptible_module)
+                      WORKER_JAX_OPTIONS, interruptible_module)
 from cfsl_jax.protocol.spec import TaskSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,15 +58,15 @@ def started_runs(sweep_dir):
 
 @pytest.fixture(scope="module")
 def killed_and_resumed(tmp_path_factory):
-    """Start the sweep's CLI (two worker processes), press Ctrl-C (SIGINT to its process group,
-    as a terminal does) as soon as the first run has finished, then run the same sweep again
-    through the API."""
+    """Start the sweep's CLI, press Ctrl-C (SIGINT to its process group, as a terminal does) as
+    soon as the first run has finished, then run the same sweep again through the API."""
     sweep_dir = str(tmp_path_factory.mktemp("sweep"))
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": jax.config.values[
         "jax_compilation_cache_dir"], "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "CFSL_PROGRESS": "1"}
-    # --precision: this process's (conftest), so that the programs its workers compile are the
-    # ones the runs below load from the persistent cache
+    # --precision: this process's (conftest), which the API's workers below inherit; with the
+    # flag's default every matmul and convolution would carry another precision setting, and
+    # the two sweeps could share no compiled program through the persistent cache
     command = interruptible_module("launch.sweep", f"--workdir={sweep_dir}", "--workers=2",
                                    "--report=false", f"--precision={TEST_PRECISION}",
                                    *TINY_FLAGS)
@@ -101,9 +101,8 @@ def killed_and_resumed(tmp_path_factory):
                        "started": started, "started_after": started_runs(sweep_dir)}
         log.close()
     done_before = {path: os.stat(path).st_mtime_ns for path in results_paths(sweep_dir)}
-    # The rest in this process (workers=0): the CLI above ran worker processes; here the seeds
-    # of a (learner, cell) share their traced programs.
-    outcomes = sweep.run_sweep(tiny_configs(), sweep_dir, workers=0, log=lambda line: None)
+    outcomes = sweep.run_sweep(tiny_configs(), sweep_dir, workers=2,
+                               jax_options=WORKER_JAX_OPTIONS, log=lambda line: None)
     return sweep_dir, done_before, outcomes, interrupted
 
 
