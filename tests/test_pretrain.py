@@ -65,7 +65,7 @@ def test_task_pretraining_on_8_devices_matches_one_and_compiles_once(splits,
                                                                      learner_and_params):
     """The step's images laid along the mesh: the same steps as on one device (float summation
     order aside), the work split, one compile. (pretrain_on_tasks runs over every device by
-    default, so the resume test above and test_stops' pretraining stops run on 8 devices.)"""
+    default, so the resume test below and test_stops' pretraining stops run on 8 devices.)"""
     spec = TaskSpec(nss=1, nc=3, ks=1, kt=1, cci=1, overwrite=False, target_mode="per_class")
     learner = get_learner("pretrain_tune", spec, image_shape=IMAGE, filters=8, inner_steps=1)
     params = learner_and_params[1]  # the backbone does not depend on the spec
