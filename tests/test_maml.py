@@ -44,7 +44,10 @@ def random_task(spec, image_shape, seed=0, dtype=jnp.float32):
 
 
 def init(learner, image_shape, seed=0):
-    return learner.init_params(jax.random.key(seed), jnp.zeros((1, *image_shape)), learner.spec)
+    """The learner's initial parameters, drawn by one jitted program (the same values as op by
+    op, without compiling each op)."""
+    return jax.jit(learner.init_params, static_argnums=2)(
+        jax.random.key(seed), jnp.zeros((1, *image_shape)), learner.spec)
 
 
 def meta_grad_fn(learner, progress=0.5):
@@ -322,8 +325,8 @@ def test_sca_predicts_after_a_critic_step_and_meta_learns_the_critic():
     step = jax.jit(jax.value_and_grad(  # at progress 1 the weights are (0, 1): post-critic only
         lambda p: episode.meta_loss(learner, p, *task, jax.random.key(0), 1.0), has_aux=True))
     (loss, post), grads = step(params)
-    np.testing.assert_allclose(post, episode.run_task(learner, params, *task[:3],
-                                                      jax.random.key(0)), rtol=1e-5, atol=1e-5)
+    predict = jax.jit(lambda p: episode.run_task(learner, p, *task[:3], jax.random.key(0)))
+    np.testing.assert_allclose(post, predict(params), rtol=1e-5, atol=1e-5)
     assert float(loss) == pytest.approx(float(metrics.cross_entropy(post, task[3])), rel=1e-5)
     assert all(np.any(g != 0) for g in jax.tree.leaves(grads["critic"]))
     # A critic whose output layer is zero has a constant loss: the critic step does nothing.

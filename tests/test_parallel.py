@@ -28,7 +28,8 @@ def split():
 def build(name, spec=TaskSpec.preset("B3"), compute_dtype="float32", image=IMAGE, **options):
     learner = get_learner(name, spec, image_shape=image, compute_dtype=compute_dtype,
                           **options)
-    return learner, learner.init_params(jax.random.key(0), jnp.zeros((1, *image)), spec)
+    init = jax.jit(learner.init_params, static_argnums=2)  # one program, not op by op
+    return learner, init(jax.random.key(0), jnp.zeros((1, *image)), spec)
 
 
 def test_fake_devices_and_mesh_errors():

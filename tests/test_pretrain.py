@@ -17,6 +17,9 @@ from cfsl_jax.learners import get_learner
 from cfsl_jax.protocol.spec import TaskSpec
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.loop import Interrupted
+from cfsl_jax.runtime import parallel
+
+from conftest import FAKE_DEVICES, cpu_mesh, traces_counted
 
 SPEC = TaskSpec(nss=2, nc=2, ks=1, kt=1, cci=1, overwrite=False, target_mode="per_class")
 IMAGE = (16, 16, 1)
@@ -56,6 +59,55 @@ def test_task_images_are_the_tasks_images_labelled_with_their_class(splits):
     for t in range(3):
         assert set(np.asarray(labels[t * per_task:(t + 1) * per_task])) == set(
             np.asarray(tasks.classes[t]).ravel())
+
+
+def test_task_pretraining_on_8_devices_matches_one_and_compiles_once(splits,
+                                                                     learner_and_params):
+    """The step's images laid along the mesh: the same steps as on one device (float summation
+    order aside), the work split, one compile. (pretrain_on_tasks runs over every device by
+    default, so the resume test below and test_stops' pretraining stops run on 8 devices.)"""
+    spec = TaskSpec(nss=1, nc=3, ks=1, kt=1, cci=1, overwrite=False, target_mode="per_class")
+    learner = get_learner("pretrain_tune", spec, image_shape=IMAGE, filters=8, inner_steps=1)
+    params = learner_and_params[1]  # the backbone does not depend on the spec
+    split = splits["train"]
+    classes = pretrain.image_classes(split.class_table)
+    num_classes = int(split.class_table.shape[0])
+    probe = data.gather_normalised(split, jnp.arange(12))
+    runs = []
+    for n in (1, FAKE_DEVICES):
+        mesh = cpu_mesh(n)
+        state = parallel.replicate(pretrain.init_state(
+            learner, params, num_classes, IMAGE, jax.random.key(1), 1e-3, 1e-5), mesh)
+        placed, placed_classes = parallel.place_split(split, mesh), parallel.replicate(classes, mesh)
+        # 3 tasks of 6 images: 18 images, an uneven split over 8 devices
+        hyper = dict(learner=learner, num_classes=num_classes, tasks=3, learning_rate=1e-3,
+                     weight_decay=1e-5, mesh=mesh)
+        flops = pretrain.task_step.lower(state, placed, placed_classes, jax.random.key(10),
+                                         **hyper).compile().cost_analysis()["flops"]
+        losses = []
+        for step in range(3):
+            with traces_counted() as traced:
+                state, loss, _ = pretrain.task_step(state, placed, placed_classes,
+                                                    jax.random.key(10 + step), **hyper)
+            assert traced == [0]  # the program compiled above, reused by every step
+            losses.append(float(loss))
+        runs.append((flops, losses, jax.device_get(state.params)))
+    (flops_1, losses_1, params_1), (flops_8, losses_8, params_8) = runs
+    embed = jax.jit(learner.embed_apply)
+    features_1, features_8 = (np.asarray(embed(p["embed"], probe)) for p in (params_1, params_8))
+    assert flops_8 < 0.75 * flops_1  # per device: the batch's convolutions are split
+    assert losses_1[2] < losses_1[0] - 0.1  # the steps do learn
+    np.testing.assert_allclose(losses_8, losses_1, rtol=1e-5)
+    np.testing.assert_allclose(features_8, features_1, rtol=1e-4, atol=1e-5)
+    # Every parameter agrees to float rounding except the convolutions' biases: the norm
+    # layer after each cancels them (true gradient 0), and Adam turns their float-noise
+    # gradients into +-learning-rate steps of either sign; the features above show they
+    # change nothing.
+    for path, a, b in zip(*zip(*jax.tree_util.tree_leaves_with_path(params_1)),
+                          jax.tree.leaves(params_8)):
+        name = jax.tree_util.keystr(path)
+        if not ("Conv" in name and "bias" in name):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7, err_msg=name)
 
 
 def _config(**changes) -> TrainConfig:

@@ -21,8 +21,8 @@ import pytest
 
 from cfsl_jax.experiments import figures, paper_results, report, sweep
 from cfsl_jax.training.config import TrainConfig
-from conftest import (TINY_SWEEP, TINY_SWEEP_LEARNER_OPTIONS, WORKER_JAX_OPTIONS,
-                      interruptible_module)
+from conftest import (TEST_PRECISION, TINY_SWEEP, TINY_SWEEP_LEARNER_OPTIONS,
+                      WORKER_JAX_OPTIONS, interruptible_module)
 from cfsl_jax.protocol.spec import TaskSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,11 +61,17 @@ def killed_and_resumed(tmp_path_factory):
     """Start the sweep's CLI, press Ctrl-C (SIGINT to its process group, as a terminal does) as
     soon as the first run has finished, then run the same sweep again through the API."""
     sweep_dir = str(tmp_path_factory.mktemp("sweep"))
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": jax.config.values[
-        "jax_compilation_cache_dir"], "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
+    cache = jax.config.values["jax_compilation_cache_dir"]
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": cache,
+           "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "CFSL_PROGRESS": "1"}
+    # The CLI's workers compile into this session's cache (the flag's default is the user's
+    # cache, which overrides JAX_COMPILATION_CACHE_DIR) at this process's precision (the flag's
+    # default gives every matmul and convolution another precision setting): the API's workers
+    # below, which inherit both, load the programs the CLI compiled.
     command = interruptible_module("launch.sweep", f"--workdir={sweep_dir}", "--workers=2",
-                                   "--report=false", *TINY_FLAGS)
+                                   "--report=false", f"--precision={TEST_PRECISION}",
+                                   f"--compilation_cache_dir={cache}", *TINY_FLAGS)
     log = open(tmp_path_factory.mktemp("sweep_log") / "log.txt", "w+")
     process = subprocess.Popen(command, cwd=REPO, env=env, start_new_session=True, stdout=log,
                                stderr=subprocess.STDOUT)

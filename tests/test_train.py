@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cfsl_jax import data
-from cfsl_jax.protocol import episode
+from cfsl_jax.protocol import episode, metrics
 from cfsl_jax.runtime import parallel
 from cfsl_jax.training import loop, runs, tracking, train
 from cfsl_jax.training.config import TrainConfig, from_json
@@ -178,9 +178,12 @@ def test_protonets_learns_b3_on_mini_omniglot(omniglot_dir, data_dir, tmp_path, 
     """A short ProtoNets meta-training beats chance (1/15) widely, and beats init_tune (0.18).
 
     30 test tasks (60 before; measured at 30: protonets 0.546, init_tune 0.181; at 60: 0.559,
-    0.172; the mean's standard error at 30 is 0.013). The meta-step MACs, which
-    train_and_evaluate counts with an extra compilation, are tested elsewhere."""
+    0.172; the mean's standard error at 30 is 0.013). The MACs (of a meta-step, of adaptation
+    and prediction), which the test counts with extra compilations, are tested elsewhere
+    (tests/test_metrics.py, tests/test_maml.py)."""
     monkeypatch.setattr(train, "per_task_meta_step_macs", lambda *args: 0.0)
+    monkeypatch.setattr(metrics, "learner_macs", lambda *args: dict.fromkeys(
+        ("macs_adapt", "macs_predict", "macs_per_task"), 0.0))
     config = TrainConfig(
         learner="protonets", learner_options={"filters": 16}, dataset="omniglot",
         manual_dir=omniglot_dir, data_dir=data_dir,

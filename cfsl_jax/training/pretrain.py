@@ -32,7 +32,14 @@ Rules shared by both:
   result is a pure function of the key.
 - Images are gathered and normalised on device (``data.gather_normalised``)
   inside the jitted step, so a step is one XLA program that compiles once per
-  (learner, split shapes, hyperparameters).
+  (learner, split shapes, hyperparameters, mesh).
+- Over a device mesh (``mesh``, as meta-training's: ``cfsl_jax.runtime.parallel``) the
+  step's batch of images is laid along the mesh's task axis and everything else (params,
+  optimiser state, the split: ``parallel.place_split``) is replicated; XLA partitions the
+  program and reduces the gradients and the batch statistics of the backbone's norm layers
+  across devices, so the result does not depend on the mesh beyond float summation order.
+  The batch is not padded (padded images would enter the batch statistics): XLA splits a
+  batch that does not divide the mesh unevenly.
 - Optimiser: ``chain(add_decayed_weights(weight_decay), adam(learning_rate))``,
   i.e. PyTorch's ``Adam(weight_decay=...)`` (L2 added to the gradient, not
   AdamW), on the backbone and the temporary head.
@@ -54,13 +61,14 @@ import optax
 from cfsl_jax import data
 from cfsl_jax.training import optimizers
 from cfsl_jax.protocol import sampler
-from cfsl_jax.runtime import seeding
+from cfsl_jax.runtime import parallel, seeding
 from cfsl_jax.training.evaluate import evaluate
 from cfsl_jax.training import checkpoints, loop
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.tracking import Tracking
 from cfsl_jax.learners.base import Learner, Params
 from cfsl_jax.models.conv4 import LinearHead
+from jax.sharding import Mesh
 
 
 
@@ -92,20 +100,26 @@ def optimizer(learning_rate: float, weight_decay: float) -> optax.GradientTransf
 
 @functools.partial(jax.jit, donate_argnums=0,
                    static_argnames=("learner", "num_classes", "batch_size", "learning_rate",
-                                    "weight_decay"))
+                                    "weight_decay", "mesh"))
 def train_step(state: PretrainState, split: data.Split, pool: Pool, key: jax.Array, *,
                learner: Learner, num_classes: int, batch_size: int, learning_rate: float,
-               weight_decay: float) -> tuple[PretrainState, jax.Array, jax.Array]:
-    """One step on a batch drawn with ``key``: (new state, batch loss, batch accuracy)."""
+               weight_decay: float, mesh: Mesh | None = None
+               ) -> tuple[PretrainState, jax.Array, jax.Array]:
+    """One step on a batch drawn with ``key``: (new state, batch loss, batch accuracy); the
+    batch is laid along ``mesh`` (default: one device)."""
     pick = jax.random.randint(key, (batch_size,), 0, pool.image_idx.shape[0])
-    return _update(state, learner, num_classes, data.gather_normalised(split, pool.image_idx[pick]),
-                   pool.labels[pick], learning_rate, weight_decay)
+    return _update(state, learner, num_classes, split, pool.image_idx[pick], pool.labels[pick],
+                   learning_rate, weight_decay, mesh)
 
 
-def _update(state: PretrainState, learner: Learner, num_classes: int, images: jax.Array,
-            labels: jax.Array, learning_rate: float, weight_decay: float
-            ) -> tuple[PretrainState, jax.Array, jax.Array]:
-    """One optimiser step of cross-entropy on (images, labels): (state, loss, accuracy)."""
+def _update(state: PretrainState, learner: Learner, num_classes: int, split: data.Split,
+            idx: jax.Array, labels: jax.Array, learning_rate: float, weight_decay: float,
+            mesh: Mesh | None) -> tuple[PretrainState, jax.Array, jax.Array]:
+    """One optimiser step of cross-entropy on the images ``idx`` of ``split`` labelled
+    ``labels``, the batch laid along ``mesh``: (state, loss, accuracy)."""
+    images = data.gather_normalised(split, idx)
+    if mesh is not None:
+        images, labels = parallel.constrain((images, labels), mesh)
     head = LinearHead(num_classes)
 
     def loss_fn(params):
@@ -141,8 +155,10 @@ def _check(name: str, value, minimum: float, integer: bool = False,
 
 def pretrain(learner: Learner, params: Params, split: data.Split, key: jax.Array, *,
              steps: int = 2000, batch_size: int = 64, learning_rate: float = 1e-3,
-             weight_decay: float = 1e-5, log_every: int = 100) -> Params:
-    """``params`` with ``params["embed"]`` pretrained on all classes of ``split``."""
+             weight_decay: float = 1e-5, log_every: int = 100, mesh: Mesh | None = None
+             ) -> Params:
+    """``params`` with ``params["embed"]`` pretrained on all classes of ``split``, each batch
+    laid along ``mesh`` (default: one device)."""
     if learner.embed_apply is None:
         raise ValueError(f"learner {learner.name!r} has no embed_apply to pretrain "
                          f"(training={learner.training!r})")
@@ -159,8 +175,10 @@ def pretrain(learner: Learner, params: Params, split: data.Split, key: jax.Array
     head_key, data_key = jax.random.split(key)
     state = init_state(learner, params, num_classes, tuple(split.images.shape[1:]), head_key,
                        learning_rate, weight_decay)
+    if mesh is not None:
+        state, split = parallel.replicate(state, mesh), parallel.place_split(split, mesh)
     hyper = dict(learner=learner, num_classes=num_classes, batch_size=batch_size,
-                 learning_rate=learning_rate, weight_decay=weight_decay)
+                 learning_rate=learning_rate, weight_decay=weight_decay, mesh=mesh)
 
     def one(state, key):
         state, loss, accuracy = train_step(state, split, pool, key, **hyper)
@@ -196,39 +214,45 @@ def task_images(key: jax.Array, split: data.Split, classes: jax.Array, spec, tas
 
 @functools.partial(jax.jit, donate_argnums=0,
                    static_argnames=("learner", "num_classes", "tasks", "learning_rate",
-                                    "weight_decay"))
+                                    "weight_decay", "mesh"))
 def task_step(state: PretrainState, split: data.Split, classes: jax.Array, key: jax.Array, *,
               learner: Learner, num_classes: int, tasks: int, learning_rate: float,
-              weight_decay: float) -> tuple[PretrainState, jax.Array, jax.Array]:
-    """One step on every image of ``tasks`` training tasks of ``learner.spec`` drawn with ``key``."""
+              weight_decay: float, mesh: Mesh | None = None
+              ) -> tuple[PretrainState, jax.Array, jax.Array]:
+    """One step on every image of ``tasks`` training tasks of ``learner.spec`` drawn with
+    ``key``, the images laid along ``mesh`` (default: one device)."""
     idx, labels = task_images(key, split, classes, learner.spec, tasks)
-    return _update(state, learner, num_classes, data.gather_normalised(split, idx), labels,
-                   learning_rate, weight_decay)
+    return _update(state, learner, num_classes, split, idx, labels, learning_rate,
+                   weight_decay, mesh)
 
 
 def pretrain_on_tasks(config: TrainConfig, learner: Learner, params: Params, splits: dict[str, data.Split],
                       workdir: str, ckpt: checkpoints.Checkpoints,
                       stop_after_steps: int | None = None, mesh=None,
                       tracking: Tracking | None = None) -> Params:
-    """Pretrain ``params["embed"]`` on sampled training tasks for the run's schedule, selecting
-    epochs on validation; returns the ensemble (stacked along a leading axis) of the best
-    ``config.keep_best`` epochs' params. Resumes from ``ckpt``'s latest checkpoint; the epoch
-    loop (stops, NaN check, validation, keep-best) is ``loop.run``."""
+    """Pretrain ``params["embed"]`` on sampled training tasks for the run's schedule over
+    ``mesh`` (default: every device), selecting epochs on validation; returns the ensemble
+    (stacked along a leading axis) of the best ``config.keep_best`` epochs' params. Resumes
+    from ``ckpt``'s latest checkpoint; the epoch loop (stops, NaN check, validation,
+    keep-best) is ``loop.run``. The result does not depend on the mesh beyond float
+    summation order."""
     if learner.embed_apply is None:
         raise ValueError(f"learner {learner.name!r} has no embed_apply to pretrain "
                          f"(training={learner.training!r})")
+    mesh = mesh or parallel.make_mesh()
     train_split = splits["train"]
     sampler.check_split(train_split.class_table, train_split.class_sizes, learner.spec)
     num_classes = int(train_split.class_table.shape[0])
     head_key, data_key = jax.random.split(seeding.purpose_key(config.seed, "pretrain"))
     state = init_state(learner, params, num_classes, tuple(train_split.images.shape[1:]),
                        head_key, config.learning_rate, config.weight_decay)
-    classes = image_classes(train_split.class_table)
+    classes = parallel.replicate(image_classes(train_split.class_table), mesh)
+    placed = parallel.place_split(train_split, mesh)
     hyper = dict(learner=learner, num_classes=num_classes, tasks=config.meta_batch,
-                 learning_rate=config.learning_rate, weight_decay=config.weight_decay)
+                 learning_rate=config.learning_rate, weight_decay=config.weight_decay, mesh=mesh)
 
     def step(state, key, progress_):
-        new, loss, accuracy = task_step(PretrainState(*state), train_split, classes, key, **hyper)
+        new, loss, accuracy = task_step(PretrainState(*state), placed, classes, key, **hyper)
         return loop.TrainState(*new), {"loss": loss, "acc": accuracy}
 
     def validate(epoch: int, state):
@@ -239,5 +263,6 @@ def pretrain_on_tasks(config: TrainConfig, learner: Learner, params: Params, spl
 
     phase = loop.phase(config, "pretrain", "pretraining", data_key)
     loop.run(phase, loop.TrainState(*state), lambda epoch, state: step, validate, ckpt, workdir,
-             tracking=tracking, stop_after_steps=stop_after_steps)
+             place=lambda s: parallel.replicate(s, mesh), tracking=tracking,
+             stop_after_steps=stop_after_steps)
     return checkpoints.stack(ckpt.restore_best(params))

@@ -184,11 +184,11 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
                        mesh: Mesh | None = None, retest: bool = False) -> dict[str, Any]:
     """Train (or pretrain) as the learner asks, test on the test split, write results.
 
-    Meta-training and evaluation run over ``mesh`` (default: every device). A workdir that
-    holds this config's finished run is not redone: its stored results are printed and
-    returned, or with ``retest`` tested again (``evaluate_run``; the recorded wall time stays
-    the training run's). A user error (UserError, out of memory) before the run's first
-    checkpoint removes the workdir this call created, so a refused run leaves nothing.
+    Meta-training, pretraining and evaluation run over ``mesh`` (default: every device). A
+    workdir that holds this config's finished run is not redone: its stored results are
+    printed and returned, or with ``retest`` tested again (``evaluate_run``; the recorded wall
+    time stays the training run's). A user error (UserError, out of memory) before the run's
+    first checkpoint removes the workdir this call created, so a refused run leaves nothing.
     """
     done = finished_results(workdir, config)
     if done is not None:
@@ -245,7 +245,7 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
                                       seeding.purpose_key(config.seed, "pretrain"),
                                       steps=config.pretrain_steps,
                                       batch_size=config.pretrain_batch,
-                                      weight_decay=config.weight_decay)
+                                      weight_decay=config.weight_decay, mesh=mesh)
                 with stops.deferred():
                     ckpt.save_pretrained(pretrained)
             params = pretrained
