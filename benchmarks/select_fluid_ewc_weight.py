@@ -6,7 +6,8 @@ Validation streams are ``launch.fluid --streams=validation``'s: stream ``i`` is
 built from ``fold_in(data key, 1000 + i)`` (``fluid.experiment.stream_key``),
 a key no test stream uses, so its classes, pretrain/novel roles, counts, samples
 and order are drawn independently of the test streams' (from the same split).
-For each of ``--num_streams`` validation streams the backbone is pretrained
+For each of ``--num_streams`` validation streams from index ``--first_stream``
+on, the backbone is pretrained
 once and EWC's Fisher computed once (both shared by every weight), then EWC
 runs the stream at each weight of ``--weights`` (0: no penalty, i.e. standard
 training's loss). One JSON line per (stream, weight): the stream's accuracy
@@ -31,6 +32,7 @@ from benchmarks.selection import Selection, grid
 flags.DEFINE_string("preset", "small", "FLUID preset (fluid.experiment.PRESETS).")
 flags.DEFINE_list("weights", ["0", "1", "1e2", "1e4", "1e6"], "EWC weights tried.")
 flags.DEFINE_integer("num_streams", 1, "Validation streams.")
+flags.DEFINE_integer("first_stream", 0, "Index of the first validation stream run.")
 flags.DEFINE_integer("seed", 0, "Seed of every random choice (as launch.fluid's --seed).")
 FLAGS = flags.FLAGS
 
@@ -43,7 +45,8 @@ def main(argv) -> None:
     from cfsl_jax.fluid import experiment, methods
 
     config = experiment.preset(FLAGS.preset, methods=("ewc",), streams="validation",
-                               num_streams=FLAGS.num_streams, seed=FLAGS.seed)
+                               num_streams=FLAGS.first_stream + FLAGS.num_streams,
+                               seed=FLAGS.seed)
     split = experiment.load(config)
     image_shape = tuple(split.images.shape[1:])
     diagnostics: dict[str, dict] = {}
@@ -71,7 +74,7 @@ def main(argv) -> None:
         **{**experiment.method_options(config, "ewc"), "ewc_weight": w})) for w in weights}
     selection = Selection("ewc_weight")
     learning_rate = methods.options_class("ewc")().learning_rate
-    for index in range(config.num_streams):
+    for index in range(FLAGS.first_stream, config.num_streams):
         _, per_method, _ = experiment.run_one_stream(config, split, built, index)
         for weight, (label, result) in zip(weights, per_method.items()):
             found = result["metrics"]
