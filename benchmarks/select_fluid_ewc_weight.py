@@ -1,18 +1,17 @@
 """FLUID EWC's weight selected on VALIDATION streams (never on test streams).
 
-    python -m benchmarks.select_fluid_ewc_weight --preset=small --weights=0,1,1e2,1e4,1e6
+    python -m benchmarks.select_fluid_ewc_weight --preset=small --weights=0,1e2,1e4,1e5,1e6,1e7
 
 Validation streams are ``launch.fluid --streams=validation``'s: stream ``i`` is
 built from ``fold_in(data key, 1000 + i)`` (``fluid.experiment.stream_key``),
 a key no test stream uses, so its classes, pretrain/novel roles, counts, samples
 and order are drawn independently of the test streams' (from the same split).
 For each of ``--num_streams`` validation streams from index ``--first_stream``
-on, the backbone is pretrained
-once and EWC's Fisher computed once (both shared by every weight), then EWC
-runs the stream at each weight of ``--weights`` (0: no penalty, i.e. standard
-training's loss). One JSON line per (stream, weight): the stream's accuracy
-(the selection's score), its other metrics, and why EWC does or does not move
-the weights -- the Fisher's sum and largest entry, and at the last training
+on, the backbone is pretrained once and EWC's Fisher computed once (both
+shared by every weight), then EWC runs the stream at each weight of
+``--weights`` (0: no penalty, i.e. standard training's loss). One JSON line
+per (stream, weight): the stream's accuracy (the selection's score), its other
+metrics, and why EWC does or does not move the weights -- the Fisher's sum and largest entry, and at the last training
 step the squared distance ``|theta - theta*|^2`` of the backbone from its
 pretrained weights, ``sum F (theta - theta*)^2`` and the penalty
 ``weight / 2 * sum F (theta - theta*)^2``, and ``stiffness = learning_rate *
