@@ -11,9 +11,9 @@ on, the backbone is pretrained once and EWC's Fisher computed once (both
 shared by every weight), then EWC runs the stream at each weight of
 ``--weights`` (0: no penalty, i.e. standard training's loss). One JSON line
 per (stream, weight): the stream's accuracy (the selection's score), its other
-metrics, and why EWC does or does not move the weights -- the Fisher's sum and largest entry, and at the last training
-step the squared distance ``|theta - theta*|^2`` of the backbone from its
-pretrained weights, ``sum F (theta - theta*)^2`` and the penalty
+metrics, and why EWC does or does not move the weights -- the Fisher's sum
+and largest entry, and at the last training step the squared distance
+``|theta - theta*|^2`` of the backbone from its pretrained weights, ``sum F (theta - theta*)^2`` and the penalty
 ``weight / 2 * sum F (theta - theta*)^2``, and ``stiffness = learning_rate *
 weight * max F``: the penalty's curvature per SGD step (EWC trains by SGD with
 momentum 0.9 on CE + penalty, which diverges along a weight whose stiffness
