@@ -13,13 +13,13 @@ shared by every weight), then EWC runs the stream at each weight of
 per (stream, weight): the stream's accuracy (the selection's score), its other
 metrics, and why EWC does or does not move the weights -- the Fisher's sum
 and largest entry, and at the last training step the squared distance
-``|theta - theta*|^2`` of the backbone from its pretrained weights, ``sum F (theta - theta*)^2`` and the penalty
-``weight / 2 * sum F (theta - theta*)^2``, and ``stiffness = learning_rate *
-weight * max F``: the penalty's curvature per SGD step (EWC trains by SGD with
-momentum 0.9 on CE + penalty, which diverges along a weight whose stiffness
-exceeds 2 (1 + momentum) = 3.8; such a weight ends the run in NaN scores).
-Then the weight of highest mean accuracy (``benchmarks.selection``; a tie keeps
-the smaller weight).
+``|theta - theta*|^2`` of the backbone from its pretrained weights,
+``sum F (theta - theta*)^2``, the penalty ``weight / 2 * sum F (theta -
+theta*)^2`` and ``stiffness = learning_rate * weight * max F``: the penalty's
+curvature per SGD step (EWC trains by SGD with momentum 0.9 on CE + penalty,
+which diverges along a weight whose stiffness exceeds 2 (1 + momentum) = 3.8;
+such a weight ends the run in NaN scores). Then the weight of highest mean
+accuracy (``benchmarks.selection``; a tie keeps the smaller weight).
 """
 
 from __future__ import annotations
