@@ -29,7 +29,7 @@ from absl import app, flags
 from benchmarks.selection import Selection, grid
 
 flags.DEFINE_string("preset", "small", "FLUID preset (fluid.experiment.PRESETS).")
-flags.DEFINE_list("weights", ["0", "1", "1e2", "1e4", "1e6"], "EWC weights tried.")
+flags.DEFINE_list("weights", ["0", "1e2", "1e4", "1e5", "1e6", "1e7"], "EWC weights tried.")
 flags.DEFINE_integer("num_streams", 1, "Validation streams.")
 flags.DEFINE_integer("first_stream", 0, "Index of the first validation stream run.")
 flags.DEFINE_integer("seed", 0, "Seed of every random choice (as launch.fluid's --seed).")
