@@ -8,15 +8,15 @@ seed), so selecting lambda is evaluation only: for every cell and every lambda
 of ``--lambdas`` (0 is Init+Tune's fine-tuning with no penalty), the mean
 accuracy on ``--val_tasks`` validation tasks (the same tasks for every lambda:
 ``--eval_seed``); the selected lambda maximises the mean over the cells. One
-JSON line per (cell, lambda), then the selection. EWC-Pretrain would need a
-pretraining run per lambda and is left out.
+JSON line per (cell, lambda), then the selection (``benchmarks.selection``).
+EWC-Pretrain would need a pretraining run per lambda and is left out.
 """
 
 from __future__ import annotations
 
-import json
-
 from absl import app, flags
+
+from benchmarks.selection import Selection, grid
 
 flags.DEFINE_string("dataset", "omniglot/full", "Dataset.")
 flags.DEFINE_multi_string("dataset_option", [], "Dataset option NAME=VALUE.")
@@ -37,10 +37,9 @@ def main(argv) -> None:
     from launch.options import parse_options
 
     dataset_options = parse_options(FLAGS.dataset_option, "dataset_option")
-    scores: dict[float, list[float]] = {}
+    selection = Selection("ewc_lambda")
     for task in FLAGS.tasks:
-        for text in FLAGS.lambdas:
-            lam = float(text)
+        for lam in grid(FLAGS.lambdas):
             config = runs.TrainConfig(learner="ewc_init", learner_options={"ewc_lambda": lam},
                                       dataset=FLAGS.dataset, dataset_options=dataset_options,
                                       task=task, seed=FLAGS.seed, eval_seed=FLAGS.eval_seed,
@@ -49,14 +48,10 @@ def main(argv) -> None:
             params = runs.init_params(learner, splits["train"], config.seed)
             report = evaluate(learner, params, splits["val"], num_tasks=FLAGS.val_tasks,
                               seed=config.task_seed, purpose="val", cost_metrics=False)
-            scores.setdefault(lam, []).append(report["acc_mean"])
-            print(json.dumps({"task": task, "ewc_lambda": lam, "val_acc": report["acc_mean"],
-                              "val_acc_ci95": report["acc_ci95"],
-                              "task_fingerprint": report["task_fingerprint"]}), flush=True)
-    means = {lam: sum(v) / len(v) for lam, v in scores.items()}
-    best = max(means, key=means.get)
-    print(json.dumps({"selected_ewc_lambda": best, "mean_val_acc": means}), flush=True)
-
+            selection.record(lam, report["acc_mean"], task=task,
+                             val_acc_ci95=report["acc_ci95"],
+                             task_fingerprint=report["task_fingerprint"])
+    selection.select()
 
 if __name__ == "__main__":
     app.run(main)

@@ -14,10 +14,11 @@ from cfsl_jax.protocol import episode, metrics
 from cfsl_jax.datasets.synthetic import generate
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.learners import get_learner
-from cfsl_jax.learners.finetune import (EwcState, TuneState, diagonal_fisher, ewc_init,
+from cfsl_jax.learners.finetune import (EwcState, TuneState, ewc_init,
                                         init_tune, merge, pretrain_tune, split_norm)
 from cfsl_jax.models import init as weight_init
 from cfsl_jax.models.conv4 import Conv4, LinearHead
+from cfsl_jax.models.fisher import empirical_fisher
 from cfsl_jax.training.pretrain import entry_pool, init_state, pretrain, train_step
 from cfsl_jax.protocol.spec import TaskSpec
 from conftest import traces_counted
@@ -142,34 +143,10 @@ def test_adapt_fits_the_support_set(tuned, two_sets):
     assert not split_norm(adapted.weights)[1]  # no norm leaf is carried
 
 
-def test_diagonal_fisher_is_the_mean_squared_per_sample_gradient(glyphs):
-    # A small batch-normalised net: each sample's log-likelihood depends on the whole batch.
-    embed, head = Conv4(filters=4, num_blocks=2), LinearHead(10)
-    x, y = support_set(glyphs, [5, 6, 7], 1, [0, 4, 9])
-
-    def net(weights, x):
-        return head.apply(weights["head"], embed.apply(weights["embed"], x))
-
-    @jax.jit
-    def fisher_and_sample_grads(key):
-        embed_key, head_key = jax.random.split(key)
-        weights = {"embed": embed.init(embed_key, x)}
-        weights["head"] = head.init(head_key, embed.apply(weights["embed"], x))
-        grads = [jax.grad(lambda w: jax.nn.log_softmax(net(w, x))[i, y[i]])(weights)
-                 for i in range(3)]  # sample i's log-likelihood, normalised with the batch
-        return diagonal_fisher(net, weights, x, y), grads
-
-    fisher, grads = fisher_and_sample_grads(jax.random.key(3))
-    expected = jax.tree.map(lambda *g: sum(gi**2 for gi in g) / 3, *grads)
-    for got, want in zip(jax.tree.leaves(fisher), jax.tree.leaves(expected)):
-        np.testing.assert_allclose(got, want, rtol=5e-3, atol=1e-9)
-    assert float(jnp.max(fisher["head"]["params"]["Dense_0"]["kernel"])) > 0
-
-
 @pytest.fixture(scope="module")
 def huge_ewc(tuned, two_sets):
     """ewc_init with lambda = 1e7 on the two sets: the states before, after one and after two
-    sets, and each set's Fisher at the weights fine-tuned on it (by ``diagonal_fisher``)."""
+    sets, and each set's Fisher at the weights fine-tuned on it (by ``models.fisher``)."""
     _, params, _, _ = tuned
     learner = ewc_init(B3, ewc_lambda=1e7)
     (x1, y1), (x2, y2) = two_sets
@@ -180,8 +157,8 @@ def huge_ewc(tuned, two_sets):
         state0 = learner.init(params, jax.random.key(5), B3)
         state1 = learner.adapt(params, state0, x1, y1)
         state2 = learner.adapt(params, state1, x2, y2)
-        return (state0, state1, state2, diagonal_fisher(net, state1.weights, x1, y1),
-                diagonal_fisher(net, state2.weights, x2, y2))
+        return (state0, state1, state2, empirical_fisher(net, state1.weights, x1, y1),
+                empirical_fisher(net, state2.weights, x2, y2))
 
     return two_sets_seen(params)
 

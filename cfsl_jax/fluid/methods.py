@@ -41,10 +41,12 @@ threshold on the unseen-class score chosen on validation streams
 (``fluid.new_class``); it changes the counting, not what a method learns.
 
 Notes of what was followed (and not): EWC's Fisher is the diagonal empirical
-Fisher on pretraining images at the pretrained weights, computed once before
-the stream (the paper recomputes it at each phase: with the anchor fixed at
-the pretrained weights this costs compute, not fidelity of the penalty's
-form); its weight ``ewc_weight`` (paper: not stated) defaults to 100. LwF
+Fisher (``models.fisher``) on pretraining images at the pretrained weights,
+computed once before the stream (the paper recomputes it at each phase: with
+the anchor fixed at the pretrained weights this costs compute, not fidelity of
+the penalty's form); its weight ``ewc_weight`` (paper: not stated) defaults to
+100, where the penalty barely binds (docs/fidelity.md, EWC;
+``benchmarks.select_fluid_ewc_weight`` selects it on validation streams). LwF
 distils over all pretrain classes (the paper: those seen in the stream).
 OLTR's backbone stays frozen (the paper trains it at lr 0.01) and its
 discriminative centroid loss is left out. MAML is first-order (see

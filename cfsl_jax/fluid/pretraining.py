@@ -38,6 +38,7 @@ from cfsl_jax.training import loop, pretrain as supervised
 from cfsl_jax.data import Split
 from cfsl_jax.fluid import classifiers as cls
 from cfsl_jax.fluid.protocol import Method, Params
+from cfsl_jax.models.fisher import empirical_fisher
 from cfsl_jax.training.optimizers import optimizer
 from cfsl_jax.fluid.sequences import StreamClasses, pretrain_class_table
 
@@ -125,29 +126,31 @@ def fit_head(features: jax.Array, labels: jax.Array, num_classes: int, key: jax.
     return run(head)
 
 
-def empirical_fisher(method: Method, params: Params, split: Split, key: jax.Array,
-                     samples: int = 256, chunk: int = 32) -> Params:
-    """Diagonal empirical Fisher of the backbone: mean squared per-sample log-likelihood grads."""
+def pretraining_fisher(method: Method, params: Params, split: Split, key: jax.Array,
+                       samples: int = 256, chunk: int = 32) -> Params:
+    """EWC's Fisher of the backbone: ``models.fisher.empirical_fisher`` (true labels, mean
+    over samples) of the pretrained backbone and head on ``samples`` pretraining images drawn
+    without replacement, ``chunk`` at a time. The backbone normalises each image on its own,
+    so the per-sample path (``independent=True``) is exact."""
     pool = supervised.entry_pool(split.class_table)
     samples = min(samples, int(pool.image_idx.shape[0]))  # all of a small pretraining set
     pick = jax.random.choice(key, pool.image_idx.shape[0], (samples,), replace=False)
+    head = params["head"]
 
-    def per_sample(embed, image, label):
-        logits = method.embed_apply(embed, image[None])[0] @ params["head"]["kernel"] + \
-            params["head"]["bias"]
-        return jax.nn.log_softmax(logits)[label]
+    def logits_fn(embed, images):
+        return method.embed_apply(embed, images) @ head["kernel"] + head["bias"]
 
     @jax.jit
-    def squared(embed, idx, labels):
-        grads = jax.vmap(jax.grad(per_sample), (None, 0, 0))(
-            embed, data.gather_normalised(split, idx), labels)
-        return jax.tree.map(lambda g: jnp.sum(g * g, 0), grads)
+    def part(embed, idx, labels):  # the chunk's sum of squared gradients
+        fisher = empirical_fisher(logits_fn, embed, data.gather_normalised(split, idx), labels,
+                                  independent=True)
+        return jax.tree.map(lambda f: f * idx.shape[0], fisher)
 
     total = None
     for i in range(0, samples, chunk):
-        part = squared(params["embed"], pool.image_idx[pick[i:i + chunk]],
-                       pool.labels[pick[i:i + chunk]])
-        total = part if total is None else jax.tree.map(jnp.add, total, part)
+        rows = pick[i:i + chunk]
+        summed = part(params["embed"], pool.image_idx[rows], pool.labels[rows])
+        total = summed if total is None else jax.tree.map(jnp.add, total, summed)
     return jax.tree.map(lambda t: t / samples, total)
 
 
@@ -191,7 +194,7 @@ def prepare_params(method: Method, params: Params, split: Split, classes: Stream
         known = known_classes(features, labels, num_pretrain)
     params = {**params, "known": known}
     if method.name == "ewc":
-        params["fisher"] = empirical_fisher(method, params, pre, key)
+        params["fisher"] = pretraining_fisher(method, params, pre, key)
     return params
 
 

@@ -25,12 +25,13 @@ biases (``weight_init="xavier"``, as the authors' ``MetaConv2dLayer`` /
   current weights; fine-tuning on the next set minimises
   ``CE + ewc_lambda / 2 * sum(F * (theta - theta*)**2)``.
 
-Fisher: the *empirical* diagonal Fisher, ``mean_i (d log p(y_i | x_i) / d theta)**2``
-over the support samples, at the weights after fine-tuning on that set, with
-the true labels ``y_i``. The network normalises with the statistics of the
-batch it is given, so each per-sample log-likelihood is that of the sample
-inside its whole support set (one backward pass per sample, via ``jacrev``),
-never of a batch of one (whose statistics would be degenerate).
+Fisher: ``models.fisher.empirical_fisher``, the *empirical* diagonal Fisher
+``mean_i (d log p(y_i | x_i) / d theta)**2`` over the support samples, at the
+weights after fine-tuning on that set, with the true labels ``y_i``. The
+network normalises with the statistics of the batch it is given, so each
+per-sample log-likelihood is that of the sample inside its whole support set
+(one backward pass per sample, via ``jacrev``), never of a batch of one (whose
+statistics would be degenerate).
 
 Inner loop: ``inner_steps`` full-batch steps of plain SGD (no optimiser
 state), so the state -- the ATM -- is exactly the adapted weights (3x
@@ -71,12 +72,10 @@ from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.learners.base import Learner, Params, check_image_shape, embedding_dim
 from cfsl_jax.models.conv import CONV_IMPLS
 from cfsl_jax.models.conv4 import ACTIVATIONS, Conv4, LinearHead
+from cfsl_jax.models.fisher import LogitsFn, empirical_fisher
 from cfsl_jax.models.init import WEIGHT_INITS, reinitialize
 from cfsl_jax.runtime.options import build, check_fields, option
 from cfsl_jax.protocol.spec import TaskSpec
-
-LogitsFn = Callable[[Params, jax.Array], jax.Array]  # (weights, x [n,H,W,C]) -> logits [n, K]
-
 
 class TuneState(NamedTuple):
     weights: Params  # float32 fast weights: the adapted leaves of {"embed": Conv4, "head": head}
@@ -86,22 +85,6 @@ class EwcState(NamedTuple):
     weights: Params  # float32 fast weights, as in TuneState
     fisher: Params  # float32, tree of ``weights``: diagonal Fisher summed over the sets seen
     anchors: Params  # float32, tree of ``weights``: theta*, the weights after the last set
-
-
-def diagonal_fisher(logits_fn: LogitsFn, weights: Params, x: jax.Array, y: jax.Array) -> Params:
-    """Empirical diagonal Fisher of one batch: mean over samples of squared log-lik gradients.
-
-    Sample i's log-likelihood ``log softmax(logits_fn(weights, x))[i, y_i]`` is
-    computed on the whole batch (batch-statistics normalisation sees all of
-    ``x``); ``jacrev`` gives its gradient for every i at once.
-    """
-
-    def log_likelihoods(weights):  # [n]
-        log_probs = jax.nn.log_softmax(logits_fn(weights, x))
-        return jnp.take_along_axis(log_probs, y[:, None], axis=-1)[:, 0]
-
-    per_sample = jax.jacrev(log_likelihoods)(weights)  # leaves [n, *leaf.shape]
-    return jax.tree.map(lambda g: jnp.mean(jnp.square(g), axis=0), per_sample)
 
 
 def ewc_proximal(weights: Params, fisher: Params, anchors: Params, strength: float) -> Params:
@@ -240,7 +223,7 @@ def _finetune(name: str, spec: TaskSpec, image_shape: tuple[int, int, int], *,
         weights = sgd(loss_fn, initial, inner_steps, learning_rate, proximal)
         if ewc_lambda is None:
             return TuneState(weights)
-        fisher = diagonal_fisher(apply, weights, support_x, support_y)
+        fisher = empirical_fisher(apply, weights, support_x, support_y)
         return EwcState(weights, jax.tree.map(jnp.add, state.fisher, fisher), weights)
 
     def predict(params, state, target_x):
