@@ -12,6 +12,7 @@ item is absl's one-line ``flag --figure=x: value should be one of <...>``).
 
 from __future__ import annotations
 
+import sys
 from typing import Iterable, Sequence
 
 from absl import flags
@@ -45,7 +46,10 @@ def define_list(name: str, default: Iterable[str], help: str,  # pylint: disable
     flag = CommaMultiFlag(parser, flags.ArgumentSerializer(), name, list(default),
                           f"{help} A comma list, or repeat the flag.")
     flag.help = flag.help.split(";\n    repeat this option")[0]  # MultiFlag's own sentence
-    return flags.DEFINE_flag(flag, flag_values)  # listed under the caller (disclaimed below)
-
-
-flags.disclaim_key_flags()  # flags defined through this module belong to the module calling it
+    # Listed under the module calling this function, named explicitly: absl's
+    # ``disclaim_key_flags`` would record this module's id(), which a later module object can
+    # reuse once this one is re-imported and collected, and that module's flags would then be
+    # listed under its importer.
+    caller = sys._getframe(1).f_globals.get("__name__", "")
+    return flags.DEFINE_flag(flag, flag_values,
+                             module_name=sys.argv[0] if caller == "__main__" else caller)
