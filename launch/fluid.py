@@ -205,7 +205,7 @@ def flag_words(message: str) -> str:
     """``length=5 is invalid`` -> ``--stream_length=5 is invalid``: a stream field as its flag."""
     import re
     fields = {field: flag for flag, field in _STREAM_FLAGS.items()}
-    return re.sub(r"\b(" + "|".join(fields) + r")=",
+    return re.sub(r"(?<![-\w])(" + "|".join(fields) + r")=",  # not one already a --flag
                   lambda m: f"--{fields[m.group(1)]}=", message)
 
 

@@ -101,6 +101,7 @@ def test_fluid_names_the_stream_flag_and_its_limit(tmp_path):
     assert_error(out["zipf"], "--zipf_s=-1.0 is invalid: must be in [0, 100)")
     assert_error(out["pretrain word"], "--pretrain_classes='all' is neither 'stream' nor an "
                                        "integer")
+    assert out["pretrain word"][2].startswith("error: --pretrain_classes=")  # one --, not ----
     assert_error(out["pretrain few"], "--pretrain_classes=5 is invalid: must be 0 (the stream's "
                                       "pretrain classes only) or an int >= the stream's 10")
     assert_error(out["pretrain many"], "--pretrain_classes=60 needs 50 pretraining-only classes "
