@@ -216,3 +216,27 @@ def test_a_scheduler_handler_inside_a_deferred_block_runs_at_its_end():
         assert done == [1] and signal.getsignal(SIGUSR2) is scheduler_exit
     finally:
         signal.signal(SIGUSR2, previous)
+
+
+def test_a_stop_outside_every_phase_says_how_to_resume(monkeypatch, tmp_path):
+    """SIGTERM while the run is being built (before a phase holds state): one ``Stopped`` that
+    names the signal and how to resume, with the termination status; nothing is written."""
+    workdir = str(tmp_path / "stopped")
+    built = train.init_params
+
+    def init_then_signal(*args, **kwargs):
+        params = built(*args, **kwargs)
+        os.kill(os.getpid(), SIGTERM)  # handled by the run: lands here, synchronously
+        return params
+
+    monkeypatch.setattr(train, "init_params", init_then_signal)
+    previous = signal.getsignal(SIGTERM)
+    try:
+        with pytest.raises(loop.Stopped) as stop:
+            train.train_and_evaluate(META, workdir)
+    finally:
+        signal.signal(SIGTERM, previous)
+    assert stop.value.exit_status == 128 + SIGTERM
+    assert stops.name(SIGTERM) in str(stop.value)
+    assert str(stop.value).endswith(f"in {workdir}: re-run the same command to resume")
+    assert not os.path.exists(os.path.join(workdir, "results.json"))

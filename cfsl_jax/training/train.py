@@ -201,6 +201,15 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
     try:
         with stops.handled():
             return _train_and_evaluate(config, workdir, stop_after_steps, mesh)
+    except stops.StopRequested as stop:
+        if files.exists(files.join(workdir, "results.json")):
+            raise  # it landed as the finished run returned
+        # outside a phase (building, restoring, between phases): no step was taken since the
+        # last checkpoint, so there is nothing to save
+        stops.clear()
+        raise loop.Stopped(f"interrupted by {stops.name(stop.signum)} between training steps; "
+                           f"its checkpoints are in {workdir}: re-run the same command to "
+                           f"resume", stop.exit_status) from None
     except Exception as error:
         if new and files.isdir(workdir) and _is_user_error(error) and not _has_checkpoints(
                 workdir):
