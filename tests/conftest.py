@@ -152,6 +152,25 @@ def _release_memory() -> None:
         _MALLOC_TRIM(0)
 
 
+_PROCESS_SETTINGS = ("jax_default_matmul_precision", "jax_compilation_cache_dir",
+                     "jax_persistent_cache_min_compile_time_secs",
+                     "jax_persistent_cache_min_entry_size_bytes",
+                     "jax_disable_most_optimizations")
+
+
+@pytest.fixture(autouse=True)
+def process_settings_restored():
+    """A command run in this process (``launch_inprocess``) sets the precision and the
+    compilation cache as a user's command does (``default``, the home cache): after each test,
+    JAX's process-wide settings are as they were, so the next test still computes at
+    ``highest`` (on a TF32 GPU the difference is ~1e-4) and caches in the test run's folder."""
+    before = {name: jax.config.values[name] for name in _PROCESS_SETTINGS}
+    yield
+    for name, value in before.items():
+        if jax.config.values[name] != value:
+            jax.config.update(name, value)
+
+
 @pytest.fixture(autouse=True)
 def release_compiled_programs():
     """After each test, its programs are dropped (a later test that needs one again reads it

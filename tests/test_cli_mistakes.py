@@ -6,9 +6,12 @@ list flags take comma lists and repeats alike, and a command's flags as a ``--fl
 
 import os
 
+import jax
 import pytest
 from absl import flags
 
+from cfsl_jax.runtime import backend
+from conftest import TEST_PRECISION
 from launch_inprocess import command_module, run_in_process
 from test_cli import assert_error
 
@@ -165,3 +168,26 @@ def test_a_runs_flags_as_a_flagfile_run_it_again_from_any_folder(tmp_path, monke
         assert flags.FLAGS.workdir == f"{tmp_path}/runs/w"
         assert flags.FLAGS.learner_option == ["inner_steps=2", "filters=8"]
         assert flags.FLAGS.overwrite is False and flags.FLAGS.learner == "init_tune"
+
+
+_SET_BY_A_COMMAND: list[str] = []
+
+
+def test_a_command_run_in_process_sets_the_users_precision(tmp_path):
+    """The command sets JAX's process-wide precision and cache as a user's run does ..."""
+    with command_module("train") as module:
+        code, _, err = run_in_process(module, "train", [
+            "--learner=protonets", "--task=B3", f"--workdir={tmp_path}/w", "--precision=default",
+            f"--compilation_cache_dir={tmp_path}/cache", "--dataset=omniglot",
+            f"--manual_dir={tmp_path}/none"])  # refused after the settings, before any work
+    assert code == 2 and "--manual_dir" in err, err
+    assert backend.precision() == "default"
+    assert jax.config.jax_compilation_cache_dir == f"{tmp_path}/cache"
+    _SET_BY_A_COMMAND.append(f"{tmp_path}/cache")
+
+
+def test_the_next_test_computes_at_the_suites_precision_again():
+    """... and conftest puts them back after the test (on a TF32 GPU, a test after an in-process
+    command computed at ``default`` and missed its 1e-4 tolerances)."""
+    assert backend.precision() == TEST_PRECISION
+    assert jax.config.jax_compilation_cache_dir not in _SET_BY_A_COMMAND

@@ -115,10 +115,13 @@ def test_partition_is_checked_against_sinfo():
     def command(args):
         assert args[0] == "sinfo"
         return "debug*\ngpu\n"
-    slurm.check_cluster(slurm.SlurmOptions(partition="gpu"), command=command)
+
+    def which(tool):  # SLURM's commands installed (also on a machine without them)
+        return f"/usr/bin/{tool}"
+    slurm.check_cluster(slurm.SlurmOptions(partition="gpu"), which=which, command=command)
     with pytest.raises(UserError, match="--slurm_partition=a100: no such partition; sinfo "
                                         "lists debug, gpu"):
-        slurm.check_cluster(slurm.SlurmOptions(partition="a100"), command=command)
+        slurm.check_cluster(slurm.SlurmOptions(partition="a100"), which=which, command=command)
     with pytest.raises(UserError, match="sbatch, squeue, scancel, sinfo, srun not found on PATH"):
         slurm.check_cluster(slurm.SlurmOptions(), which=lambda tool: None)
 
