@@ -186,8 +186,12 @@ def measure_train(name: str, split, spec: TaskSpec, image_shape, meta_batch: int
             "compile_s": round(compile_s, 3), "program_bytes": _program_bytes(compiled)}
 
 
+_ROWS = [0]  # rows emitted so far
+
+
 def _emit(row: dict) -> None:
     row = {**_environment(), **row, **_peak_memory()}
+    _ROWS[0] += 1
     line = json.dumps(row)
     print(line, flush=True)
     if _OUT.value:
@@ -236,6 +240,16 @@ def main(argv) -> None:
                          meta_batch=meta_batch)
 
 
+def _main_or_stop(argv) -> None:
+    """``main``; Ctrl-C (or ``timeout -s INT``) ends it with one line: the rows printed above
+    are complete, the one being measured is dropped."""
+    try:
+        main(argv)
+    except KeyboardInterrupt:
+        print(f"interrupted: {_ROWS[0]} complete row(s) above", file=sys.stderr, flush=True)
+        sys.exit(130)
+
+
 if __name__ == "__main__":
     np.set_printoptions(precision=4)
-    app.run(main)
+    app.run(_main_or_stop)
