@@ -62,14 +62,14 @@ def _prototype_loss(method, trainable, support_x, support_y, query_x, query_y, w
     prototypes = jax.ops.segment_sum(support, support_y, way) / (support.shape[0] / way)
     logits = (cls.cosine_logits(query, prototypes, trainable["temperature"]) if cosine
               else metrics.neg_sq_euclidean(query, prototypes))
-    return optax.softmax_cross_entropy_with_integer_labels(logits, query_y).mean()
+    return metrics.cross_entropy(logits, query_y)
 
 
 def _maml_loss(method, trainable, support_x, support_y, query_x, query_y, way, inner_steps,
                inner_lr):
     def loss(weights, x, y):
         logits = method.embed_apply(weights["embed"], x) @ weights["kernel"] + weights["bias"]
-        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+        return metrics.cross_entropy(logits, y)
 
     dim = jax.eval_shape(method.embed_apply, trainable["embed"], support_x[:1]).shape[-1]
     weights = {"embed": trainable["embed"], "kernel": jnp.zeros((dim, way)),

@@ -39,6 +39,7 @@ from cfsl_jax.data import Split
 from cfsl_jax.fluid import classifiers as cls
 from cfsl_jax.fluid.protocol import Method, Params
 from cfsl_jax.models.fisher import empirical_fisher
+from cfsl_jax.protocol import metrics
 from cfsl_jax.training.optimizers import optimizer
 from cfsl_jax.fluid.sequences import StreamClasses, pretrain_class_table
 
@@ -112,7 +113,7 @@ def fit_head(features: jax.Array, labels: jax.Array, num_classes: int, key: jax.
 
     def loss_fn(head):
         logits = features @ head["kernel"] + head["bias"]
-        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+        return metrics.cross_entropy(logits, labels)
 
     @jax.jit
     def run(head):

@@ -65,7 +65,6 @@ from typing import Callable, NamedTuple
 import chex
 import jax
 import jax.numpy as jnp
-import optax
 from flax import traverse_util
 
 from cfsl_jax.runtime.errors import UserError
@@ -75,6 +74,7 @@ from cfsl_jax.models.conv4 import ACTIVATIONS, Conv4, LinearHead
 from cfsl_jax.models.fisher import LogitsFn, empirical_fisher
 from cfsl_jax.models.init import WEIGHT_INITS, reinitialize
 from cfsl_jax.runtime.options import build, check_fields, option
+from cfsl_jax.protocol import metrics
 from cfsl_jax.protocol.spec import TaskSpec
 
 class TuneState(NamedTuple):
@@ -213,7 +213,7 @@ def _finetune(name: str, spec: TaskSpec, image_shape: tuple[int, int, int], *,
 
         def loss_fn(weights):
             logits = apply(weights, support_x)
-            return optax.softmax_cross_entropy_with_integer_labels(logits, support_y).mean()
+            return metrics.cross_entropy(logits, support_y)
 
         proximal = None
         if ewc_lambda is not None:

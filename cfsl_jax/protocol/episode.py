@@ -16,10 +16,10 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.sharding import Mesh
 
 from cfsl_jax.runtime import backend, parallel
+from cfsl_jax.protocol import metrics
 from cfsl_jax.protocol.learner import Learner, Params, State
 
 TARGET_CHUNK = 1000  # the most target samples predicted in one piece
@@ -108,7 +108,7 @@ def target_loss(learner: Learner, params: Params, support_x: jax.Array, support_
     """
     remat = learner.spec.nss >= REMAT_MIN_NSS
     logits = run_task(learner, params, support_x, support_y, target_x, key, unroll, remat)
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, target_y).mean()
+    loss = metrics.cross_entropy(logits, target_y)
     return loss, logits
 
 

@@ -60,7 +60,7 @@ import optax
 
 from cfsl_jax import data
 from cfsl_jax.training import optimizers
-from cfsl_jax.protocol import sampler
+from cfsl_jax.protocol import metrics, sampler
 from cfsl_jax.runtime import parallel, seeding
 from cfsl_jax.training.evaluate import evaluate
 from cfsl_jax.training import checkpoints, loop
@@ -124,7 +124,7 @@ def _update(state: PretrainState, learner: Learner, num_classes: int, split: dat
 
     def loss_fn(params):
         logits = head.apply(params["head"], learner.embed_apply(params["embed"], images))
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+        loss = metrics.cross_entropy(logits, labels)
         return loss, jnp.mean(jnp.argmax(logits, -1) == labels)
 
     (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
