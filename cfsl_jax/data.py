@@ -60,7 +60,7 @@ from cfsl_jax.runtime.options import positive_int
 DATASETS: tuple[str, ...] = ("synthetic", "omniglot", "omniglot/full", "omniglot/small",
                              "slimagenet64")
 SPLITS: tuple[str, ...] = ("train", "val", "test")
-_SYNTHETIC_OPTIONS = ("num_classes", "samples_per_class", "image_size", "seed")
+SYNTHETIC_OPTIONS = ("num_classes", "samples_per_class", "image_size", "seed")
 OMNIGLOT_CLASS_SPLITS = ("ordered", "authors")
 _READ_CHUNK = 4096  # records decoded per data-source call
 
@@ -147,10 +147,10 @@ def load_split(name: str, split: str, data_dir: str | None = None,
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid: {SPLITS}")
     if name == "synthetic":
-        unknown = sorted(set(options) - set(_SYNTHETIC_OPTIONS))
+        unknown = sorted(set(options) - set(SYNTHETIC_OPTIONS))
         if unknown:
             raise ValueError(f"unknown option(s) {unknown} for dataset 'synthetic'; "
-                             f"valid: {_SYNTHETIC_OPTIONS}")
+                             f"valid: {SYNTHETIC_OPTIONS}")
         images, labels, names, source = _synthetic(split, **options)
     else:
         preprocessing = family(name)

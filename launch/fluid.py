@@ -188,6 +188,18 @@ def synthetic_split_classes() -> int | None:
             else None)
 
 
+def check_dataset_options() -> None:
+    """A size option of the synthetic set given for a real dataset is refused, not ignored."""
+    if FLAGS.dataset == "synthetic":
+        return
+    from cfsl_jax.data import SYNTHETIC_OPTIONS
+    for pair in FLAGS.dataset_option:
+        name = pair.partition("=")[0].strip()
+        if name in SYNTHETIC_OPTIONS:
+            raise UserError(f"--dataset_option={pair}: {name} sizes the synthetic set only; "
+                            f"--dataset={FLAGS.dataset} has its own classes and images")
+
+
 def check_pretraining_breadth(stream) -> None:
     """The stream's classes and the pretraining-only ones fit in the synthetic split."""
     limit = synthetic_split_classes()
@@ -217,6 +229,7 @@ def check():
     check_data_flags()
     check_output_dir("workdir", FLAGS.workdir)
     check_stream_flags()
+    check_dataset_options()
     try:
         config = config_from_flags()
     except ValueError as error:  # UserError included: one line, no traceback

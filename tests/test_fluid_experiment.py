@@ -11,6 +11,9 @@ import pytest
 
 from cfsl_jax import data, fluid
 from cfsl_jax.fluid.experiment import alphabet_pretrain_mask
+from cfsl_jax.runtime.errors import UserError
+from launch_inprocess import command_module, run_in_process
+from test_cli import assert_error
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -147,3 +150,22 @@ def test_pretraining_on_a_wider_set_keeps_the_stream_classes_head():
     # the head keeps the stream's 3 pretrain classes; the class statistics are theirs only
     assert params["head"]["kernel"].shape == (8, 3) and params["head"]["bias"].shape == (3,)
     np.testing.assert_array_equal(params["known"].counts, (classes.pretrain_table >= 0).sum(1))
+
+
+def test_a_real_datasets_options_reach_it_and_synthetic_sizes_are_refused(tmp_path,
+                                                                         omniglot_dir):
+    # The preset's synthetic size is left out for Omniglot; its own options go to its builder,
+    # which checks them before preparing anything.
+    config = fluid.experiment.preset(
+        "small", dataset="omniglot", data_dir=str(tmp_path / "data"), manual_dir=omniglot_dir,
+        dataset_options={**fluid.experiment.PRESETS["small"]["dataset_options"],
+                         "resize": "bogus"})
+    with pytest.raises(UserError, match="resize='bogus' for dataset 'omniglot'"):
+        fluid.experiment.load(config)
+    with command_module("fluid") as module:
+        code, _, err = run_in_process(module, "fluid", [
+            f"--workdir={tmp_path / 'w'}", "--preset=small", "--dataset=omniglot",
+            f"--manual_dir={omniglot_dir}", "--dataset_option=num_classes=50"])
+    assert_error((code, "", err), "--dataset_option=num_classes=50: num_classes sizes the "
+                                  "synthetic set only; --dataset=omniglot has its own classes")
+    assert os.listdir(tmp_path) == []

@@ -146,11 +146,14 @@ def alphabet_pretrain_mask(class_names: tuple[str, ...], fraction: float) -> np.
 
 
 def load(config: FluidConfig) -> data.Split:
-    options = dict(config.dataset_options)
+    """The split streams are drawn from: the synthetic set at the configured size (28-pixel
+    images unless given), or a real dataset with its own options (``resize``, ``class_split``;
+    the synthetic set's size options that every preset carries do not apply to it)."""
     if config.dataset == "synthetic":
-        options = {"image_size": 28, **options}
-    elif config.dataset_options:
-        options = {}  # synthetic-only options
+        options = {"image_size": 28, **config.dataset_options}
+    else:
+        options = {name: value for name, value in config.dataset_options.items()
+                   if name not in data.SYNTHETIC_OPTIONS}
     return data.load_split(config.dataset, config.split, data_dir=config.data_dir,
                            manual_dir=config.manual_dir, **options)
 
