@@ -130,11 +130,14 @@ def compilation_cache(tmp_path_factory):
     """A persistent XLA cache private to the test run and shared by its pytest-xdist workers
     (and the subprocesses they start): runs that rebuild the same program (a resumed training
     run, a second learner instance, a notebook after the sweep test) load it instead of
-    compiling again. Entries are written once per key; jax recompiles on an unreadable one."""
+    compiling again. Entries are written once per key; jax recompiles on an unreadable one.
+    Commands run as subprocesses keep their own default cache (``$XDG_CACHE_HOME``), which is
+    here a folder of the test run too: a test never writes into the user's ``~/.cache``."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the run's temporary root, above every worker's own folder
     backend.enable_compilation_cache(str(root / "xla_cache"))
+    os.environ["XDG_CACHE_HOME"] = str(root / "xdg_cache")
 
 
 try:  # glibc (Linux); elsewhere freed heap is left to the platform's allocator
