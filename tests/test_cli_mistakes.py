@@ -89,7 +89,13 @@ def test_fluid_names_the_stream_flag_and_its_limit(tmp_path):
         "pretrain few": ["--preset=small", "--pretrain_classes=5", f"--workdir={workdir}"],
         "pretrain many": ["--preset=small", "--pretrain_classes=60", f"--workdir={workdir}"],
         "threshold alone": ["--preset=small", "--method_option=ncm:new_class_threshold=0.5",
-                            f"--workdir={workdir}"]})
+                            f"--workdir={workdir}"],
+        "streams": ["--preset=small", "--num_streams=0", f"--workdir={workdir}"],
+        "validation streams": ["--preset=small", "--validation_streams=-1", f"--workdir={workdir}"],
+        "method": ["--preset=small", "--method=ncm,nmc", f"--workdir={workdir}"],
+        "option of a method not run": ["--preset=small", "--method=ncm",
+                                       "--method_option=lwf:new_class=true",
+                                       f"--workdir={workdir}"]})
     assert_error(out["classes over the preset's length"],
                  "--stream_classes=5000 needs a stream of at least 5000 samples (one per class), "
                  "but --preset=small's is 1200: give --stream_length >= 5000 too")
@@ -108,6 +114,12 @@ def test_fluid_names_the_stream_flag_and_its_limit(tmp_path):
                                        "besides the stream's 40, but the train split has 70")
     assert_error(out["threshold alone"], "method ncm: new_class_threshold=0.5 needs "
                                          "new_class=true")
+    assert_error(out["streams"], "--num_streams must be a positive integer, got 0")
+    assert_error(out["validation streams"], "--validation_streams must be a positive integer, "
+                                            "got -1")
+    assert_error(out["method"], "--method=ncm,nmc: unknown ['nmc']; valid: ['ncm', ")
+    assert_error(out["option of a method not run"], "--method_option for methods not run: "
+                                                    "['lwf']")
     assert os.listdir(tmp_path) == []
 
 
@@ -128,10 +140,15 @@ def test_train_refuses_a_manual_dir_that_does_not_exist(tmp_path):
 def test_a_missing_manual_dir_is_named_by_the_data_layer_too(tmp_path):
     from cfsl_jax import data
     from cfsl_jax.datasets.errors import DatasetNotFoundError
-    with pytest.raises(DatasetNotFoundError, match="the Omniglot folder .*/nope does not exist"):
+    with pytest.raises(DatasetNotFoundError, match="^--manual_dir=.*/nope does not exist"):
         data.load_split("omniglot", "val", data_dir=str(tmp_path / "data"),
                         manual_dir=str(tmp_path / "nope"))
-    assert os.listdir(tmp_path) == []
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetNotFoundError, match="^--manual_dir=.*/empty holds no Omniglot "
+                                                   "zips \\(expected images_background.zip"):
+        data.load_split("omniglot", "val", data_dir=str(tmp_path / "data"),
+                        manual_dir=str(tmp_path / "empty"))
+    assert os.listdir(tmp_path) == ["empty"] and os.listdir(tmp_path / "empty") == []
 
 
 def test_list_flags_take_comma_lists_and_repeats_alike():
