@@ -97,3 +97,20 @@ def test_a_command_says_it_started_before_it_imports_jax():
     assert first == "[verify] starting\n"
     assert stderr.strip() == "error: --workdir=/nonexistent does not exist"
     assert first_after < 3.0 and first_after < finished_after / 2, (first_after, finished_after)
+
+
+def test_a_slow_start_is_covered_by_lines_until_the_command_begins(capsys):
+    import threading
+
+    import launch
+    started = threading.Event()
+    launch.heartbeat_until("report", started, period=0.25)
+    time.sleep(0.9)  # importing JAX on a loaded machine
+    started.set()
+    during = capsys.readouterr().out.splitlines()
+    time.sleep(0.6)
+    assert 2 <= len(during) <= 4, during
+    assert all(line.startswith("  still [report] starting (") and
+               line.endswith("s: importing JAX and the command's modules)") for line in during)
+    assert capsys.readouterr().out == ""
+    assert launch.STARTING_HEARTBEAT_S < progress.INTERVAL_S
