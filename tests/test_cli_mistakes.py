@@ -182,3 +182,18 @@ def test_a_runs_flags_as_a_flagfile_run_it_again_from_any_folder(tmp_path, monke
         assert flags.FLAGS.workdir == f"{tmp_path}/runs/w"
         assert flags.FLAGS.learner_option == ["inner_steps=2", "filters=8"]
         assert flags.FLAGS.overwrite is False and flags.FLAGS.learner == "init_tune"
+
+
+def test_a_learner_evaluated_in_a_new_workdir_writes_its_flags_too(tmp_path):
+    workdir = tmp_path / "it"
+    argv = ["--learner=init_tune", "--task=b2", "--nc=3", "--kt=2", "--learner_option=filters=8",
+            "--learner_option=inner_steps=1", "--dataset_option=num_classes=60",
+            "--dataset_option=samples_per_class=8", "--test_tasks=2", "--eval_batch=2",
+            f"--workdir={workdir}"]
+    code, stdout, stderr = outcomes("evaluate", {"new": argv})["new"]
+    assert code == 0, stderr
+    assert sorted((workdir / "flags.txt").read_text().splitlines()) == sorted(argv)
+    code, again, stderr = outcomes("train", {"flagfile": [f"--flagfile={workdir}/flags.txt"]})[
+        "flagfile"]
+    assert code == 0 and f"{workdir} holds this finished run" in again, stderr
+    assert again.split("holds this finished run")[1].split("\n", 1)[1] in stdout
