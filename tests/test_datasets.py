@@ -169,16 +169,21 @@ def _assert_nothing_prepared(data_dir):
 
 
 def test_preparing_or_refusing_a_dataset_leaves_nothing_in_tmpdir(tmp_path, monkeypatch,
-                                                                  omniglot_dir):
+                                                                  omniglot_dir, capfd):
     temporary = tmp_path / "tmp"
     temporary.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     with pytest.raises(DatasetNotFoundError):  # an unprepared config, the zips missing
         data.load_split("omniglot/small", "train", data_dir=str(tmp_path / "none"),
                         manual_dir=str(temporary))
+    capfd.readouterr()
     prepared = data.load_split("omniglot/small", "val", data_dir=str(tmp_path / "tfds"),
                                manual_dir=omniglot_dir)
     assert prepared.info.num_classes == 31
+    out, err = capfd.readouterr()  # our lines only: no TFDS banner, no tqdm bar
+    assert [line.split(" (once)")[0] for line in out.splitlines()] == [
+        f"[data] preparing omniglot/small_nearest in {tmp_path / 'tfds'}"] * 2, out
+    assert "Downloading" not in err and "\r" not in err and "it/s" not in err, err
     assert os.listdir(temporary) == [] and sorted(os.listdir(tmp_path)) == ["tfds", "tmp"]
     assert not glob.glob(str(tmp_path / "tfds" / ".cfsl-tmp-*"))
     _assert_nothing_prepared(str(tmp_path / "none"))
