@@ -74,7 +74,7 @@ flags.DEFINE_integer("epochs_per_update", 4, "E, with --update_every.")
 flags.DEFINE_integer("batch_size", 256, "Training minibatch, with --update_every.")
 flags.DEFINE_integer("seed", 0, "Seed of every random choice.")
 flags.DEFINE_integer("filters", 64, "Conv-4 width.")
-flags.DEFINE_integer("pretrain_steps", None, "Pretraining steps (default: the preset's).")
+flags.DEFINE_integer("pretrain_steps", None, "Pretraining steps (default: the preset's; 0: none).")
 flags.DEFINE_integer("window", None, "Rolling-accuracy window (default max(10, L // 20)).")
 flags.DEFINE_multi_string("method_option", [], "METHOD:NAME=VALUE (repeatable), e.g. "
                           "--method_option=ncm:metric=cosine; --list_options lists them.")

@@ -93,6 +93,7 @@ def test_fluid_names_the_stream_flag_and_its_limit(tmp_path):
         "streams": ["--preset=small", "--num_streams=0", f"--workdir={workdir}"],
         "validation streams": ["--preset=small", "--validation_streams=-1", f"--workdir={workdir}"],
         "method": ["--preset=small", "--method=ncm,nmc", f"--workdir={workdir}"],
+        "pretrain steps": ["--preset=small", "--pretrain_steps=-5", f"--workdir={workdir}"],
         "option of a method not run": ["--preset=small", "--method=ncm",
                                        "--method_option=lwf:new_class=true",
                                        f"--workdir={workdir}"]})
@@ -117,6 +118,7 @@ def test_fluid_names_the_stream_flag_and_its_limit(tmp_path):
     assert_error(out["streams"], "--num_streams must be a positive integer, got 0")
     assert_error(out["validation streams"], "--validation_streams must be a positive integer, "
                                             "got -1")
+    assert_error(out["pretrain steps"], "--pretrain_steps must be an integer >= 0, got -5")
     assert_error(out["method"], "--method=ncm,nmc: unknown ['nmc']; valid: ['ncm', ")
     assert_error(out["option of a method not run"], "--method_option for methods not run: "
                                                     "['lwf']")
