@@ -293,11 +293,16 @@ def _prepare(builder, resolved: str, data_dir: str, manual_dir: str | None,
     downloaded behind: the builder names the missing zips)."""
     import tensorflow_datasets as tfds
     folder = manual_dir or os.path.join(data_dir, "downloads", "manual")
-    if resolved.startswith("omniglot") and not download and not manual_dir:
+    if resolved.startswith("omniglot") and (manual_dir or not download):
         from cfsl_jax.datasets.errors import DatasetNotFoundError
         from cfsl_jax.datasets.omniglot import CONFIGS
         zips = CONFIGS[resolved.split("/")[1]].zip_names
         missing = [z for z in zips if not os.path.isfile(os.path.join(folder, z))]
+        if missing and manual_dir:  # before the "preparing" line
+            raise DatasetNotFoundError(
+                f"--manual_dir={manual_dir}: {', '.join(missing)} not found there ({resolved} "
+                f"is prepared from {' and '.join(zips)}, from https://github.com/brendenlake/"
+                f"omniglot/tree/master/python)")
         if missing:
             raise DatasetNotFoundError(
                 f"{resolved} is not prepared in {data_dir} and {', '.join(missing)} "

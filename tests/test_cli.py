@@ -186,7 +186,8 @@ def test_train_mistakes_are_one_line_with_status_2(tmp_path, omniglot_dir, data_
         assert out["val split too small"][2].strip() in " ".join(f.read().split())
     assert_error(out["nc too large for val"], "cannot be sampled from the val split of synthetic")
     assert "250 distinct classes, but the split has 211" in out["nc too large for val"][2]
-    assert_error(out["no archives"], empty)
+    assert_error(out["no archives"], f"--manual_dir={empty}: images_background_small1.zip, "
+                                     "images_background_small2.zip not found there")
     assert_error(out["offline, no manual_dir"], "--manual_dir")
     assert "--download" in out["offline, no manual_dir"][2]
     assert os.listdir(offline) == []  # nothing left behind
