@@ -260,12 +260,13 @@ def _omniglot_config(name: str, data_dir: str, manual_dir: str | None, resize: s
     if manual_dir:
         from cfsl_jax.datasets.errors import DatasetNotFoundError
         if not os.path.isdir(manual_dir):
-            raise DatasetNotFoundError(f"the Omniglot folder {manual_dir} does not exist (and no "
+            raise DatasetNotFoundError(f"--manual_dir={manual_dir} does not exist (and no "
                                        f"omniglot is prepared in {data_dir})")
         raise DatasetNotFoundError(
-            f"no Omniglot zips in {manual_dir} (expected {' and '.join(CONFIGS['full'].zip_names)} "
-            f"for omniglot/full, or {' and '.join(CONFIGS['small'].zip_names)} for "
-            f"omniglot/small) and no prepared omniglot in {data_dir}")
+            f"--manual_dir={manual_dir} holds no Omniglot zips (expected "
+            f"{' and '.join(CONFIGS['full'].zip_names)} for omniglot/full, or "
+            f"{' and '.join(CONFIGS['small'].zip_names)} for omniglot/small) and no omniglot is "
+            f"prepared in {data_dir}")
     return config_name("full", resize)  # prepared from TFDS's default manual dir, else downloaded
 
 
@@ -292,11 +293,16 @@ def _prepare(builder, resolved: str, data_dir: str, manual_dir: str | None,
     downloaded behind: the builder names the missing zips)."""
     import tensorflow_datasets as tfds
     folder = manual_dir or os.path.join(data_dir, "downloads", "manual")
-    if resolved.startswith("omniglot") and not download and not manual_dir:
+    if resolved.startswith("omniglot") and (manual_dir or not download):
         from cfsl_jax.datasets.errors import DatasetNotFoundError
         from cfsl_jax.datasets.omniglot import CONFIGS
         zips = CONFIGS[resolved.split("/")[1]].zip_names
         missing = [z for z in zips if not os.path.isfile(os.path.join(folder, z))]
+        if missing and manual_dir:  # before the "preparing" line
+            raise DatasetNotFoundError(
+                f"--manual_dir={manual_dir}: {', '.join(missing)} not found there ({resolved} "
+                f"is prepared from {' and '.join(zips)}, from https://github.com/brendenlake/"
+                f"omniglot/tree/master/python)")
         if missing:
             raise DatasetNotFoundError(
                 f"{resolved} is not prepared in {data_dir} and {', '.join(missing)} "

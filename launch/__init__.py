@@ -2,8 +2,30 @@
 
 Run as a command (``python -m launch.NAME``, ``python -m cfsl_jax.launch.NAME`` or ``cfsl-NAME``),
 the package prints ``[NAME] starting`` before the command imports JAX, so the first line comes
-within a second of the start (not with ``--help``, nor with ``CFSL_PROGRESS=0``).
+within a second of the start (not with ``--help``, nor with ``CFSL_PROGRESS=0``); until the
+command's work begins (``STARTED``, set by ``cli.run``), ``  still [NAME] starting (Ns: ...)``
+follows every ``STARTING_HEARTBEAT_S`` seconds (importing JAX takes seconds, more on a
+loaded machine).
 """
+
+import threading as _threading
+
+STARTED = _threading.Event()  # set by cli.run once the flags are parsed and the work begins
+STARTING_HEARTBEAT_S = 9.5  # under the 10 s between two progress lines
+
+
+def heartbeat_until(name: str, started: _threading.Event,
+                    period: float = STARTING_HEARTBEAT_S) -> None:
+    """Print ``  still [name] starting (...)`` every ``period`` s until ``started`` is set."""
+    import time
+    began = time.monotonic()
+
+    def beat():
+        while not started.wait(period):
+            print(f"  still [{name}] starting ({time.monotonic() - began:.1f}s: importing JAX "
+                  f"and the command's modules)", flush=True)
+
+    _threading.Thread(target=beat, daemon=True).start()
 
 
 def _command_name() -> str | None:
@@ -28,6 +50,7 @@ def _announce() -> None:
     if name and not quiet and not any(a.split("=")[0] in ("--help", "-h", "-?", "--helpshort",
                                                            "--helpfull") for a in args):
         print(f"[{name}] starting", flush=True)
+        heartbeat_until(name, STARTED)
 
 
 _announce()

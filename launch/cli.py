@@ -172,6 +172,9 @@ def run(main: Callable[[list[str]], None], interrupted: str = "interrupted: re-r
 
     def guarded(argv):
         from cfsl_jax.runtime import stops
+
+        from . import STARTED
+        STARTED.set()  # the command's own lines from here: no more "still ... starting"
         stops.install()  # stop signals end the command cleanly, never lost in a callback
         with boundary(interrupted):
             quiet_logs()

@@ -7,8 +7,8 @@ With a workdir that holds a run, it is tested again from its checkpoints (the
 recorded wall time stays the training run's). With a new workdir, the train
 flags (--learner, --dataset, --task, ...) say what to evaluate; only learners
 with training="none" or "pretrain" qualify (a pretrain learner is pretrained
-first). Writes results.json and results.csv into the workdir and prints the
-table; progress lines show tasks done and the ETA.
+first). Writes results.json, results.csv and (a new run) flags.txt into the workdir
+and prints the table; progress lines show tasks done and the ETA.
 """
 
 from __future__ import annotations
@@ -63,8 +63,9 @@ def main(argv) -> None:
     mesh = train_cli.mesh_from_flags()
     if config is None:
         runs.evaluate_run(FLAGS.workdir, num_tasks=None, mesh=mesh)
-    else:
-        train.train_and_evaluate(config, FLAGS.workdir, mesh=mesh, retest=FLAGS.retest)
+    else:  # a new run: its flags as W/flags.txt, as launch.train writes them
+        with cli.flags_recorded(FLAGS.workdir):
+            train.train_and_evaluate(config, FLAGS.workdir, mesh=mesh, retest=FLAGS.retest)
 
 
 def run() -> None:

@@ -74,7 +74,7 @@ flags.DEFINE_integer("epochs_per_update", 4, "E, with --update_every.")
 flags.DEFINE_integer("batch_size", 256, "Training minibatch, with --update_every.")
 flags.DEFINE_integer("seed", 0, "Seed of every random choice.")
 flags.DEFINE_integer("filters", 64, "Conv-4 width.")
-flags.DEFINE_integer("pretrain_steps", None, "Pretraining steps (default: the preset's).")
+flags.DEFINE_integer("pretrain_steps", None, "Pretraining steps (default: the preset's; 0: none).")
 flags.DEFINE_integer("window", None, "Rolling-accuracy window (default max(10, L // 20)).")
 flags.DEFINE_multi_string("method_option", [], "METHOD:NAME=VALUE (repeatable), e.g. "
                           "--method_option=ncm:metric=cosine; --list_options lists them.")
@@ -91,6 +91,7 @@ _STREAM_FLAGS = {"stream_classes": "num_classes", "stream_length": "length",
                  "head_threshold": "head_threshold", "order": "order",
                  "min_pretrain_samples": "min_pretrain_samples", "max_per_class": "max_per_class",
                  "pretrain_classes": "pretrain_classes"}
+_CONFIG_FLAGS = {"method_options": "method_option"}  # FluidConfig fields named otherwise
 
 
 def pretrain_classes_flag(text: str) -> int:
@@ -213,12 +214,18 @@ def check_pretraining_breadth(stream) -> None:
             f"classes only)")
 
 
-def flag_words(message: str) -> str:
-    """``length=5 is invalid`` -> ``--stream_length=5 is invalid``: a stream field as its flag."""
+def flag_words(message: str, methods: list[str] | None = None) -> str:
+    """``length=5 is invalid`` -> ``--stream_length=5 is invalid``: a stream field as its flag;
+    a FluidConfig field that starts the message as its flag (``num_streams must be ...`` ->
+    ``--num_streams must be ...``, ``methods [...]`` -> ``--method=a,b``)."""
     import re
     fields = {field: flag for flag, field in _STREAM_FLAGS.items()}
-    return re.sub(r"(?<![-\w])(" + "|".join(fields) + r")=",  # not one already a --flag
-                  lambda m: f"--{fields[m.group(1)]}=", message)
+    message = re.sub(r"(?<![-\w])(" + "|".join(fields) + r")=",  # not one already a --flag
+                     lambda m: f"--{fields[m.group(1)]}=", message)
+    if methods is not None:
+        message = re.sub(r"^methods \[[^\]]*\]", f"--method={','.join(methods)}", message)
+    return re.sub(r"^(num_streams|validation_streams|pretrain_steps|method_options)\b",
+                  lambda m: f"--{_CONFIG_FLAGS.get(m.group(1), m.group(1))}", message)
 
 
 def check():
@@ -233,7 +240,7 @@ def check():
     try:
         config = config_from_flags()
     except ValueError as error:  # UserError included: one line, no traceback
-        raise app.UsageError(flag_words(str(error))) from error
+        raise app.UsageError(flag_words(str(error), FLAGS.method)) from error
     check_pretraining_breadth(config.stream)
     if FLAGS.shard is not None:
         raise UserError("--shard is for launch.sweep; launch.fluid runs its streams as SLURM "

@@ -176,7 +176,7 @@ def main(argv) -> None:
         raise
     if not any(o.status == "conflict" for o in outcomes):  # not another sweep's folder
         cli.write_flagfile(FLAGS.workdir)
-    print(f"sweep {FLAGS.workdir}" + (f" shard {FLAGS.shard}" if shard else "")
+    print(f"[sweep] {FLAGS.workdir}" + (f" shard {FLAGS.shard}" if shard else "")
           + f": {sweep.summary(outcomes)}")
     if any(o.status in ("skipped", "finished") for o in outcomes):
         _report()

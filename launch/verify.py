@@ -35,7 +35,7 @@ def check() -> None:
     """The workdir (local or gs://) holds a finished run; the folders given exist."""
     check_data_flags()
     files.check_url("workdir", _WORKDIR.value)
-    load(_WORKDIR.value)
+    load(_WORKDIR.value, data_dir=_DATA_DIR.value, manual_dir=_MANUAL_DIR.value)
 
 
 def main(argv) -> None:

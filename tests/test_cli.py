@@ -141,7 +141,8 @@ def test_train_mistakes_are_one_line_with_status_2(tmp_path, omniglot_dir, data_
         "workdir is a file": [*TINY_ARGS, f"--workdir={a_file}"],
         "other config": [*TINY_ARGS, "--seed=1", f"--workdir={taken}"],
         "truncated config": [*TINY_ARGS, f"--workdir={truncated}"],
-        "val split too small": [*small, "--task=B10", f"--workdir={workdir}"],
+        "val split too small": ["--dataset=omniglot", *small[1:], "--task=B10",
+                                f"--workdir={workdir}"],
         "nc too large for val": ["--task=B5", "--nc=50", f"--workdir={workdir}"],
         "no archives": ["--dataset=omniglot/small", f"--manual_dir={empty}",
                         f"--data_dir={str(tmp_path / 'd1')}", f"--workdir={workdir}"],
@@ -179,13 +180,14 @@ def test_train_mistakes_are_one_line_with_status_2(tmp_path, omniglot_dir, data_
     assert_error(out["truncated config"], f"{truncated}/config.json is not valid JSON (truncated "
                                           f"or corrupt: ")
     assert_error(out["val split too small"], "--task=B10 cannot be sampled from the val split of "
-                                             "omniglot/small: ")
+                                             "omniglot/small_nearest: ")  # the variant it read
     assert "50 distinct classes, but the split has 31" in out["val split too small"][2]
     with open(os.path.join(REPO, "README.md")) as f:  # the README's example is the real line
         assert out["val split too small"][2].strip() in " ".join(f.read().split())
     assert_error(out["nc too large for val"], "cannot be sampled from the val split of synthetic")
     assert "250 distinct classes, but the split has 211" in out["nc too large for val"][2]
-    assert_error(out["no archives"], empty)
+    assert_error(out["no archives"], f"--manual_dir={empty}: images_background_small1.zip, "
+                                     "images_background_small2.zip not found there")
     assert_error(out["offline, no manual_dir"], "--manual_dir")
     assert "--download" in out["offline, no manual_dir"][2]
     assert os.listdir(offline) == []  # nothing left behind

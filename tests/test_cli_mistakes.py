@@ -92,7 +92,14 @@ def test_fluid_names_the_stream_flag_and_its_limit(tmp_path):
         "pretrain few": ["--preset=small", "--pretrain_classes=5", f"--workdir={workdir}"],
         "pretrain many": ["--preset=small", "--pretrain_classes=60", f"--workdir={workdir}"],
         "threshold alone": ["--preset=small", "--method_option=ncm:new_class_threshold=0.5",
-                            f"--workdir={workdir}"]})
+                            f"--workdir={workdir}"],
+        "streams": ["--preset=small", "--num_streams=0", f"--workdir={workdir}"],
+        "validation streams": ["--preset=small", "--validation_streams=-1", f"--workdir={workdir}"],
+        "method": ["--preset=small", "--method=ncm,nmc", f"--workdir={workdir}"],
+        "pretrain steps": ["--preset=small", "--pretrain_steps=-5", f"--workdir={workdir}"],
+        "option of a method not run": ["--preset=small", "--method=ncm",
+                                       "--method_option=lwf:new_class=true",
+                                       f"--workdir={workdir}"]})
     assert_error(out["classes over the preset's length"],
                  "--stream_classes=5000 needs a stream of at least 5000 samples (one per class), "
                  "but --preset=small's is 1200: give --stream_length >= 5000 too")
@@ -111,6 +118,13 @@ def test_fluid_names_the_stream_flag_and_its_limit(tmp_path):
                                        "besides the stream's 40, but the train split has 70")
     assert_error(out["threshold alone"], "method ncm: new_class_threshold=0.5 needs "
                                          "new_class=true")
+    assert_error(out["streams"], "--num_streams must be a positive integer, got 0")
+    assert_error(out["validation streams"], "--validation_streams must be a positive integer, "
+                                            "got -1")
+    assert_error(out["pretrain steps"], "--pretrain_steps must be an integer >= 0, got -5")
+    assert_error(out["method"], "--method=ncm,nmc: unknown ['nmc']; valid: ['ncm', ")
+    assert_error(out["option of a method not run"], "--method_option for methods not run: "
+                                                    "['lwf']")
     assert os.listdir(tmp_path) == []
 
 
@@ -131,10 +145,15 @@ def test_train_refuses_a_manual_dir_that_does_not_exist(tmp_path):
 def test_a_missing_manual_dir_is_named_by_the_data_layer_too(tmp_path):
     from cfsl_jax import data
     from cfsl_jax.datasets.errors import DatasetNotFoundError
-    with pytest.raises(DatasetNotFoundError, match="the Omniglot folder .*/nope does not exist"):
+    with pytest.raises(DatasetNotFoundError, match="^--manual_dir=.*/nope does not exist"):
         data.load_split("omniglot", "val", data_dir=str(tmp_path / "data"),
                         manual_dir=str(tmp_path / "nope"))
-    assert os.listdir(tmp_path) == []
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetNotFoundError, match="^--manual_dir=.*/empty holds no Omniglot "
+                                                   "zips \\(expected images_background.zip"):
+        data.load_split("omniglot", "val", data_dir=str(tmp_path / "data"),
+                        manual_dir=str(tmp_path / "empty"))
+    assert os.listdir(tmp_path) == ["empty"] and os.listdir(tmp_path / "empty") == []
 
 
 def test_list_flags_take_comma_lists_and_repeats_alike():
@@ -168,6 +187,21 @@ def test_a_runs_flags_as_a_flagfile_run_it_again_from_any_folder(tmp_path, monke
         assert flags.FLAGS.workdir == f"{tmp_path}/runs/w"
         assert flags.FLAGS.learner_option == ["inner_steps=2", "filters=8"]
         assert flags.FLAGS.overwrite is False and flags.FLAGS.learner == "init_tune"
+
+
+def test_a_learner_evaluated_in_a_new_workdir_writes_its_flags_too(tmp_path):
+    workdir = tmp_path / "it"
+    argv = ["--learner=init_tune", "--task=b2", "--nc=3", "--kt=2", "--learner_option=filters=8",
+            "--learner_option=inner_steps=1", "--dataset_option=num_classes=60",
+            "--dataset_option=samples_per_class=8", "--test_tasks=2", "--eval_batch=2",
+            f"--workdir={workdir}"]
+    code, stdout, stderr = outcomes("evaluate", {"new": argv})["new"]
+    assert code == 0, stderr
+    assert sorted((workdir / "flags.txt").read_text().splitlines()) == sorted(argv)
+    code, again, stderr = outcomes("train", {"flagfile": [f"--flagfile={workdir}/flags.txt"]})[
+        "flagfile"]
+    assert code == 0 and f"{workdir} holds this finished run" in again, stderr
+    assert again.split("holds this finished run")[1].split("\n", 1)[1] in stdout
 
 
 _SET_BY_A_COMMAND: list[str] = []

@@ -1,10 +1,12 @@
 """Dataset builders and device splits on real mini-Omniglot, a generated SlimageNet64 archive and
 the synthetic set; missing and corrupt inputs."""
 
+import glob
 import io
 import os
 import shutil
 import tarfile
+import tempfile
 import time
 import zipfile
 
@@ -152,7 +154,8 @@ def test_missing_zips_name_the_files(tmp_path, omniglot_dir):
         data.load_split("omniglot/small", "train", data_dir=str(tmp_path / "tfds"),
                         manual_dir=str(tmp_path))
     with pytest.raises(DatasetNotFoundError,
-                       match="images_background.zip, images_evaluation.zip not found in /"):
+                       match="^--manual_dir=/.*: images_background.zip, images_evaluation.zip "
+                             "not found there"):
         data.load_split("omniglot/full", "train", data_dir=str(tmp_path / "tfds"),
                         manual_dir=omniglot_dir)
     with pytest.raises(DatasetNotFoundError, match="SlimageNet64.tar.bz2 not found in"):
@@ -161,10 +164,31 @@ def test_missing_zips_name_the_files(tmp_path, omniglot_dir):
 
 
 def _assert_nothing_prepared(data_dir):
-    for config in ("small", "full"):
-        from cfsl_jax.datasets.omniglot import CfslOmniglot
-        assert not CfslOmniglot(config=config, data_dir=data_dir,
-                                file_format="array_record").is_prepared()
+    """No Omniglot config of ``data_dir`` has the file that marks it prepared (read from the
+    folder: a TFDS builder of an unprepared config leaves an empty ``$TMPDIR/tmp*tfds``)."""
+    assert glob.glob(os.path.join(data_dir, "cfsl_omniglot", "*", "*", "dataset_info.json")) == []
+
+
+def test_preparing_or_refusing_a_dataset_leaves_nothing_in_tmpdir(tmp_path, monkeypatch,
+                                                                  omniglot_dir, capfd):
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    with pytest.raises(DatasetNotFoundError):  # an unprepared config, the zips missing
+        data.load_split("omniglot/small", "train", data_dir=str(tmp_path / "none"),
+                        manual_dir=str(temporary))
+    capfd.readouterr()
+    prepared = data.load_split("omniglot/small", "val", data_dir=str(tmp_path / "tfds"),
+                               manual_dir=omniglot_dir)
+    assert prepared.info.num_classes == 31
+    out, err = capfd.readouterr()  # our lines only: no TFDS banner, no tqdm bar
+    assert [line.split(" (once)")[0] for line in out.splitlines()] == [
+        f"[data] preparing omniglot/small_nearest in {tmp_path / 'tfds'}"] * 2, out
+    assert "Downloading" not in err and "\r" not in err and "it/s" not in err, err
+    assert os.listdir(temporary) == [] and sorted(os.listdir(tmp_path)) == ["tfds", "tmp"]
+    assert not glob.glob(str(tmp_path / "tfds" / ".cfsl-tmp-*"))
+    _assert_nothing_prepared(str(tmp_path / "none"))
+    assert os.listdir(temporary) == []  # the check above reads the folder only
 
 
 def test_corrupt_zips_are_refused_and_leave_nothing_prepared(tmp_path, omniglot_dir):

@@ -30,6 +30,37 @@ def test_a_slow_update_is_covered_by_lines_until_its_function_returns(monkeypatc
     assert after == []
 
 
+class _Clocked:
+    """A stdout that notes when each line was written."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def write(self, text: str) -> int:
+        self.times += [time.monotonic()] * text.count("\n")
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_no_two_lines_of_a_slow_phase_are_more_than_the_heartbeat_apart(monkeypatch):
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 1.0)
+    clocked = _Clocked()
+    monkeypatch.setattr(sys, "stdout", clocked)
+
+    def phase():
+        bar = progress.tracker("eval", 600, "tasks")
+        bar.update(50)
+        time.sleep(0.5)  # a line between two of the heartbeat's polls
+        bar.update(100, force=True)
+        time.sleep(3.6)
+
+    phase()
+    gaps = [b - a for a, b in zip(clocked.times, clocked.times[1:])]
+    assert len(gaps) >= 3 and max(gaps) < 1.3, gaps  # a line within 1 s, never a second late
+
+
 def test_only_the_innermost_running_tracker_beats(monkeypatch, capsys):
     monkeypatch.setattr(progress, "HEARTBEAT_S", 0.25)
     def validate():
@@ -66,3 +97,20 @@ def test_a_command_says_it_started_before_it_imports_jax():
     assert first == "[verify] starting\n"
     assert stderr.strip() == "error: --workdir=/nonexistent does not exist"
     assert first_after < 3.0 and first_after < finished_after / 2, (first_after, finished_after)
+
+
+def test_a_slow_start_is_covered_by_lines_until_the_command_begins(capsys):
+    import threading
+
+    import launch
+    started = threading.Event()
+    launch.heartbeat_until("report", started, period=0.25)
+    time.sleep(0.9)  # importing JAX on a loaded machine
+    started.set()
+    during = capsys.readouterr().out.splitlines()
+    time.sleep(0.6)
+    assert 2 <= len(during) <= 4, during
+    assert all(line.startswith("  still [report] starting (") and
+               line.endswith("s: importing JAX and the command's modules)") for line in during)
+    assert capsys.readouterr().out == ""
+    assert launch.STARTING_HEARTBEAT_S < progress.INTERVAL_S

@@ -113,11 +113,10 @@ def materialise(name: str, argv: list[str], folder: str) -> list[str]:
             result.append(token)
             continue
         value = PLACEHOLDERS.get(flag, {}).get(value, value)
-        if flag in OUTPUTS and (os.path.isabs(value) or "://" in value
-                                or re.fullmatch(r"[A-Z]+(\.json)?", value)):  # never outside
-            value = os.path.join(folder, flag + (".json" if value.endswith(".json") else ""))
-        elif flag == "out":
+        if flag == "out":
             value = os.path.join(folder, os.path.basename(value))
+        elif flag in OUTPUTS:
+            value = _path_for(flag, value, folder)
         if flag == "workdir" and name in ("evaluate", "verify"):
             write_tiny_workdir(value)  # a finished run to re-test or verify
             with open(os.path.join(value, "results.json"), "w") as f:
@@ -138,6 +137,29 @@ def materialise(name: str, argv: list[str], folder: str) -> list[str]:
             os.makedirs(value)
         result.append(f"--{flag}={value}")
     return result
+
+
+def _path_for(flag: str, value: str, folder: str) -> str:
+    """A path flag's value for the test: a folder that exists relative to the repository (e.g.
+    ``../shared/data/omniglot``) made absolute; anything else (a placeholder such as ``W`` or
+    ``FOLDER_WITH_THE_TWO_OFFICIAL_ZIPS``, an absolute path, a URL) under ``folder``, so that
+    nothing is ever created outside it."""
+    in_repo = os.path.normpath(os.path.join(REPO, value))
+    if "://" not in value and not os.path.isabs(value) and os.path.exists(in_repo):
+        return in_repo
+    return os.path.join(folder, flag + (".json" if value.endswith(".json") else ""))
+
+
+def test_materialising_the_shown_commands_creates_nothing_outside_its_folder(tmp_path,
+                                                                             monkeypatch):
+    cwd, folder = tmp_path / "cwd", tmp_path / "commands"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    in_repo = sorted(os.listdir(REPO))
+    for i, (_, name, argv, _) in enumerate(shown_commands()):
+        materialise(name, argv, str(folder / str(i)))
+    assert os.listdir(cwd) == [] and sorted(os.listdir(REPO)) == in_repo
+    assert sorted(os.listdir(tmp_path)) == ["commands", "cwd"]
 
 
 @pytest.mark.parametrize("name", COMMANDS)

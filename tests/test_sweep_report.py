@@ -325,3 +325,19 @@ def test_paired_differences_compare_learners_task_by_task_on_shared_tasks():
     # -0.2, 0, -0.1, -0.1 -> mean -0.1, std 0.0707, CI 1.96 * 0.0707 / 2 = 0.0693
     assert rows[1:] == [["B3", "maml_low", "protonets", "-10.00", "±6.93", "4"]]
     assert paired_rows(results, "another dataset") == [rows[0]]
+
+
+def test_the_sweeps_status_lines_are_in_the_progress_format(tmp_path):
+    from cfsl_jax.training import runs
+    done, other = tiny_configs()[:2]
+    sweep_dir = str(tmp_path / "sweep")
+    runs.check_workdir_config(sweep.run_dir(sweep_dir, done), done)
+    with open(os.path.join(sweep.run_dir(sweep_dir, done), "results.json"), "w") as f:
+        json.dump({}, f)
+    taken = dataclasses.replace(other, seed=other.seed + 7)  # another run's config in its folder
+    runs.check_workdir_config(sweep.run_dir(sweep_dir, other), taken)
+    lines = []
+    outcomes = sweep.run_sweep([done, other], sweep_dir, workers=0, log=lines.append)
+    assert [o.status for o in outcomes] == ["skipped", "conflict"]
+    assert lines[0].startswith("[sweep] conflict: ")
+    assert lines[1:] == [f"[sweep] {sweep_dir}: 2 runs, 2 done or conflicting, 0 to run"]

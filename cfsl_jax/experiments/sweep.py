@@ -186,10 +186,10 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
             outcomes[run.workdir] = Outcome(run, "skipped", 0.0, "done before")
         elif state == "conflict":
             outcomes[run.workdir] = Outcome(run, "conflict", 0.0, detail)
-            log(f"conflict: {detail}")
+            log(f"[sweep] conflict: {detail}")
         else:
             todo.append(run)
-    log(f"sweep {sweep_dir}: {len(planned)} runs, {len(planned) - len(todo)} done or "
+    log(f"[sweep] {sweep_dir}: {len(planned)} runs, {len(planned) - len(todo)} done or "
         f"conflicting, {len(todo)} to run")
 
     bar = progress.tracker("sweep", len(todo), "runs")
@@ -198,7 +198,8 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
         outcomes[run.workdir] = Outcome(run, *result)
         finished = sum(o.status in ("finished", "failed") for o in outcomes.values())
         last_line = result[2].strip().splitlines()[-1] if result[2].strip() else ""
-        log(f"[{finished}/{len(todo)}] {result[0]} {run.name} in {result[1]:.1f}s: {last_line}")
+        log(f"[sweep] {result[0]} {run.name} ({finished}/{len(todo)}) in {result[1]:.1f}s: "
+            f"{last_line}")
         if result[0] != "interrupted":
             bar.update(finished, force=True)
 
@@ -223,7 +224,7 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
         for slot in range(workers):
             slots.put(slot)
         files.makedirs(sweep_dir)
-        log(f"{workers} worker process(es) on {platform}")
+        log(f"[sweep] {workers} worker process(es) on {platform}")
         pool = concurrent.futures.ProcessPoolExecutor(
             workers, mp_context=context, initializer=_init_worker,
             initargs=(slots, platform, devices,
@@ -233,10 +234,10 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
                                                                         sort_keys=True)): c
                        for c in (run.config for run in todo) if c.dataset != "synthetic"}
             for config in sources.values():  # synthetic data is generated in memory by each run
-                log(f"loading (preparing on first use) {config.dataset} in a worker ...")
+                log(f"[sweep] loading (preparing on first use) {config.dataset} in a worker ...")
                 error = pool.submit(prepare_data, config.to_json()).result()
                 if error:
-                    log(f"preparing {config.dataset} failed: {error}")
+                    log(f"[sweep] preparing {config.dataset} failed: {error}")
             futures = {pool.submit(execute, run.config.to_json(), run.workdir): run
                        for run in todo}
             for future in concurrent.futures.as_completed(futures):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from cfsl_jax.runtime import files, progress
 from cfsl_jax.training import results
@@ -17,13 +18,22 @@ CHECKED_METRICS = ("acc_mean", "acc_std", "ce_mean", "ce_std")
 def load(workdir: str, **paths: str | None) -> tuple[TrainConfig, dict]:
     """(config, recorded results) of a finished run; ``paths`` (``data_dir``, ``manual_dir``)
     given replace the recorded ones (a run recorded before paths were made absolute, verified
-    from another folder)."""
+    from another folder); a recorded relative folder that does not exist from here, and is not
+    replaced, is a UserError naming the flag that replaces it (nothing is prepared there)."""
     config = runs.load_config(workdir)
     path = files.join(workdir, "results.json")
     if not files.isfile(path):
         raise UserError(f"--workdir={workdir} holds no finished run (no results.json): finish "
                         f"it first (re-run its launch.train command)")
     given = {name: files.absolute(value) for name, value in paths.items() if value}
+    for name in ("manual_dir", "data_dir"):
+        recorded = getattr(config, name)
+        if (name not in given and recorded and not files.is_url(recorded)
+                and not os.path.isabs(recorded) and not os.path.exists(recorded)):
+            raise UserError(f"{files.join(workdir, 'config.json')} records {name}={recorded!r}, "
+                            f"relative to the folder the run started in, and "
+                            f"{os.path.abspath(recorded)} does not exist: run launch.verify "
+                            f"in that folder, or give --{name}=FOLDER")
     return dataclasses.replace(config, **given), results.read_json(path)
 
 

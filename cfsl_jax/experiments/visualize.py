@@ -98,7 +98,7 @@ def show_task(dataset: str = "synthetic", split: str = "train", task: str = "D8"
         check_split(loaded.class_table, loaded.class_sizes, spec)
     except ValueError as error:
         raise UserError(f"--task={task} cannot be sampled from the {split} split of "
-                        f"{dataset}: {error}") from None
+                        f"{loaded.info.dataset_variant}: {error}") from None
     indices = sample_task(seeding.purpose_key(seed, "show"), loaded.class_table,
                           loaded.class_sizes, spec)
     summary = task_summary(indices, spec, loaded.info.class_names)

@@ -115,6 +115,7 @@ class FluidConfig:
             raise UserError(f"streams={self.streams!r}; valid: {STREAM_KINDS}")
         positive_int("num_streams", self.num_streams)
         positive_int("validation_streams", self.validation_streams)
+        positive_int("pretrain_steps", self.pretrain_steps, minimum=0)  # 0: no pretraining
         for name, options in self.method_options.items():
             if options.get("new_class_threshold") is not None and not options.get("new_class"):
                 raise UserError(f"method {name}: new_class_threshold="

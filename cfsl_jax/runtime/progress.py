@@ -151,8 +151,9 @@ class Tracker:
         """Repeat the last count every ``interval`` while no update prints and the function
         that made the tracker still runs (see the module doc); not while a newer tracker of
         the same thread runs (an evaluation inside training) or a stage prints its own."""
+        poll = self._beat_every / 20  # a line comes before ``_beat_every`` s pass, not after
         while True:
-            time.sleep(min(self._beat_every, 1.0))
+            time.sleep(poll)
             with _lock:
                 if self not in _trackers or not self._running():  # replaced, done or returned
                     if self in _trackers:
@@ -162,7 +163,7 @@ class Tracker:
                 newer = _trackers[_trackers.index(self) + 1:]
                 inner = any(t._thread_id == self._thread_id and t._running() for t in newer)
             now = time.monotonic()
-            if not inner and not _stages and now - self._line_at >= self._beat_every:
+            if not inner and not _stages and now - self._line_at >= self._beat_every - poll:
                 say(f"[{self.what}] {self.done}/{self.total}"
                     + (f" {self.unit}" if self.unit else "")
                     + f", still working ({duration(now - self._updated_at)} since "

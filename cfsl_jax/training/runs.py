@@ -73,7 +73,7 @@ def check_feasible(config: TrainConfig, splits: dict[str, data.Split],
             check_split(splits[name].class_table, splits[name].class_sizes, config.spec)
         except ValueError as error:
             raise UserError(f"--task={config.task} cannot be sampled from the {name} split of "
-                            f"{splits[name].info.dataset}: {error}") from None
+                            f"{splits[name].info.dataset_variant}: {error}") from None
 
 
 def build(config: TrainConfig) -> tuple[Learner, dict[str, data.Split]]:
