@@ -169,3 +169,15 @@ def test_a_real_datasets_options_reach_it_and_synthetic_sizes_are_refused(tmp_pa
     assert_error((code, "", err), "--dataset_option=num_classes=50: num_classes sizes the "
                                   "synthetic set only; --dataset=omniglot has its own classes")
     assert os.listdir(tmp_path) == []
+
+
+def test_the_streams_progress_line_says_it_in_words():
+    summary = {"length": 1200, "classes": 40, "pretrain_classes": 10, "head_classes": 12,
+               "largest_class": 150, "smallest_class": 1, "pretrain_samples": 400,
+               "pretraining_only_classes": 3, "pretraining_only_samples": 90,
+               "samples": {"pretrain_head": 300, "pretrain_tail": 20, "novel_head": 700,
+                           "novel_tail": 180}}
+    assert fluid.experiment.summary_line(summary) == (
+        "1,200 samples of 40 classes (10 pretrain, 12 head; 1 to 150 samples a class); "
+        "samples pretrain-head 300, pretrain-tail 20, novel-head 700, novel-tail 180; "
+        "pretraining: 400 samples, +3 classes outside the stream")

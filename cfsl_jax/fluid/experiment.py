@@ -159,6 +159,18 @@ def load(config: FluidConfig) -> data.Split:
                            manual_dir=config.manual_dir, **options)
 
 
+def summary_line(summary: dict) -> str:
+    """``describe``'s summary of a stream in words, for the progress line."""
+    samples = summary["samples"]
+    return (f"{summary['length']:,} samples of {summary['classes']} classes "
+            f"({summary['pretrain_classes']} pretrain, {summary['head_classes']} head; "
+            f"{summary['smallest_class']} to {summary['largest_class']} samples a class); "
+            f"samples pretrain-head {samples['pretrain_head']:,}, pretrain-tail "
+            f"{samples['pretrain_tail']:,}, novel-head {samples['novel_head']:,}, novel-tail "
+            f"{samples['novel_tail']:,}; pretraining: {summary['pretrain_samples']:,} samples, "
+            f"+{summary['pretraining_only_classes']} classes outside the stream")
+
+
 def schedule_for(method, config: FluidConfig) -> Schedule | None:
     """The schedule ``method`` runs: ``config.schedule``, else its own scaled to the stream."""
     if method.train_step is None:
@@ -175,7 +187,8 @@ def run_methods(config: FluidConfig, split: data.Split, built: dict, index: int)
             if config.dataset.startswith("omniglot") else None)
     stream, classes = make_stream(stream_key(config, index), split.class_table,
                                   split.class_sizes, config.stream, pretrain_mask=mask)
-    progress.say(f"[FLUID] {config.streams} stream {index}: {describe(stream, classes)}")
+    progress.say(f"[FLUID] {config.streams} stream {index}: "
+                 f"{summary_line(describe(stream, classes))}")
     image_shape = tuple(split.images.shape[1:])
     init = next(iter(built.values())).init_params(seeding.purpose_key(config.seed, "init"),
                                                   jnp.zeros((1, *image_shape), jnp.float32))
