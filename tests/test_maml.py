@@ -16,7 +16,7 @@ from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.learners import get_learner
 from cfsl_jax.learners.inner_loop import msl_weights
 from cfsl_jax.learners.sca import Critic
-from cfsl_jax.protocol.metrics import meta_step_macs
+from cfsl_jax.protocol.episode import meta_step_macs
 from cfsl_jax.models.conv4 import BatchStatNorm
 from cfsl_jax.models.conv import im2col_conv
 from cfsl_jax.models.densenet import SEDenseNet

@@ -148,3 +148,26 @@ def run_tasks(learner: Learner, params: Params, support_x: jax.Array, support_y:
     return parallel.map_tasks(lambda sx, sy, tx, k: run_task(learner, params, sx, sy, tx, k),
                               (support_x, support_y, target_x, keys), mesh,
                               sequential(learner, mesh))
+
+
+def meta_step_macs(learner, params, image_shape: tuple[int, ...], dtype=jnp.float32,
+                   progress: float = 0.0) -> float:
+    """MACs of one task's meta-training step: value and gradient of its meta-loss.
+
+    The support-set scan is unrolled so that every support set is counted; a
+    learner with its own ``meta_loss`` (MAML++, SCA) must be built with its
+    ``unroll=True`` option for the same reason. The optimiser update is not
+    included (it is per step, not per task).
+    """
+    spec = learner.spec
+    support_x = jnp.zeros((spec.nss, spec.support_size, *image_shape), dtype)
+    support_y = jnp.zeros((spec.nss, spec.support_size), jnp.int32)
+    target_x = jnp.zeros((spec.target_size, *image_shape), dtype)
+    target_y = jnp.zeros((spec.target_size,), jnp.int32)
+
+    def step(params, progress):
+        return jax.value_and_grad(lambda p: meta_loss(
+            learner, p, support_x, support_y, target_x, target_y, jax.random.key(0), progress,
+            unroll=True)[0])(params)
+
+    return metrics.xla_macs(step, params, jnp.float32(progress))

@@ -24,7 +24,7 @@ Definitions (as in the README, "Metrics"):
   than the textbook ``H*W*K*K*Cin*Cout``. Elementwise ops count too. XLA
   counts the body of a loop (``lax.scan``, ``fori_loop``) ONCE, whatever its
   trip count: learners unroll their few inner steps inside ``adapt``, and
-  ``meta_step_macs`` unrolls the scan over support sets, so the counts are
+  ``episode.meta_step_macs`` unrolls the scan over support sets, so the counts are
   exact; a learner whose ``adapt`` keeps a rolled loop would be undercounted.
 """
 
@@ -190,27 +190,3 @@ def learner_macs(learner, params, image_shape: tuple[int, ...], dtype=jnp.float3
     init = xla_macs(lambda p, k: learner.init(p, k, spec), params, key)
     return {"macs_adapt": adapt, "macs_predict": predict,
             "macs_per_task": init + adapt * spec.nss + predict}
-
-
-def meta_step_macs(learner, params, image_shape: tuple[int, ...], dtype=jnp.float32,
-                   progress: float = 0.0) -> float:
-    """MACs of one task's meta-training step: value and gradient of its meta-loss.
-
-    The support-set scan is unrolled so that every support set is counted; a
-    learner with its own ``meta_loss`` (MAML++, SCA) must be built with its
-    ``unroll=True`` option for the same reason. The optimiser update is not
-    included (it is per step, not per task).
-    """
-    from cfsl_jax.protocol import episode# episode imports nothing from here; avoid a cycle at import
-    spec = learner.spec
-    support_x = jnp.zeros((spec.nss, spec.support_size, *image_shape), dtype)
-    support_y = jnp.zeros((spec.nss, spec.support_size), jnp.int32)
-    target_x = jnp.zeros((spec.target_size, *image_shape), dtype)
-    target_y = jnp.zeros((spec.target_size,), jnp.int32)
-
-    def step(params, progress):
-        return jax.value_and_grad(lambda p: episode.meta_loss(
-            learner, p, support_x, support_y, target_x, target_y, jax.random.key(0), progress,
-            unroll=True)[0])(params)
-
-    return xla_macs(step, params, jnp.float32(progress))

@@ -177,7 +177,7 @@ def per_task_meta_step_macs(config: TrainConfig, learner: Learner, params: Any,
                               **{**config.learner_options, "unroll": True})
     except ValueError:  # no such option: the episode scan is the only loop
         pass
-    return metrics.meta_step_macs(learner, params, image_shape)
+    return episode.meta_step_macs(learner, params, image_shape)
 
 
 def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int | None = None,
