@@ -13,8 +13,8 @@ The suite passes on any backend (CPU in CI, a GPU or TPU too):
   set it explicitly.
 - MACs are XLA:CPU's count on every backend (``backend.cpu_cost_analysis``).
 - XLA:CPU compiles with its elemental emitters (``--xla_cpu_use_fusion_emitters=false``,
-  ``TEST_XLA_FLAGS``), here and in subprocesses: the suite is mostly compiling, and they
-  compile its programs 1.5-3x faster.
+  where this XLA has the flag), here and in subprocesses: the suite is mostly compiling, and
+  they compile its programs 1.5-3x faster.
 
 ``pytest`` runs the modules in two pytest-xdist worker processes (``-n 2 --dist loadfile``
 in pyproject.toml: a module's tests and fixtures stay in one worker); ``pytest -n 0`` runs
@@ -26,17 +26,32 @@ import contextlib
 import ctypes
 import gc
 import os
+import subprocess
 import sys
 from typing import Iterator
 
 FAKE_DEVICES = 8
 # XLA:CPU's fusion emitters compile the suite's small programs 1.5-3x slower than its
-# elemental emitters (the same HLO, so the same MACs; results agree to float rounding).
-TEST_XLA_FLAGS = {"xla_force_host_platform_device_count": str(FAKE_DEVICES),
-                  "xla_cpu_use_fusion_emitters": "false"}
-for _flag, _value in TEST_XLA_FLAGS.items():
-    if _flag not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --{_flag}={_value}".strip()
+# elemental emitters (the same HLO, so the same MACs; results agree to float rounding). The
+# flag exists in the tested jaxlib (0.10.2) but not in every version (0.11.2 aborts on it), so
+# a subprocess asks this XLA first; pytest-xdist's workers inherit the answer in XLA_FLAGS.
+ELEMENTAL_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+
+
+def _xla_knows(flag: str) -> bool:
+    probe = "import jax; jax.devices('cpu')"
+    env = {**os.environ, "XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                          timeout=120).returncode == 0
+
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
+                               f"device_count={FAKE_DEVICES}").strip()
+if "CFSL_TEST_XLA_PROBED" not in os.environ:  # once per session: workers inherit the answer
+    os.environ["CFSL_TEST_XLA_PROBED"] = "1"
+    if ELEMENTAL_EMITTERS not in os.environ["XLA_FLAGS"] and _xla_knows(ELEMENTAL_EMITTERS):
+        os.environ["XLA_FLAGS"] += f" {ELEMENTAL_EMITTERS}"
 TEST_PRECISION = "highest"
 os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = TEST_PRECISION  # also for subprocesses
 
