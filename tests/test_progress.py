@@ -102,7 +102,7 @@ def test_a_command_says_it_started_before_it_imports_jax():
 def test_a_slow_start_is_covered_by_lines_until_the_command_begins(capsys):
     import threading
 
-    import launch
+    from cfsl_jax import launch
     started = threading.Event()
     launch.heartbeat_until("report", started, period=0.25)
     time.sleep(0.9)  # importing JAX on a loaded machine
