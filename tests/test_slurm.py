@@ -29,6 +29,7 @@ from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import experiment
 from cfsl_jax.experiments.verify import verify
+from conftest import TEST_PRECISION
 from test_cli import assert_error, run_cases
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,6 +57,17 @@ def finished(workdir):
 def assert_same_results(a, b):
     assert a["task_fingerprint"] == b["task_fingerprint"]
     assert {k: a["test"][k] for k in COMPARED} == {k: b["test"][k] for k in COMPARED}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def optimised_programs():
+    """This module's training runs (here, in submitit's debug executor and as SLURM jobs, all
+    compared number for number) compile at XLA's default level: each runs 60 steps, which
+    -O0's code runs about 3x slower than it compiles faster."""
+    unoptimised = jax.config.values["jax_disable_most_optimizations"]
+    jax.config.update("jax_disable_most_optimizations", False)
+    yield
+    jax.config.update("jax_disable_most_optimizations", unoptimised)
 
 
 # -- without SLURM ------------------------------------------------------------------------------
@@ -278,12 +290,16 @@ def cluster():
 
 
 def command(module, workdir, *flags):
-    """``python -m module --workdir --launcher=slurm flags``, compiling as this process does."""
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": jax.config.values[
-        "jax_compilation_cache_dir"], "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
+    """``python -m module --workdir --launcher=slurm flags``, compiling as this process does:
+    at its precision, into its compilation cache (the flag's default is the user's cache), so
+    that the jobs load the programs ``local_sweep`` compiled instead of compiling them again."""
+    cache = jax.config.values["jax_compilation_cache_dir"]
+    unoptimised = jax.config.values["jax_disable_most_optimizations"]
+    env = {**os.environ, "JAX_DISABLE_MOST_OPTIMIZATIONS": "1" if unoptimised else "0",
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "CFSL_PROGRESS": "1"}
     return subprocess.run([sys.executable, "-m", module, f"--workdir={workdir}",
-                           "--launcher=slurm", *flags], cwd=REPO, env=env,
+                           "--launcher=slurm", f"--precision={TEST_PRECISION}",
+                           f"--compilation_cache_dir={cache}", *flags], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -336,6 +352,7 @@ def test_a_slurm_sweep_equals_the_local_one_with_a_job_preempted_and_a_rerun_sub
 
 @pytest.mark.slurm
 def test_fluid_streams_as_slurm_jobs_equal_the_local_run(cluster, tmp_path):
+    jax.config.update("jax_disable_most_optimizations", True)  # short streams: -O0 is faster
     workdir = str(tmp_path / "fluid")
     flags = ["--preset=small", "--method=ncm", "--num_streams=2", "--stream_classes=6",
              "--stream_length=90", "--head_threshold=15", "--min_pretrain_samples=5",
