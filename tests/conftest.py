@@ -16,7 +16,7 @@ The suite passes on any backend (CPU in CI, a GPU or TPU too):
   where this XLA has the flag), here and in subprocesses: the suite is mostly compiling, and
   they compile its programs 1.5-3x faster.
 
-``pytest`` runs the modules in two pytest-xdist worker processes (``-n 2 --dist loadfile``
+``pytest`` runs the modules in three pytest-xdist worker processes (``-n 3 --dist loadfile``
 in pyproject.toml: a module's tests and fixtures stay in one worker); ``pytest -n 0`` runs
 everything in one process. The workers share one persistent compilation cache, and each
 test's compiled programs are released after it (peak memory per worker ~1.9 GB, not 5.5).
@@ -124,7 +124,7 @@ def interruptible_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-c", code, *args]
 
 
-# The order modules are handed to the two workers (``--no-loadscope-reorder``): the longest
+# The order modules are handed to the workers (``--no-loadscope-reorder``): the longest
 # first, so that no long module starts last while the other worker idles, and the notebooks
 # after the sweep tests, whose programs (same settings, one persistent cache) they then load.
 MODULES_FIRST = ("test_sweep_report.py", "test_slurm.py", "test_stops.py", "test_maml.py", "test_parallel.py",
