@@ -119,6 +119,21 @@ def default_data_dir() -> str:
     return os.environ.get("CFSL_DATA_DIR", os.path.expanduser("~/tensorflow_datasets"))
 
 
+def check_options(name: str, options: dict) -> str:
+    """A real dataset's ``options`` checked before anything is read (UserError naming the bad
+    one); returns the preprocessing it chose (``resize`` or ``normalisation``)."""
+    preprocessing = family(name)
+    valid = (("class_split",) if name.startswith("omniglot") else ()) + (preprocessing.option,)
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise UserError(f"unknown option(s) {unknown} for dataset {name!r}; valid: {valid}")
+    chosen = with_preprocessing(name, options)[preprocessing.option]
+    if chosen not in preprocessing.values:
+        raise UserError(f"{preprocessing.option}={chosen!r} for dataset {name!r}; valid: "
+                        f"{preprocessing.values}")
+    return chosen
+
+
 def load_split(name: str, split: str, data_dir: str | None = None,
                manual_dir: str | None = None, download: bool = False, **options: Any) -> Split:
     """Load (preparing on first use) one split of dataset ``name`` onto the device.
@@ -153,16 +168,7 @@ def load_split(name: str, split: str, data_dir: str | None = None,
                              f"valid: {SYNTHETIC_OPTIONS}")
         images, labels, names, source = _synthetic(split, **options)
     else:
-        preprocessing = family(name)
-        valid = (("class_split",) if name.startswith("omniglot") else ()) + (
-            preprocessing.option,)
-        unknown = sorted(set(options) - set(valid))
-        if unknown:
-            raise UserError(f"unknown option(s) {unknown} for dataset {name!r}; valid: {valid}")
-        chosen = with_preprocessing(name, options)[preprocessing.option]
-        if chosen not in preprocessing.values:
-            raise UserError(f"{preprocessing.option}={chosen!r} for dataset {name!r}; valid: "
-                            f"{preprocessing.values}")
+        chosen = check_options(name, options)
         data_dir = os.path.abspath(data_dir or default_data_dir())
         manual_dir = os.path.abspath(manual_dir) if manual_dir else None
         class_split = options.get("class_split", "ordered")

@@ -190,15 +190,17 @@ def synthetic_split_classes() -> int | None:
 
 
 def check_dataset_options() -> None:
-    """A size option of the synthetic set given for a real dataset is refused, not ignored."""
+    """A real dataset's options checked before anything is created; a size option of the
+    synthetic set given for one is refused, not ignored."""
     if FLAGS.dataset == "synthetic":
         return
-    from cfsl_jax.data import SYNTHETIC_OPTIONS
+    from cfsl_jax.data import SYNTHETIC_OPTIONS, check_options
     for pair in FLAGS.dataset_option:
         name = pair.partition("=")[0].strip()
         if name in SYNTHETIC_OPTIONS:
             raise UserError(f"--dataset_option={pair}: {name} sizes the synthetic set only; "
                             f"--dataset={FLAGS.dataset} has its own classes and images")
+    check_options(FLAGS.dataset, parse_options(FLAGS.dataset_option, "dataset_option"))
 
 
 def check_pretraining_breadth(stream) -> None:

@@ -168,7 +168,12 @@ def test_a_real_datasets_options_reach_it_and_synthetic_sizes_are_refused(tmp_pa
             f"--manual_dir={omniglot_dir}", "--dataset_option=num_classes=50"])
     assert_error((code, "", err), "--dataset_option=num_classes=50: num_classes sizes the "
                                   "synthetic set only; --dataset=omniglot has its own classes")
-    assert os.listdir(tmp_path) == []
+    with command_module("fluid") as module:
+        code, _, err = run_in_process(module, "fluid", [
+            f"--workdir={tmp_path / 'w'}", "--preset=small", "--dataset=omniglot",
+            f"--manual_dir={omniglot_dir}", "--dataset_option=resize=bogus"])
+    assert_error((code, "", err), "resize='bogus' for dataset 'omniglot'; valid: ")
+    assert os.listdir(tmp_path) == []  # refused before the workdir is made
 
 
 def test_the_streams_progress_line_says_it_in_words():
