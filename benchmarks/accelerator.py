@@ -231,7 +231,7 @@ def main(argv) -> None:
         if "eval" in _KINDS.value:
             _guarded(measure_eval, name, split, eval_spec, image_shape, kind="eval", learner=name)
         learner = get_learner(name, eval_spec, image_shape=image_shape)
-        if "train" not in _KINDS.value or learner.training != "meta":
+        if "train" not in _KINDS.value or learner.recipe.training != "meta":
             continue
         for cell in _CELLS.value:
             for meta_batch in (int(b) for b in _META_BATCHES.value):

@@ -88,7 +88,7 @@ def main(argv) -> None:
     for name in _LEARNERS.value:
         learner = get_learner(name, spec, image_shape=image)
         params = learner.init_params(jax.random.key(0), jnp.zeros((1, *image)), spec)
-        modes = ["eval"] + (["train"] if learner.training == "meta" else [])
+        modes = ["eval"] + (["train"] if learner.recipe.training == "meta" else [])
         for mode in modes:
             base = None
             for n in counts:

@@ -49,7 +49,7 @@ def check() -> TrainConfig | None:
     config = train_cli.config_from_flags()
     with cli.user_input():
         learner = get_learner(config.learner, config.spec, **config.learner_options)
-    if learner.training == "meta":
+    if learner.recipe.training == "meta":
         raise cli.UserError(f"--learner={config.learner} is meta-trained: run launch.train "
                             f"first, or give the --workdir of a finished run")
     return config

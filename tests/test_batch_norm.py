@@ -67,7 +67,7 @@ def test_moments_are_each_sets_mean_and_unbiased_variance(omniglot_train):
     learner = get_learner("protonets", SPEC, filters=8)
     params = learner.init_params(jax.random.key(1), jnp.zeros((1, 28, 28, 1)), SPEC)
     support_x, _, target_x = real_task(omniglot_train, SPEC, seed=1)
-    moments = learner.running_bn.moments(params, support_x, target_x)["BatchStatNorm_0"]
+    moments = learner.recipe.running_bn.moments(params, support_x, target_x)["BatchStatNorm_0"]
     assert moments["mean"].shape == (SPEC.nss + 1, 8)
     kernel = params["params"]["Conv_0"]["kernel"]
     for i, x in enumerate([*support_x, target_x]):  # the first conv, then its batch moments
@@ -93,7 +93,7 @@ def test_a_training_step_folds_each_tasks_forward_passes_in_task_order():
     split, moments = splits["train"], []
     for task_key in jax.random.split(key, 2):
         task = sample_task(task_key, split.class_table, split.class_sizes, learner.spec)
-        moments.append(learner.running_bn.moments(
+        moments.append(learner.recipe.running_bn.moments(
             params, data.gather_normalised(split, task.support_idx),
             data.gather_normalised(split, task.target_idx)))
     expected = absorb(params["batch_stats"],
@@ -128,7 +128,7 @@ def test_a_workdir_saved_before_eval_seed_keeps_its_tasks_and_batch_statistics(t
     config = runs.load_config(str(tmp_path))
     assert config.task_seed == 3 and config.eval_seed is None
     assert config.learner_options == {"filters": 8, "bn_stats": "batch"}
-    assert runs.build(config)[0].running_bn is None
+    assert runs.build(config)[0].recipe.running_bn is None
     today = train.TrainConfig(**{**TINY.to_json(), "seed": 3})
     assert runs.config_differences(saved, today) == ["eval_seed", "learner_options"]
 

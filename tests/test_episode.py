@@ -8,7 +8,7 @@ import numpy as np
 
 from cfsl_jax.protocol import episode
 from cfsl_jax.learners import get_learner
-from cfsl_jax.learners.base import Learner
+from cfsl_jax.protocol.learner import Learner
 from cfsl_jax.models.conv4 import Conv4
 from cfsl_jax.protocol.spec import TaskSpec
 from conftest import traces_counted

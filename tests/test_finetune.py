@@ -14,8 +14,8 @@ from cfsl_jax.protocol import episode, metrics
 from cfsl_jax.datasets.synthetic import generate
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.learners import get_learner
-from cfsl_jax.learners.finetune import (EwcState, TuneState, ewc_init,
-                                        init_tune, merge, pretrain_tune, split_norm)
+from cfsl_jax.learners.finetune import (EwcOptions, EwcState, FinetuneOptions, TuneState,
+                                        ewc_init, init_tune, merge, pretrain_tune, split_norm)
 from cfsl_jax.models import init as weight_init
 from cfsl_jax.models.conv4 import Conv4, LinearHead
 from cfsl_jax.models.fisher import empirical_fisher
@@ -101,7 +101,8 @@ def test_atm_is_the_adapted_weight_bytes_and_ewc_carries_three_copies(tuned):
     # weights + Fisher + anchors
     assert metrics.atm(ewc_init(B3), params, IMAGE) == pytest.approx(3 * 254268 / 47040)
     # adapt_norm=True (the previous behaviour): the norm layers adapt and are carried too.
-    assert metrics.atm(init_tune(B3, adapt_norm=True), params, IMAGE) == pytest.approx(
+    moving = init_tune(B3, FinetuneOptions(adapt_norm=True))
+    assert metrics.atm(moving, params, IMAGE) == pytest.approx(
         255804 / 47040, rel=1e-12)
 
 
@@ -111,7 +112,7 @@ def test_macs_are_linear_in_nss_and_adapt_is_a_few_forward_backward_passes():
     def macs(nss):  # type A: outputs and target size do not depend on NSS
         spec = TaskSpec(nss=nss, nc=5, ks=1, kt=5, cci=nss, overwrite=True,
                         target_mode="per_class")
-        learner = init_tune(spec, inner_steps=steps)
+        learner = init_tune(spec, FinetuneOptions(inner_steps=steps))
         params = learner.init_params(jax.random.key(0), jnp.zeros((1, *IMAGE)), spec)
         return learner, params, metrics.learner_macs(learner, params, IMAGE)
 
@@ -148,7 +149,7 @@ def huge_ewc(tuned, two_sets):
     """ewc_init with lambda = 1e7 on the two sets: the states before, after one and after two
     sets, and each set's Fisher at the weights fine-tuned on it (by ``models.fisher``)."""
     _, params, _, _ = tuned
-    learner = ewc_init(B3, ewc_lambda=1e7)
+    learner = ewc_init(B3, EwcOptions(ewc_lambda=1e7))
     (x1, y1), (x2, y2) = two_sets
     net = network(B3.num_outputs, params)
 
@@ -215,7 +216,7 @@ def test_norm_layers_stay_at_params_unless_adapt_norm(tuned, two_sets):
     shifted["embed"]["params"]["BatchStatNorm_3"]["bias"] = norm["BatchStatNorm_3"]["bias"] + 1.0
     assert not np.allclose(predict(params, state, x), predict(shifted, state, x))
     # adapt_norm=True: the norm layers adapt and are carried.
-    moving = init_tune(B3, adapt_norm=True)
+    moving = init_tune(B3, FinetuneOptions(adapt_norm=True))
     after = moving.adapt(params, moving.init(params, jax.random.key(2), B3), x, y)
     assert sq_distance(split_norm(after.weights)[1], split_norm(params)[1]) > 0.0
 
@@ -256,7 +257,7 @@ def test_params_are_xavier_uniform_with_zero_biases_by_default(tuned):
             assert not np.any(np.asarray(values)), path
         if path.endswith("scale"):
             np.testing.assert_array_equal(values, 1.0)
-    lecun = init_tune(B3, weight_init="lecun").init_params(jax.random.key(1),
+    lecun = init_tune(B3, FinetuneOptions(weight_init="lecun")).init_params(jax.random.key(1),
                                                             jnp.zeros((1, *IMAGE)), B3)
     assert float(jnp.abs(lecun["head"]["params"]["Dense_0"]["kernel"]).max()) > np.sqrt(6 / 63)
 
@@ -285,14 +286,14 @@ def test_weight_init_schemes_have_pytorchs_bounds():
 def test_pretrain_tune_init_pairs_the_pretrained_embed_with_the_params_head():
     learner = pretrain_tune(B3)
     params = learner.init_params(jax.random.key(8), jnp.zeros((1, *IMAGE)), B3)
-    assert learner.training == "pretrain" and learner.per_task_weights
+    assert learner.recipe.training == "pretrain" and learner.recipe.per_task_weights
     for key in (9, 10):  # every task starts from the same head: the authors' linear_0
         weights = learner.init(params, jax.random.key(key), B3).weights
         assert sq_distance(weights, adapted(params)) == 0.0
 
 
 def test_pretrain_tune_fresh_head_option_draws_a_head_per_task():
-    learner = pretrain_tune(B3, fresh_head=True)
+    learner = pretrain_tune(B3, FinetuneOptions(fresh_head=True))
     params = learner.init_params(jax.random.key(8), jnp.zeros((1, *IMAGE)), B3)
     a = learner.init(params, jax.random.key(9), B3).weights
     b = learner.init(params, jax.random.key(10), B3).weights
@@ -394,7 +395,7 @@ def test_every_conv_impl_adapts_and_predicts_the_same(tuned, two_sets, glyphs):
         params = jax.tree.map(lambda p: p.astype(jnp.float64), tuned[1])
         x1, x2, target = (x.astype(jnp.float64) for x in (x1, x2, glyphs[:10, 1]))
         for conv in ("auto", "gemm_grad", "xla"):
-            other = init_tune(B3, conv=conv)
+            other = init_tune(B3, FinetuneOptions(conv=conv))
 
             @jax.jit
             def run(params):

@@ -63,8 +63,8 @@ def test_second_order_meta_gradient_matches_finite_differences_and_first_order_d
     with jax.enable_x64(True):
         learner = get_learner("maml_low", TINY_SPEC, inner_lr=0.1, multi_step_loss=False,
                               first_order_epochs=1, **TINY_LOW)
-        first_order = learner.for_epoch(0)
-        assert learner.for_epoch(1) is learner and first_order is learner.for_epoch(0)
+        first_order = learner.recipe.for_epoch(0)
+        assert learner.recipe.for_epoch(1) is learner and first_order is learner.recipe.for_epoch(0)
         params = jax.tree.map(lambda p: p.astype(jnp.float64), init(learner, SMALL))
         task = random_task(TINY_SPEC, SMALL, dtype=jnp.float64)
         direction = jax.tree.map(

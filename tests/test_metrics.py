@@ -13,7 +13,7 @@ from cfsl_jax.protocol import episode, metrics
 from cfsl_jax.learners import get_learner
 from cfsl_jax.training.records import EvalRecord
 from cfsl_jax.models import conv
-from cfsl_jax.learners.base import Learner
+from cfsl_jax.protocol.learner import Learner, Recipe
 from cfsl_jax.protocol.spec import TaskSpec
 
 IMAGE = (28, 28, 1)
@@ -88,7 +88,7 @@ def linear_learner(spec) -> Learner:
 
     return Learner("linear", spec, lambda key, x, spec: {},
                    lambda params, key, spec: LinearState(jnp.zeros((784, spec.num_outputs))),
-                   adapt, predict, training="none")
+                   adapt, predict, Recipe(training="none"))
 
 
 def test_linear_learner_macs_equal_the_hand_count():

@@ -93,7 +93,7 @@ def test_task_pretraining_on_8_devices_matches_one_and_compiles_once(splits,
             losses.append(float(loss))
         runs.append((flops, losses, jax.device_get(state.params)))
     (flops_1, losses_1, params_1), (flops_8, losses_8, params_8) = runs
-    embed = jax.jit(learner.embed_apply)
+    embed = jax.jit(learner.recipe.embed_apply)
     features_1, features_8 = (np.asarray(embed(p["embed"], probe)) for p in (params_1, params_8))
     assert flops_8 < 0.75 * flops_1  # per device: the batch's convolutions are split
     assert losses_1[2] < losses_1[0] - 0.1  # the steps do learn

@@ -145,7 +145,7 @@ def test_nan_loss_stops_with_epoch_and_step_and_keeps_last_checkpoint(tmp_path, 
             loss, logits = episode.target_loss(learner, params, sx, sy, tx, ty, key)
             return jnp.where(progress >= 0.5, jnp.nan, loss), logits
 
-        return learner._replace(meta_loss=meta_loss)
+        return learner._replace(recipe=learner.recipe._replace(meta_loss=meta_loss))
 
     monkeypatch.setattr(runs, "get_learner", exploding)  # what runs.build calls
     workdir = str(tmp_path / "nan")

@@ -132,7 +132,7 @@ def _pretrains(learner: str) -> bool:
     report say how."""
     from cfsl_jax.learners import LEARNERS, get_learner
     from cfsl_jax.protocol.spec import TaskSpec
-    return learner in LEARNERS and get_learner(learner, TaskSpec.preset("B3")).training == \
+    return learner in LEARNERS and get_learner(learner, TaskSpec.preset("B3")).recipe.training == \
         "pretrain"
 
 

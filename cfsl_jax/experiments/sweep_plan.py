@@ -179,7 +179,7 @@ def impossible(config: TrainConfig, cache: dict) -> str:
                       config.dataset_options], sort_keys=True)
     if key not in cache:
         cache[key] = runs.load_splits(config)
-    training = get_learner(config.learner, config.spec, **config.learner_options).training
+    training = get_learner(config.learner, config.spec, **config.learner_options).recipe.training
     try:
         runs.check_feasible(config, cache[key],
                              runs.splits_touched(training, config.pretrain_data))

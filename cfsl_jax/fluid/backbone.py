@@ -22,7 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from cfsl_jax.learners.base import check_image_shape
+from cfsl_jax.learners.shapes import check_image_shape
 from cfsl_jax.models.conv4 import Conv4
 
 Params = dict  # {"embed": Conv4 variables}

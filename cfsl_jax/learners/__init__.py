@@ -1,7 +1,9 @@
 """Learners: each module exports factories that build a ``Learner`` of pure functions.
 
     from cfsl_jax.learners import get_learner, LEARNERS
-    learner = get_learner("protonets", spec, image_shape=(28, 28, 1))
+    learner = get_learner("protonets", spec, image_shape=(28, 28, 1), filters=32)
+
+or, typed: ``protonets.protonets(spec, ProtoNetsOptions(filters=32), image_shape=...)``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any, Iterable, Mapping
 from cfsl_jax.runtime import options as opt
 
 from cfsl_jax.runtime.errors import UserError
-from cfsl_jax.learners.base import Learner
+from cfsl_jax.protocol.learner import Learner
 from cfsl_jax.learners.precision import COMPUTE_DTYPES, with_compute_dtype
 from cfsl_jax.protocol.spec import TaskSpec
 
@@ -28,8 +30,8 @@ _REGISTRY: dict[str, tuple[str, str, str]] = {
     "sca": ("sca", "sca", "ScaOptions"),
 }
 LEARNERS: tuple[str, ...] = tuple(_REGISTRY)
-# Factory keywords that are not options: the input shape and ProtoNets' carried-state dtype.
-_NOT_OPTIONS = ("image_shape", "state_dtype")
+# A factory keyword that is not an option: ProtoNets' carried-state dtype.
+_NOT_OPTIONS = ("state_dtype",)
 
 
 def _check_name(name: str) -> None:
@@ -57,16 +59,18 @@ def parse_learner_options(name: str, pairs: Iterable[str],
 
 
 def get_learner(name: str, spec: TaskSpec, compute_dtype: str = "float32",
-                **options) -> Learner:
-    """Build learner ``name`` for ``spec``; ``options`` are its options (``options_class``)
-    and the factory's ``image_shape`` (and ProtoNets' ``state_dtype``).
+                image_shape: tuple[int, int, int] = (28, 28, 1), **options) -> Learner:
+    """Build learner ``name`` for ``spec`` and inputs of ``image_shape``; ``options`` are its
+    options by name (checked into ``options_class(name)``, UserError) and, for ProtoNets,
+    the factory's ``state_dtype``.
 
     ``compute_dtype`` other than float32 wraps it with ``precision.with_compute_dtype``.
     """
     _check_name(name)
     module, factory, _ = _REGISTRY[name]
     build = getattr(importlib.import_module(f"cfsl_jax.learners.{module}"), factory)
-    learner = build(spec, **options)
+    extra = {key: options.pop(key) for key in _NOT_OPTIONS if key in options}
+    learner = build(spec, learner_options(name, options), image_shape=image_shape, **extra)
     return with_compute_dtype(learner, compute_dtype)
 
 

@@ -68,12 +68,13 @@ import jax.numpy as jnp
 from flax import traverse_util
 
 from cfsl_jax.runtime.errors import UserError
-from cfsl_jax.learners.base import Learner, Params, check_image_shape, embedding_dim
+from cfsl_jax.learners.shapes import check_image_shape, embedding_dim
+from cfsl_jax.protocol.learner import Learner, Params, Recipe
 from cfsl_jax.models.conv import CONV_IMPLS
 from cfsl_jax.models.conv4 import ACTIVATIONS, Conv4, LinearHead
 from cfsl_jax.models.fisher import LogitsFn, empirical_fisher
 from cfsl_jax.models.init import WEIGHT_INITS, reinitialize
-from cfsl_jax.runtime.options import build, check_fields, option
+from cfsl_jax.runtime.options import check_fields, option
 from cfsl_jax.protocol import metrics
 from cfsl_jax.protocol.spec import TaskSpec
 
@@ -158,10 +159,8 @@ def split_norm(weights: Params) -> tuple[Params, Params]:
 
 
 def _finetune(name: str, spec: TaskSpec, image_shape: tuple[int, int, int], *,
-              pretrained: bool, options: dict) -> Learner:
-    """The one factory behind all four learners: EWC when ``options`` are ``EwcOptions``."""
-    opts = build(EwcOptions if name.startswith("ewc") else FinetuneOptions, options,
-                 f"learner {name!r}")
+              pretrained: bool, opts: FinetuneOptions) -> Learner:
+    """The one factory behind all four learners: EWC when ``opts`` are ``EwcOptions``."""
     ewc_lambda = opts.ewc_lambda if isinstance(opts, EwcOptions) else None
     inner_steps, learning_rate = opts.inner_steps, opts.learning_rate
     adapt_norm, fresh_head = opts.adapt_norm, opts.fresh_head
@@ -230,8 +229,8 @@ def _finetune(name: str, spec: TaskSpec, image_shape: tuple[int, int, int], *,
         return logits_fn(params)(state.weights, target_x)
 
     return Learner(name, spec, init_params, init, adapt, predict,
-                   training="pretrain" if pretrained else "none", per_task_weights=True,
-                   embed_apply=embed.apply)
+                   Recipe(training="pretrain" if pretrained else "none", per_task_weights=True,
+                          embed_apply=embed.apply))
 
 
 def merge(adapted: Params, kept: Params) -> Params:
@@ -240,25 +239,25 @@ def merge(adapted: Params, kept: Params) -> Params:
                                          **traverse_util.flatten_dict(adapted)})
 
 
-def init_tune(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
-              **options) -> Learner:
-    """Fine-tune a fixed random init on each support set in turn (``FinetuneOptions``)."""
-    return _finetune("init_tune", spec, image_shape, pretrained=False, options=options)
+def init_tune(spec: TaskSpec, opts: FinetuneOptions = FinetuneOptions(), *,
+              image_shape: tuple[int, int, int] = (28, 28, 1)) -> Learner:
+    """Fine-tune a fixed random init on each support set in turn."""
+    return _finetune("init_tune", spec, image_shape, pretrained=False, opts=opts)
 
 
-def pretrain_tune(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
-                  **options) -> Learner:
+def pretrain_tune(spec: TaskSpec, opts: FinetuneOptions = FinetuneOptions(), *,
+                  image_shape: tuple[int, int, int] = (28, 28, 1)) -> Learner:
     """Fine-tune a pretrained embedding plus its head on each support set in turn."""
-    return _finetune("pretrain_tune", spec, image_shape, pretrained=True, options=options)
+    return _finetune("pretrain_tune", spec, image_shape, pretrained=True, opts=opts)
 
 
-def ewc_init(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
-             **options) -> Learner:
-    """``init_tune`` with Elastic Weight Consolidation across support sets (``EwcOptions``)."""
-    return _finetune("ewc_init", spec, image_shape, pretrained=False, options=options)
+def ewc_init(spec: TaskSpec, opts: EwcOptions = EwcOptions(), *,
+             image_shape: tuple[int, int, int] = (28, 28, 1)) -> Learner:
+    """``init_tune`` with Elastic Weight Consolidation across support sets."""
+    return _finetune("ewc_init", spec, image_shape, pretrained=False, opts=opts)
 
 
-def ewc_pretrain(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
-                 **options) -> Learner:
+def ewc_pretrain(spec: TaskSpec, opts: EwcOptions = EwcOptions(), *,
+                 image_shape: tuple[int, int, int] = (28, 28, 1)) -> Learner:
     """``pretrain_tune`` with Elastic Weight Consolidation across support sets."""
-    return _finetune("ewc_pretrain", spec, image_shape, pretrained=True, options=options)
+    return _finetune("ewc_pretrain", spec, image_shape, pretrained=True, opts=opts)

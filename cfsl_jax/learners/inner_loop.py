@@ -28,7 +28,7 @@ authors' released configs and code, docs/fidelity.md):
   (row NSS*S - 1).
 - Second-order meta-gradients; ``first_order=True`` stops the gradient
   through the inner gradients, and ``first_order_epochs=K`` meta-trains
-  first-order for epochs < K (``Learner.for_epoch``; derivative-order
+  first-order for epochs < K (``Recipe.for_epoch``; derivative-order
   annealing). Evaluation never differentiates, so both orders predict alike.
 - Multi-step loss, off by default (as the released configs): after each
   support set n the target
@@ -77,7 +77,8 @@ import jax.numpy as jnp
 import optax
 
 from cfsl_jax.protocol import metrics
-from cfsl_jax.learners.base import Learner, RunningBN, check_image_shape
+from cfsl_jax.learners.shapes import check_image_shape
+from cfsl_jax.protocol.learner import Learner, Recipe, RunningBN
 from cfsl_jax.learners.inner_loop_options import InnerLoopOptions
 from cfsl_jax.models.init import reinitialize
 from cfsl_jax.models.norm import META_ONLY_PREFIX, collect_moments
@@ -373,16 +374,15 @@ def assemble(name: str, loop: InnerLoop, predict: Callable | None = None,
         first = options.first_order or epoch < options.first_order_epochs
         return variants[first]
 
-    fields = {}
+    recipe = Recipe(training="meta", per_task_weights=True, for_epoch=for_epoch)
     if loop.evaluation is not None:
         ev = loop.evaluation
-        fields = {"evaluation": Learner(name, ev.spec, loop.init_params, ev.init, ev.adapt(False),
-                                        predict(ev, False), training="meta",
-                                        per_task_weights=True),
-                  "running_bn": RunningBN("embed_stats", loop.moments)}
+        recipe = recipe._replace(
+            evaluation=Learner(name, ev.spec, loop.init_params, ev.init, ev.adapt(False),
+                               predict(ev, False), Recipe(per_task_weights=True)),
+            running_bn=RunningBN("embed_stats", loop.moments))
     for first in (False, True):
         variants[first] = Learner(name, loop.spec, loop.init_params, loop.init,
-                                  loop.adapt(first), predict(loop, first), training="meta",
-                                  per_task_weights=True, meta_loss=meta_loss(first),
-                                  for_epoch=for_epoch, **fields)
+                                  loop.adapt(first), predict(loop, first),
+                                  recipe._replace(meta_loss=meta_loss(first)))
     return variants[options.first_order]

@@ -18,7 +18,7 @@ Embedding batch norm (``bn_stats``): "running" (default, as the authors'
 ``nn.BatchNorm2d`` in ``SqueezeExciteDenseNet``): meta-training normalises each support set and the target set with
 their own statistics and folds them into running averages
 (``params["embed_stats"]``); validation and test embed every image with the
-running averages (``Learner.evaluation``). "batch": every set is normalised with
+running averages (``Recipe.evaluation``). "batch": every set is normalised with
 its own statistics in evaluation too. The head's per-step batch norm uses batch
 statistics either way, as the authors' head.
 ``shrink_transitions=True`` (transitions back to ``embed_filters`` = 64
@@ -40,13 +40,13 @@ import flax.linen as nn
 import jax
 
 from cfsl_jax.runtime.errors import UserError
-from cfsl_jax.learners.base import Learner
+from cfsl_jax.protocol.learner import Learner
 from cfsl_jax.learners.inner_loop import InnerLoop, InnerLoopOptions, assemble, make_inner_loop
 from cfsl_jax.models.conv import CONV_IMPLS, Conv
 from cfsl_jax.models.densenet import AdaptableHead, SEDenseNet, max_pool
 from cfsl_jax.models.init import WEIGHT_INITS
 from cfsl_jax.models.norm import PerStepBatchNorm
-from cfsl_jax.runtime.options import build, option, positive_int
+from cfsl_jax.runtime.options import option, positive_int
 from cfsl_jax.protocol.spec import TaskSpec
 
 BN_STATS: tuple[str, ...] = ("running", "batch")  # maml_high / sca embedding (``bn_stats``)
@@ -105,10 +105,10 @@ def _check_image_shape(image_shape) -> tuple[int, int, int]:
     return shape
 
 
-def maml_low_loop(spec: TaskSpec, image_shape=(28, 28, 1), **options) -> InnerLoop:
+def maml_low_loop(spec: TaskSpec, image_shape=(28, 28, 1),
+                  opts: MamlLowOptions = MamlLowOptions()) -> InnerLoop:
     """The inner-loop pieces of ``maml_low`` (see ``maml_low``)."""
     shape = _check_image_shape(image_shape)
-    opts = build(MamlLowOptions, options, "learner 'maml_low'")
     if min(shape[:2]) < 2**opts.num_blocks:
         raise UserError(f"image_shape {shape} is too small for {opts.num_blocks} 2x2 max-pools "
                         f"(needs H, W >= {2**opts.num_blocks})")
@@ -118,10 +118,9 @@ def maml_low_loop(spec: TaskSpec, image_shape=(28, 28, 1), **options) -> InnerLo
 
 
 def maml_high_loop(spec: TaskSpec, image_shape=(28, 28, 1), extra_steps: int = 0,
-                   opts: MamlHighOptions | None = None) -> InnerLoop:
+                   opts: MamlHighOptions = MamlHighOptions()) -> InnerLoop:
     """The inner-loop pieces of ``maml_high`` (SCA passes ``extra_steps=1``)."""
     shape = _check_image_shape(image_shape)
-    opts = MamlHighOptions() if opts is None else opts
     if min(shape[:2]) < 4:
         raise UserError(f"image_shape {shape} is too small for the SE-DenseNet (needs H, W >= 4)")
     steps = (spec.nss * opts.inner_steps + extra_steps + opts.target_bn_row
@@ -136,13 +135,13 @@ def maml_high_loop(spec: TaskSpec, image_shape=(28, 28, 1), extra_steps: int = 0
                            embed_eval=embed.clone(norm="eval") if running else None)
 
 
-def maml_low(spec: TaskSpec, image_shape=(28, 28, 1), **options) -> Learner:
-    """MAML++ low-end: Conv-4, every weight adapts; ``options``: ``MamlLowOptions``."""
-    return assemble("maml_low", maml_low_loop(spec, image_shape, **options))
+def maml_low(spec: TaskSpec, opts: MamlLowOptions = MamlLowOptions(), *,
+             image_shape=(28, 28, 1)) -> Learner:
+    """MAML++ low-end: Conv-4, every weight adapts."""
+    return assemble("maml_low", maml_low_loop(spec, image_shape, opts))
 
 
-def maml_high(spec: TaskSpec, image_shape=(28, 28, 1), **options) -> Learner:
-    """MAML++ high-end: SE-DenseNet embedding (outer loop only) + adaptable head;
-    ``options``: ``MamlHighOptions``."""
-    opts = build(MamlHighOptions, options, "learner 'maml_high'")
+def maml_high(spec: TaskSpec, opts: MamlHighOptions = MamlHighOptions(), *,
+              image_shape=(28, 28, 1)) -> Learner:
+    """MAML++ high-end: SE-DenseNet embedding (outer loop only) + adaptable head."""
     return assemble("maml_high", maml_high_loop(spec, image_shape, opts=opts))

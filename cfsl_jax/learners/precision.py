@@ -24,71 +24,38 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from cfsl_jax.learners.base import Learner
+from cfsl_jax.protocol.learner import STATE_FUNCTIONS, Learner, map_functions
 
 COMPUTE_DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
                                   "float16": jnp.float16}
 
 
 def cast_floating(tree: Any, dtype) -> Any:
-    """Cast the floating-point leaves of ``tree`` to ``dtype``; other leaves unchanged."""
+    """Cast the floating-point array leaves of ``tree`` to ``dtype``; other leaves (integer
+    arrays, PRNG keys, a ``TaskSpec``) unchanged."""
     return jax.tree.map(
-        lambda x: x.astype(dtype) if jnp.issubdtype(jnp.result_type(x), jnp.floating) else x,
-        tree)
+        lambda x: x.astype(dtype) if jnp.issubdtype(getattr(x, "dtype", jnp.int32),
+                                                    jnp.floating) else x, tree)
 
 
 def with_compute_dtype(learner: Learner, compute_dtype: str) -> Learner:
-    """``learner`` computing in ``compute_dtype`` (one of ``COMPUTE_DTYPES``)."""
+    """``learner`` computing in ``compute_dtype`` (one of ``COMPUTE_DTYPES``): every function
+    it computes with (``map_functions``) takes its floating inputs in that dtype and returns
+    the carried state in it, and logits, losses, features and moments in float32."""
     if compute_dtype not in COMPUTE_DTYPES:
         raise ValueError(f"compute_dtype={compute_dtype!r}; valid: {tuple(COMPUTE_DTYPES)}")
     dtype = COMPUTE_DTYPES[compute_dtype]
     if dtype == jnp.float32:
         return learner
 
-    def low(tree):
-        return cast_floating(tree, dtype)
+    def wrap(name, fn):
+        out_dtype = dtype if name in STATE_FUNCTIONS else jnp.float32
 
-    def full(tree):
-        return cast_floating(tree, jnp.float32)
+        kept = 1 if name == "meta_loss" else 0  # its last argument, progress, is no input
 
-    def init(params, key, spec):
-        return low(learner.init(low(params), key, spec))
+        def cast(*args):
+            args = cast_floating(args[:len(args) - kept], dtype) + args[len(args) - kept:]
+            return cast_floating(fn(*args), out_dtype)
+        return cast
 
-    def adapt(params, state, support_x, support_y):
-        return low(learner.adapt(low(params), state, low(support_x), support_y))
-
-    def predict(params, state, target_x):
-        return full(learner.predict(low(params), state, low(target_x)))
-
-    meta_loss = None
-    if learner.meta_loss is not None:
-        def meta_loss(params, support_x, support_y, target_x, target_y, key, progress):
-            return full(learner.meta_loss(low(params), low(support_x), support_y, low(target_x),
-                                          target_y, key, progress))
-
-    for_epoch = None
-    if learner.for_epoch is not None:
-        wrapped: dict[int, Learner] = {}  # one wrapper per distinct learner: train.py caches by id
-
-        def for_epoch(epoch):
-            inner = learner.for_epoch(epoch)
-            if id(inner) not in wrapped:
-                wrapped[id(inner)] = with_compute_dtype(inner, compute_dtype)
-            return wrapped[id(inner)]
-
-    embed_apply = None
-    if learner.embed_apply is not None:
-        def embed_apply(params, x):
-            return full(learner.embed_apply(low(params), low(x)))
-
-    running_bn = None
-    if learner.running_bn is not None:
-        def moments(params, support_x, target_x):
-            return full(learner.running_bn.moments(low(params), low(support_x), low(target_x)))
-        running_bn = learner.running_bn._replace(moments=moments)
-
-    evaluation = (None if learner.evaluation is None
-                  else with_compute_dtype(learner.evaluation, compute_dtype))
-    return learner._replace(init=init, adapt=adapt, predict=predict, meta_loss=meta_loss,
-                            for_epoch=for_epoch, embed_apply=embed_apply,
-                            evaluation=evaluation, running_bn=running_bn)
+    return map_functions(learner, wrap)

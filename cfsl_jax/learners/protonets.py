@@ -8,8 +8,8 @@ Batch norm (``bn_stats``): "running" (default, as the authors' ``nn.BatchNorm2d`
 ``standard_neural_network_architectures.py`` at FewShotContinualLearning commit
 abc7c72): meta-training normalises each support set and the target set with
 their own batch statistics and folds those statistics into running averages
-(``Learner.running_bn``, one forward pass after the other); validation and
-test (``Learner.evaluation``) normalise with the running averages, so each
+(``Recipe.running_bn``, one forward pass after the other); validation and
+test (``Recipe.evaluation``) normalise with the running averages, so each
 target prediction depends on that sample and the support sets only. "batch":
 every set is normalised with its own statistics in evaluation too (the target
 set transductively).
@@ -40,11 +40,12 @@ import jax
 import jax.numpy as jnp
 
 from cfsl_jax.protocol import metrics
-from cfsl_jax.learners.base import Learner, RunningBN, check_image_shape, embedding_dim
+from cfsl_jax.learners.shapes import check_image_shape, embedding_dim
+from cfsl_jax.protocol.learner import Learner, Recipe, RunningBN
 from cfsl_jax.models.conv4 import ACTIVATIONS, Conv4
 from cfsl_jax.models.init import WEIGHT_INITS, reinitialize
 from cfsl_jax.models.norm import collect_moments
-from cfsl_jax.runtime.options import build, check_fields, option
+from cfsl_jax.runtime.options import check_fields, option
 from cfsl_jax.protocol.spec import TaskSpec
 
 DISTANCES: tuple[str, ...] = ("squared_euclidean", "dot")
@@ -85,14 +86,14 @@ class ProtoNetsOptions:
         check_fields(self)
 
 
-def protonets(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
-              state_dtype: jnp.dtype = jnp.float32, **options) -> Learner:
+def protonets(spec: TaskSpec, opts: ProtoNetsOptions = ProtoNetsOptions(), *,
+              image_shape: tuple[int, int, int] = (28, 28, 1),
+              state_dtype: jnp.dtype = jnp.float32) -> Learner:
     """A ProtoNets learner for ``spec`` and inputs of ``image_shape``.
 
     ``state_dtype`` is the dtype of the carried sums (bf16 halves their bytes);
-    counts are int32. ``options``: ``ProtoNetsOptions``.
+    counts are int32.
     """
-    opts = build(ProtoNetsOptions, options, "learner 'protonets'")
     last_sample_prototype, distance = opts.last_sample_prototype, opts.distance
     running = opts.bn_stats == "running"
     embed = Conv4(filters=opts.filters, activation=opts.activation,
@@ -110,9 +111,9 @@ def protonets(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
         return ProtoState(jnp.zeros((spec.num_outputs, dim), state_dtype),
                           jnp.zeros((spec.num_outputs,), jnp.int32))
 
-    def learner(embed: Conv4, **fields) -> Learner:
+    def learner(embed: Conv4, recipe: Recipe = Recipe()) -> Learner:
         adapt, predict = _episode_fns(embed, spec, state_dtype, last_sample_prototype, distance)
-        return Learner("protonets", spec, init_params, init, adapt, predict, **fields)
+        return Learner("protonets", spec, init_params, init, adapt, predict, recipe)
 
     if not running:
         return learner(embed)
@@ -124,8 +125,8 @@ def protonets(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
         per_set = jax.vmap(of)(support_x)
         return jax.tree.map(lambda s, t: jnp.concatenate([s, t[None]]), per_set, of(target_x))
 
-    return learner(embed, evaluation=learner(embed.clone(norm="eval")),
-                   running_bn=RunningBN("batch_stats", moments))
+    return learner(embed, Recipe(evaluation=learner(embed.clone(norm="eval")),
+                                 running_bn=RunningBN("batch_stats", moments)))
 
 
 def _episode_fns(embed: Conv4, spec: TaskSpec, state_dtype, last_sample_prototype: bool,

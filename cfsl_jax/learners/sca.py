@@ -43,10 +43,10 @@ import jax
 import jax.numpy as jnp
 
 from cfsl_jax.protocol import metrics
-from cfsl_jax.learners.base import Learner
+from cfsl_jax.protocol.learner import Learner
 from cfsl_jax.learners.inner_loop import InnerLoop, InnerState, assemble
 from cfsl_jax.learners.maml import MamlHighOptions, maml_high_loop
-from cfsl_jax.runtime.options import build, option
+from cfsl_jax.runtime.options import option
 from cfsl_jax.models.init import reinitialize
 from cfsl_jax.protocol.spec import TaskSpec
 
@@ -96,10 +96,8 @@ class ScaOptions(MamlHighOptions):
     critic_hidden: int = option(16, "Critic hidden units.", minimum=1)
 
 
-def sca(spec: TaskSpec, image_shape=(28, 28, 1), **options) -> Learner:
-    """SCA: ``maml_high`` + a critic step on the target set inside ``predict``;
-    ``options``: ``ScaOptions`` (module doc)."""
-    opts = build(ScaOptions, options, "learner 'sca'")
+def sca(spec: TaskSpec, opts: ScaOptions = ScaOptions(), *, image_shape=(28, 28, 1)) -> Learner:
+    """SCA: ``maml_high`` + a critic step on the target set inside ``predict`` (module doc)."""
     loop = maml_high_loop(spec, image_shape, extra_steps=1, opts=opts)
     critic_net = Critic(opts.critic_hidden, opts.critic)
     base_init_params = loop.init_params

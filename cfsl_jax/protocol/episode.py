@@ -5,7 +5,7 @@ over the support sets -- so ``adapt`` is traced once and only ever sees the
 current support set -- and predicts the whole target set from the final
 state. ``run_tasks`` maps it over a batch of tasks. Meta-training
 differentiates the target loss of ``run_task`` with respect to ``params``
-(``meta_loss``), unless the learner brings its own ``Learner.meta_loss``:
+(``meta_loss``), unless the learner brings its own ``Recipe.meta_loss``:
 MAML++ and SCA scan the support sets themselves there, to add the multi-step
 loss and the critic step.
 """
@@ -121,8 +121,9 @@ def meta_loss(learner: Learner, params: Params, support_x: jax.Array, support_y:
     ``unroll`` applies to ``target_loss``'s scan; a learner's own ``meta_loss``
     has its own options (MAML++'s ``unroll``).
     """
-    if learner.meta_loss is not None:
-        return learner.meta_loss(params, support_x, support_y, target_x, target_y, key, progress)
+    own = learner.recipe.meta_loss
+    if own is not None:
+        return own(params, support_x, support_y, target_x, target_y, key, progress)
     return target_loss(learner, params, support_x, support_y, target_x, target_y, key, unroll)
 
 
@@ -134,7 +135,7 @@ def sequential(learner: Learner, mesh: Mesh | None = None) -> bool:
     convolutions into grouped ones, which XLA:CPU runs slowly.
     """
     platform = mesh.devices.flat[0].platform if mesh is not None else None
-    return learner.per_task_weights and not backend.is_accelerator(platform)
+    return learner.recipe.per_task_weights and not backend.is_accelerator(platform)
 
 
 def run_tasks(learner: Learner, params: Params, support_x: jax.Array, support_y: jax.Array,

@@ -67,56 +67,40 @@ TRAINING_KINDS = ("meta", "pretrain", "none")
 
 
 class RunningBN(NamedTuple):
-    """How a meta-trained learner keeps batch-norm running averages (see ``Learner``).
+    """How a meta-trained learner keeps batch-norm running averages (``Recipe.running_bn``).
 
-    ``params[key]`` holds them (a "batch_stats" tree, ``models.norm``);
-    ``moments(params, support_x [NSS, n, H, W, C], target_x [T, H, W, C])`` returns
-    the moments of the forward passes the task's training makes, in order (each
-    support set, then the target set): a tree like ``params[key]`` with leaves
-    [NSS + 1, C]. The training step folds them into ``params[key]``
-    (``models.norm.absorb``) after the optimiser's update, task after task.
+    ``params[key]`` holds them (a "batch_stats" tree); ``moments(params, support_x [NSS, n, H,
+    W, C], target_x [T, H, W, C])`` returns the moments of the forward passes the task's
+    training makes, in order (each support set, then the target set): a tree like
+    ``params[key]`` with leaves [NSS + 1, C]. The training step folds them into ``params[key]``
+    after the optimiser's update, task after task (``cfsl_jax.training.train``).
     """
 
     key: str
     moments: Callable[[Params, jax.Array, jax.Array], Any]
 
 
-def with_running_bn(learner: "Learner", params: Params, previous: Params, moments: Any
-                    ) -> Params:
-    """``params`` whose running averages are ``previous``'s with ``moments`` (leaves [K, C])
-    folded in: the optimiser's update of them (weight decay) is discarded."""
-    from cfsl_jax.models.norm import absorb
-    key = learner.running_bn.key
-    return {**params, key: absorb(previous[key], moments)}
+class Recipe(NamedTuple):
+    """How a learner is trained and evaluated: what ``cfsl_jax.training`` reads, beside the
+    learner's pure functions (like optax's combinators beside ``(init, update)``).
 
-
-class Learner(NamedTuple):
-    """Pure functions of a learner, built by a factory that closes over its options.
-
-    ``training``: how ``train.py`` obtains ``params``: "meta" (episodic
-    meta-training on tasks), "pretrain" (ordinary cross-entropy on all
-    training classes, ``cfsl_jax.training.pretrain``; params must hold the backbone
-    under "embed") or "none" (a fixed function of the seed).
-    ``per_task_weights``: whether ``state`` holds per-task copies of network
-    weights (fine-tuning); on CPU such learners run tasks one after another,
-    since vmapping per-task weights turns convolutions into slow grouped ones.
-    ``meta_loss``: the learner's own meta-training objective (multi-step loss,
-    SCA); None means the mean target cross-entropy of ``run_task``.
-    ``for_epoch``: the learner to meta-train with in a given epoch (e.g. a
-    first-order variant for the first K epochs); None means this one always.
-    ``embed_apply``: for "pretrain" learners, ``embed_apply(params["embed"], x)
-    -> features [n, D]``: the backbone that ``cfsl_jax.training.pretrain`` trains.
-    ``evaluation``: the learner that validation and test run
-    (``cfsl_jax.training.evaluate``), e.g. with batch norm on running averages; None: this one.
+    ``training``: how ``params`` are obtained: "meta" (episodic meta-training on tasks),
+    "pretrain" (ordinary cross-entropy on all training classes, ``cfsl_jax.training.pretrain``;
+    params must hold the backbone under "embed") or "none" (a fixed function of the seed).
+    ``per_task_weights``: whether ``state`` holds per-task copies of network weights
+    (fine-tuning); on CPU such learners run tasks one after another, since vmapping per-task
+    weights turns convolutions into slow grouped ones.
+    ``meta_loss``: the learner's own meta-training objective (multi-step loss, SCA); None means
+    the mean target cross-entropy of ``episode.run_task``.
+    ``for_epoch``: the learner to meta-train with in a given epoch (e.g. a first-order variant
+    for the first K epochs); None means this one always.
+    ``embed_apply``: for "pretrain" learners, ``embed_apply(params["embed"], x) -> features
+    [n, D]``: the backbone that ``cfsl_jax.training.pretrain`` trains.
+    ``evaluation``: the learner that validation and test run (``cfsl_jax.training.evaluate``),
+    e.g. with batch norm on running averages; None: this one.
     ``running_bn``: how meta-training updates those running averages (``RunningBN``).
     """
 
-    name: str
-    spec: TaskSpec
-    init_params: InitParamsFn
-    init: InitFn
-    adapt: AdaptFn
-    predict: PredictFn
     training: str = "meta"
     per_task_weights: bool = False
     meta_loss: MetaLossFn | None = None
@@ -125,7 +109,63 @@ class Learner(NamedTuple):
     evaluation: "Learner | None" = None
     running_bn: RunningBN | None = None
 
+
+class Learner(NamedTuple):
+    """Pure functions of a learner, built by a factory from its options dataclass, and the
+    ``recipe`` that says how it is trained."""
+
+    name: str
+    spec: TaskSpec
+    init_params: InitParamsFn
+    init: InitFn
+    adapt: AdaptFn
+    predict: PredictFn
+    recipe: Recipe = Recipe()
+
     @property
     def evaluated(self) -> "Learner":
-        """The learner that validation and test run: ``evaluation``, or this one."""
-        return self.evaluation or self
+        """The learner that validation and test run: the recipe's ``evaluation``, or this one."""
+        return self.recipe.evaluation or self
+
+    def at_epoch(self, epoch: int) -> "Learner":
+        """The learner to meta-train with in ``epoch``: the recipe's ``for_epoch``, or this one."""
+        return self.recipe.for_epoch(epoch) if self.recipe.for_epoch else self
+
+
+# The functions that return the carried state; every other computation returns outputs.
+STATE_FUNCTIONS = ("init", "adapt")
+
+
+def map_functions(learner: Learner, wrap: Callable[[str, Callable], Callable]) -> Learner:
+    """``learner`` with every function it computes with replaced by ``wrap(name, fn)``: ``init``,
+    ``adapt``, ``predict`` and the recipe's ``meta_loss``, ``embed_apply`` and
+    ``running_bn.moments`` ("moments"), recursively in its ``evaluation`` and ``for_epoch``
+    learners (one wrapped learner per distinct one: the trainer caches compiled steps by
+    identity). ``init_params`` is left alone: the meta-parameters are the optimiser's.
+
+    A combinator such as a precision policy is one ``wrap``; it needs no per-field forwarding.
+    """
+    done: dict[int, tuple[Learner, Learner]] = {}  # id(learner) -> (learner, wrapped)
+
+    def mapped(learner: Learner) -> Learner:
+        if id(learner) in done:
+            return done[id(learner)][1]
+        recipe = learner.recipe
+        for_epoch = None
+        if recipe.for_epoch is not None:
+            def for_epoch(epoch: int, of=recipe.for_epoch) -> Learner:
+                return mapped(of(epoch))
+        running_bn = recipe.running_bn and recipe.running_bn._replace(
+            moments=wrap("moments", recipe.running_bn.moments))
+        out = learner._replace(
+            init=wrap("init", learner.init), adapt=wrap("adapt", learner.adapt),
+            predict=wrap("predict", learner.predict),
+            recipe=recipe._replace(
+                meta_loss=recipe.meta_loss and wrap("meta_loss", recipe.meta_loss),
+                embed_apply=recipe.embed_apply and wrap("embed_apply", recipe.embed_apply),
+                evaluation=recipe.evaluation and mapped(recipe.evaluation),
+                for_epoch=for_epoch, running_bn=running_bn))
+        done[id(learner)] = (learner, out)
+        return out
+
+    return mapped(learner)

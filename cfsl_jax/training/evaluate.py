@@ -42,7 +42,7 @@ from jax.sharding import Mesh
 from cfsl_jax import data
 from cfsl_jax.protocol import episode, metrics
 from cfsl_jax.runtime import parallel, progress, seeding
-from cfsl_jax.learners.base import Learner
+from cfsl_jax.protocol.learner import Learner
 from cfsl_jax.training.records import EvalRecord
 from cfsl_jax.protocol.sampler import check_split, sample_task, sample_tasks
 from cfsl_jax.protocol.spec import TaskSpec

@@ -1,15 +1,17 @@
 """The loop driver: one epoch loop for meta-training and for pretraining on tasks.
 
-    final = loop.run(phase, state, step_for, validate, ckpt, workdir)
+    final = loop.run(phase, state, step_for, validate, loop.Outputs(workdir, ckpt, tracking))
 
-It owns a training phase's lifecycle: resume from ``checkpoints/latest``, one jitted step per
-iteration (step ``s`` draws its tasks from ``fold_in(phase.key, s)``), the loss checked finite
-before any checkpoint, validation after every epoch with the best ``keep_best`` epochs kept,
-``val_history.json``, progress lines and metrics, and stop.
+It owns a training phase's lifecycle: resume from ``checkpoints/latest``, then ``run_hooks``: a
+short loop of one jitted step per iteration (step ``s`` draws its tasks from
+``fold_in(phase.key, s)``) with the periodic work as hooks, as flax's and big_vision's
+"periodic actions": ``Metrics`` (the loss checked finite before any checkpoint, metrics and
+progress lines), ``Checkpoint``, ``Validation`` (after every epoch, the best ``keep_best``
+epochs kept, ``val_history.json``) and ``StopAfter``; and stop (``interrupted``).
 
 Rules:
 
-- A step's result and its step number are recorded together (``Committed``), inside
+- A step's result and its step number are recorded together (``TrainState.step``), inside
   ``stops.deferred()``: a stop signal during a step waits for its end. A checkpoint always
   pairs a state with the step that produced it, so a resumed run repeats no step and skips none.
 - Metrics stay on the device between log steps: the host reads the losses of the steps since
@@ -33,7 +35,6 @@ import time
 from typing import Any, Callable, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
@@ -47,12 +48,20 @@ from cfsl_jax.training.tracking import Tracking
 class TrainState(NamedTuple):
     params: Any  # what the step trains
     opt_state: Any  # the optimiser's state for ``params``
+    step: int = 0  # steps done (a host int): a state and the step that produced it go together
 
 
-# (state, key, progress in [0, 1)) -> (new state, {"loss": scalar, "acc": scalar}), on device
-StepFn = Callable[[TrainState, jax.Array, jax.Array], tuple[TrainState, dict[str, jax.Array]]]
+# (state, first step, progress float32 [S] in [0, 1)) -> (the state S steps later, {"loss",
+# "acc"}: a scalar for S = 1, else [S] (a pack: a leading run axis)), on device. Step s draws
+# its tasks from fold_in(the run's key, s) (``per_step`` adapts a one-step function).
+StepFn = Callable[[TrainState, int, np.ndarray], tuple[TrainState, dict[str, jax.Array]]]
 # (epoch, state) -> (validation report with "acc_mean" and "ce_mean", the params to keep)
 ValidateFn = Callable[[int, TrainState], tuple[dict[str, Any], Any]]
+
+
+def per_step(key: jax.Array, fn: Callable[[TrainState, jax.Array, jax.Array], Any]) -> StepFn:
+    """The ``StepFn`` (S = 1) of ``fn(state, key, progress)``: step s draws ``fold_in(key, s)``."""
+    return lambda state, first, progress: fn(state, jax.random.fold_in(key, first), progress[0])
 
 
 class Interrupted(RuntimeError):
@@ -68,6 +77,21 @@ class Stopped(KeyboardInterrupt):
         self.exit_status = exit_status
 
 
+def interrupted(stop: BaseException, when: str, where: str, workdir: str,
+                then: str = "resume") -> BaseException:
+    """What to raise for ``stop`` (a stop signal, Ctrl-C, or a scheduler library's
+    ``SystemExit``): a ``Stopped`` whose one line says when the run stopped, what is kept in
+    ``workdir`` and that re-running the command will ``then``; a ``SystemExit`` goes on
+    itself, its line printed to stderr. The only place that line is built."""
+    cause = f" by {stops.name(stop.signum)}" if isinstance(stop, stops.StopRequested) else ""
+    message = (f"interrupted{cause} {when}; {where} in {workdir}: re-run the same command to "
+               f"{then}")
+    if isinstance(stop, SystemExit):
+        print(message, file=sys.stderr, flush=True)
+        return stop
+    return Stopped(message, stop.exit_status if isinstance(stop, stops.StopRequested) else 130)
+
+
 @dataclasses.dataclass(frozen=True)
 class Phase:
     """A training phase's schedule (all in steps)."""
@@ -79,164 +103,253 @@ class Phase:
     checkpoint_every: int  # steps between mid-epoch checkpoints (0: epoch ends only)
     log_every: int  # steps between log lines (and host reads of the losses)
     key: jax.Array  # step s draws with fold_in(key, s)
+    steps_per_dispatch: int = 1  # S: steps per host call (it divides the intervals above)
 
     @property
     def total(self) -> int:
         return self.epochs * self.iters_per_epoch
 
+    def epoch_end(self, step: int) -> bool:
+        """Whether ``step`` steps done end an epoch."""
+        return step % self.iters_per_epoch == 0
 
-def phase(config: TrainConfig, name: str, what: str, key: jax.Array) -> Phase:
+    def checkpoint_due(self, step: int) -> bool:
+        return self.epoch_end(step) or bool(self.checkpoint_every
+                                            and step % self.checkpoint_every == 0)
+
+
+def phase(config: TrainConfig, name: str, what: str, key: jax.Array,
+          steps_per_dispatch: int = 1) -> Phase:
     """The schedule of a run's training phase."""
     return Phase(name, what, config.epochs, config.iters_per_epoch, config.checkpoint_every,
-                 config.log_every, key)
+                 config.log_every, key, steps_per_dispatch)
 
 
-class Committed(NamedTuple):
-    step: int  # steps done
-    state: TrainState  # the state after them
+class Outputs(NamedTuple):
+    """Where a phase writes: its workdir, checkpoints and metrics."""
+
+    workdir: str
+    ckpt: checkpoints.Checkpoints
+    tracking: Tracking
 
 
-class _Window:
-    """The (device) metrics of the steps since the host last read them."""
+class Hook:
+    """Periodic work around the steps (flax's and big_vision's "periodic actions"): ``begin``
+    once before the first step; ``before_step``; ``record(state, out)`` the step's result,
+    inside ``stops.deferred()`` (bookkeeping only); ``after_step`` after every step (it decides
+    whether it is due); ``on_stop`` when a stop interrupts the phase."""
 
-    def __init__(self, start: int):
+    def begin(self, state: TrainState) -> None:
+        pass
+
+    def before_step(self, state: TrainState) -> None:
+        pass
+
+    def record(self, state: TrainState, out: dict[str, jax.Array]) -> None:
+        pass
+
+    def after_step(self, state: TrainState) -> None:
+        pass
+
+    def on_stop(self, state: TrainState) -> None:
+        pass
+
+
+class Metrics(Hook):
+    """Keeps the steps' metrics on the device and reads them once per log interval (or a
+    progress line due, a checkpoint, the end of an epoch or of the phase): checks every loss
+    finite (FloatingPointError naming the first non-finite step), writes their means to
+    ``tracking`` and updates the progress line."""
+
+    def __init__(self, phase: Phase, start: int, outputs: Outputs, run: int | None = None):
+        self.phase, self.outputs, self.run = phase, outputs, run  # run: its row in a pack
         self.outs: list[dict[str, jax.Array]] = []
         self.first = start  # the step of outs[0]
         self.clock = time.perf_counter()
         self.last_loss: float | None = None  # of the last step read
         self.last_acc: float | None = None
+        self.bar = progress.tracker(phase.name, phase.total, "steps", start=start)
 
-    def add(self, out: dict[str, jax.Array]) -> None:
+    def restart_bar(self, step: int) -> None:
+        self.bar = progress.tracker(self.phase.name, self.phase.total, "steps", start=step,
+                                    first_line=False)
+
+    def before_step(self, state: TrainState) -> None:
+        if not self.outs:  # steps/s counts training steps (not compiles, validation)
+            self.clock = time.perf_counter()
+
+    def record(self, state: TrainState, out: dict[str, jax.Array]) -> None:
         self.outs.append(out)
 
-    def read(self) -> dict[str, np.ndarray]:
-        """Every metric of the window on the host (one transfer); the window restarts."""
+    def after_step(self, state: TrainState) -> None:
+        done, phase = state.step, self.phase
+        if (phase.checkpoint_due(done) or done % phase.log_every == 0 or self.bar.due()
+                or done == phase.total):
+            self.read(done)
+            self.bar.update(done, force=done % phase.log_every == 0,
+                            epoch=(done - 1) // phase.iters_per_epoch, loss=self.last_loss,
+                            acc=self.last_acc)
+
+    def read(self, step: int) -> None:
+        """Read the window's metrics (one transfer), check them and write their means."""
+        if not self.outs:
+            return
+        elapsed = time.perf_counter() - self.clock
         values = jax.device_get(self.outs)
-        read = {name: np.asarray([v[name] for v in values], np.float64)
-                for name in (values[0] if values else {"loss": 0, "acc": 0})}
-        self.first += len(self.outs)
-        self.outs = []
-        return read
+
+        def column(name: str) -> np.ndarray:  # the steps' values, in order
+            rows = [np.asarray(v[name], np.float64) for v in values]
+            return np.concatenate([np.ravel(r if self.run is None else r[self.run])
+                                   for r in rows])
+
+        loss, acc = column("loss"), column("acc")
+        first, self.first, self.outs = self.first, self.first + len(loss), []
+        bad = np.flatnonzero(~np.isfinite(loss))
+        if bad.size:
+            at, phase = first + int(bad[0]), self.phase
+            raise FloatingPointError(
+                f"{phase.what} loss is {loss[bad[0]]} at epoch {at // phase.iters_per_epoch}, "
+                f"step {at} (global; step {at % phase.iters_per_epoch} of the epoch); the last "
+                f"good checkpoint is step {self.outputs.ckpt.latest.latest_step()} in "
+                f"{self.outputs.workdir}")
+        self.clock = time.perf_counter()
+        self.last_loss, self.last_acc = float(loss[-1]), float(acc[-1])
+        self.outputs.tracking.scalars(self.phase.name, step, {
+            "loss": float(loss.mean()), "acc": float(acc.mean()), "last_loss": self.last_loss,
+            "steps_per_s": len(loss) / max(elapsed, 1e-9)})
+
+
+class Checkpoint(Hook):
+    """Saves ``checkpoints/latest`` at every checkpoint step and epoch end, and on a stop the
+    last step reached (its losses read and checked finite first, by ``metrics``)."""
+
+    def __init__(self, phase: Phase, start: int, outputs: Outputs, metrics: Metrics):
+        self.phase, self.outputs, self.metrics = phase, outputs, metrics
+        self.saved = start
+
+    def save(self, state: TrainState) -> None:
+        with stops.deferred():
+            self.outputs.ckpt.save_latest(state.step, state.params, state.opt_state)
+            self.saved = state.step
+
+    def after_step(self, state: TrainState) -> None:
+        if self.phase.checkpoint_due(state.step):
+            self.save(state)
+
+    def on_stop(self, state: TrainState) -> None:
+        if state.step > self.saved and _alive(state):
+            self.metrics.read(state.step)
+            self.save(state)
+
+    @property
+    def where(self) -> str:
+        return f"checkpointed at step {self.saved}" if self.saved else "nothing to checkpoint yet"
+
+
+class Validation(Hook):
+    """At the end of epoch ``e`` (after its checkpoint): validates the state, keeps the best
+    ``keep_best`` epochs and appends to ``val_history.json``. A run stopped during validation
+    resumes by validating the restored state (an epoch end without its history entry)."""
+
+    def __init__(self, phase: Phase, start: int, outputs: Outputs, validate: ValidateFn,
+                 metrics: Metrics):
+        self.phase, self.outputs, self.validate, self.metrics = phase, outputs, validate, metrics
+        self.path = files.join(outputs.workdir, "val_history.json")
+        self.history = [h for h in results.read_json(self.path, default=[])
+                        if h["epoch"] < start // phase.iters_per_epoch]
+
+    def begin(self, state: TrainState) -> None:
+        pending = state.step // self.phase.iters_per_epoch - 1
+        if (self.phase.epoch_end(state.step) and pending >= 0
+                and not any(h["epoch"] == pending for h in self.history)):
+            self.epoch_end(pending, state, self.outputs.tracking.recorded(
+                self.phase.name, state.step, "last_loss"))
+
+    def after_step(self, state: TrainState) -> None:
+        if self.phase.epoch_end(state.step):
+            self.epoch_end(state.step // self.phase.iters_per_epoch - 1, state,
+                           self.metrics.last_loss)
+
+    def epoch_end(self, epoch: int, state: TrainState, train_loss: float | None) -> None:
+        val, keep = self.validate(epoch, state)
+        with stops.deferred():  # a checkpoint is never cut short by a signal
+            self.outputs.ckpt.save_best(epoch, keep, val["acc_mean"])
+            self.history.append({"epoch": epoch, "val_acc": val["acc_mean"],
+                                 "val_ce": val["ce_mean"], "train_loss": train_loss})
+            results.write_json(self.path, self.history)
+        self.outputs.tracking.scalars("val", state.step, {
+            "acc": val["acc_mean"], "ce": val["ce_mean"], "epoch": epoch})
+        progress.say(f"[{self.phase.name}] epoch {epoch}: val acc {val['acc_mean']:.4f} "
+                     f"ce {val['ce_mean']:.4f}")
+        self.metrics.restart_bar(state.step)
+
+
+class StopAfter(Hook):
+    """Raises ``Interrupted`` after step ``steps`` (tests stop a run at a chosen step)."""
+
+    def __init__(self, steps: int, total: int):
+        self.steps, self.total = steps, total
+
+    def after_step(self, state: TrainState) -> None:
+        if state.step == self.steps and state.step < self.total:
+            raise Interrupted(f"stopped after step {state.step} as asked")
 
 
 def run(phase: Phase, state: TrainState, step_for: Callable[[int, TrainState], StepFn],
-        validate: ValidateFn, ckpt: checkpoints.Checkpoints, workdir: str,
+        validate: ValidateFn, outputs: Outputs,
         place: Callable[[TrainState], TrainState] = lambda s: s,
-        tracking: Tracking | None = None, stop_after_steps: int | None = None) -> TrainState:
-    """Train ``state`` for ``phase`` (resuming from ``ckpt``); returns the final state.
+        stop_after_steps: int | None = None) -> TrainState:
+    """Train ``state`` for ``phase``, resuming from ``outputs.ckpt``; returns the final state.
 
     ``step_for(epoch, state)`` gives the epoch's step function (compiled for ``state`` on first
-    use; the caller caches it), ``validate`` validates an epoch's state, ``place`` puts a (restored) state on
-    the devices, ``tracking`` receives the metrics.
+    use; the caller caches it), ``validate`` validates an epoch's state, ``place`` puts a
+    (restored) ``(params, opt_state)`` on the devices. The periodic work is hooks:
+    ``Metrics``, ``Checkpoint``, ``Validation`` (in that order after each step), ``StopAfter``.
     """
-    tracking = tracking or Tracking(None)
-    start = 0
-    restored = ckpt.restore_latest(state.params, state.opt_state)
+    restored = outputs.ckpt.restore_latest(state.params, state.opt_state)
     if restored is not None:
-        start, params, opt_state = restored
-        state = TrainState(params, opt_state)
-        progress.say(f"[{phase.name}] resuming from step {start}")
-    committed = Committed(start, place(state))
-    history_path = files.join(workdir, "val_history.json")
-    history = [h for h in results.read_json(history_path, default=[])
-               if h["epoch"] < start // phase.iters_per_epoch]
-    saved = start
-    window = _Window(start)
-    bar = progress.tracker(phase.name, phase.total, "steps", start=start)
-    total = phase.total
+        state = TrainState(*restored[1:], step=restored[0])
+        progress.say(f"[{phase.name}] resuming from step {state.step}")
+    state = TrainState(*place(tuple(state[:2])), step=state.step)  # the step: a host int
+    metrics = Metrics(phase, state.step, outputs)
+    checkpoint = Checkpoint(phase, state.step, outputs, metrics)
+    hooks = [metrics, checkpoint, Validation(phase, state.step, outputs, validate, metrics)]
+    if stop_after_steps is not None:
+        hooks.append(StopAfter(stop_after_steps, phase.total))
+    return run_hooks(phase, state, step_for, hooks, lambda stop, state: interrupted(
+        stop, f"at step {state.step} of {phase.total}", checkpoint.where, outputs.workdir))
 
-    def read_window(step: int) -> dict[str, float] | None:
-        """Read the window's metrics; FloatingPointError naming the first non-finite step."""
-        first = window.first
-        if not window.outs:
-            return None
-        elapsed = time.perf_counter() - window.clock
-        read = window.read()
-        bad = np.flatnonzero(~np.isfinite(read["loss"]))
-        if bad.size:
-            at = first + int(bad[0])
-            raise FloatingPointError(
-                f"{phase.what} loss is {read['loss'][bad[0]]} at epoch "
-                f"{at // phase.iters_per_epoch}, step {at} (global; step "
-                f"{at % phase.iters_per_epoch} of the epoch); the last good checkpoint is step "
-                f"{ckpt.latest.latest_step()} in {workdir}")
-        window.clock = time.perf_counter()
-        window.last_loss = float(read["loss"][-1])
-        window.last_acc = float(read["acc"][-1])
-        scalars = {"loss": float(read["loss"].mean()), "acc": float(read["acc"].mean()),
-                   "last_loss": window.last_loss,
-                   "steps_per_s": len(read["loss"]) / max(elapsed, 1e-9)}
-        tracking.scalars(phase.name, step, scalars)
-        return scalars
 
-    def save(done: Committed) -> None:
-        nonlocal saved
-        with stops.deferred():
-            ckpt.save_latest(done.step, done.state.params, done.state.opt_state)
-            saved = done.step
-
-    def epoch_end(epoch: int, done: Committed, train_loss: float | None) -> None:
-        val, keep = validate(epoch, done.state)
-        with stops.deferred():  # a checkpoint is never cut short by a signal
-            ckpt.save_best(epoch, keep, val["acc_mean"])
-            history.append({"epoch": epoch, "val_acc": val["acc_mean"],
-                            "val_ce": val["ce_mean"], "train_loss": train_loss})
-            results.write_json(history_path, history)
-        tracking.scalars("val", done.step, {"acc": val["acc_mean"], "ce": val["ce_mean"],
-                                            "epoch": epoch})
-        progress.say(f"[{phase.name}] epoch {epoch}: val acc {val['acc_mean']:.4f} "
-                     f"ce {val['ce_mean']:.4f}")
-
+def run_hooks(phase: Phase, state: TrainState, step_for: Callable[[int, TrainState], StepFn],
+              hooks: list[Hook], stopped: Callable[[BaseException, TrainState], BaseException]
+              ) -> TrainState:
+    """The loop: from ``state.step`` to ``phase.total``, ``phase.steps_per_dispatch`` steps per
+    call of the step function, the hooks around each call. A stop (a stop signal, Ctrl-C or a
+    scheduler's ``SystemExit``) runs the hooks' ``on_stop`` with the last state reached, then
+    raises ``stopped(stop, state)``."""
+    count = phase.steps_per_dispatch
     try:
         with stops.handled():
-            pending = start // phase.iters_per_epoch - 1
-            if start % phase.iters_per_epoch == 0 and pending >= 0 and not any(
-                    h["epoch"] == pending for h in history):
-                # stopped during this epoch's validation: validate the restored state
-                epoch_end(pending, committed, tracking.recorded(phase.name, start, "last_loss"))
-                bar = progress.tracker(phase.name, total, "steps", start=start,
-                                       first_line=False)
-            for step in range(start, total):
-                epoch = step // phase.iters_per_epoch
-                step_fn = step_for(epoch, committed.state)
-                if not window.outs:  # steps/s counts training steps (not compiles, validation)
-                    window.clock = time.perf_counter()
-                with stops.deferred():
-                    new_state, out = step_fn(committed.state, jax.random.fold_in(phase.key, step),
-                                             jnp.float32(step / total))
-                    committed = Committed(step + 1, new_state)
-                    window.add(out)
-                done = step + 1
-                epoch_done = done % phase.iters_per_epoch == 0
-                checkpoint = epoch_done or (phase.checkpoint_every
-                                            and done % phase.checkpoint_every == 0)
-                if checkpoint or done % phase.log_every == 0 or bar.due() or done == total:
-                    read_window(done)
-                    bar.update(done, force=done % phase.log_every == 0, epoch=epoch,
-                               loss=window.last_loss, acc=window.last_acc)
-                if checkpoint:
-                    save(committed)
-                if epoch_done:
-                    epoch_end(epoch, committed, window.last_loss)
-                    bar = progress.tracker(phase.name, total, "steps", start=done,
-                                           first_line=False)
-                if stop_after_steps is not None and done == stop_after_steps and done < total:
-                    raise Interrupted(f"stopped after step {done} as asked")
+            for hook in hooks:
+                hook.begin(state)
+            for step in range(state.step, phase.total, count):
+                step_fn = step_for(step // phase.iters_per_epoch, state)
+                for hook in hooks:
+                    hook.before_step(state)
+                at = np.asarray([(step + i) / phase.total for i in range(count)], np.float32)
+                with stops.deferred():  # a state is recorded with the step that produced it
+                    new, out = step_fn(state, step, at)
+                    state = new._replace(step=step + count)
+                    for hook in hooks:
+                        hook.record(state, out)
+                for hook in hooks:
+                    hook.after_step(state)
     except (KeyboardInterrupt, SystemExit) as stop:
         stops.clear()
-        if committed.step > saved and _alive(committed.state):
-            read_window(committed.step)  # checked finite before it is checkpointed
-            save(committed)
-        where = (f"checkpointed at step {saved}" if saved else "nothing to checkpoint yet")
-        cause = f" by {stops.name(stop.signum)}" if isinstance(stop, stops.StopRequested) else ""
-        message = (f"interrupted{cause} at step {committed.step} of {total}; {where} in "
-                   f"{workdir}: re-run the same command to resume")
-        if isinstance(stop, SystemExit):
-            print(message, file=sys.stderr, flush=True)
-            raise
-        status = stop.exit_status if isinstance(stop, stops.StopRequested) else 130
-        raise Stopped(message, status) from None
-    return committed.state
+        for hook in hooks:
+            hook.on_stop(state)
+        raise stopped(stop, state) from None
+    return state
 
 
 def _alive(state: TrainState) -> bool:

@@ -2,7 +2,7 @@
 
 For learners with ``training == "pretrain"`` (Pretrain+Tune, EWC+Pretrain, and
 the FLUID methods): ``params["embed"]`` is trained with ordinary softmax
-cross-entropy through ``learner.embed_apply`` and a temporary linear head over
+cross-entropy through the recipe's ``embed_apply`` and a temporary linear head over
 all ``split.class_table.shape[0]`` classes; the head is then thrown away and
 every other entry of ``params`` (e.g. the learner's own head) is returned
 untouched. Two ways (``TrainConfig.pretrain_data``):
@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -66,7 +66,7 @@ from cfsl_jax.training.evaluate import evaluate
 from cfsl_jax.training import checkpoints, loop
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.tracking import Tracking
-from cfsl_jax.learners.base import Learner, Params
+from cfsl_jax.protocol.learner import Learner, Params
 from cfsl_jax.models.conv4 import LinearHead
 from jax.sharding import Mesh
 
@@ -98,6 +98,16 @@ def optimizer(learning_rate: float, weight_decay: float) -> optax.GradientTransf
     return optimizers.optimizer("adam", learning_rate, weight_decay)
 
 
+def backbone(learner: Learner) -> Callable[[Params, jax.Array], jax.Array]:
+    """The ``embed_apply`` that pretraining trains: a CFSL learner's recipe's, or a FLUID
+    ``Method``'s own field; ValueError when it has none."""
+    recipe = getattr(learner, "recipe", learner)
+    if recipe.embed_apply is None:
+        raise ValueError(f"learner {learner.name!r} has no embed_apply to pretrain "
+                         f"(training={recipe.training!r})")
+    return recipe.embed_apply
+
+
 @functools.partial(jax.jit, donate_argnums=0,
                    static_argnames=("learner", "num_classes", "batch_size", "learning_rate",
                                     "weight_decay", "mesh"))
@@ -123,7 +133,7 @@ def _update(state: PretrainState, learner: Learner, num_classes: int, split: dat
     head = LinearHead(num_classes)
 
     def loss_fn(params):
-        logits = head.apply(params["head"], learner.embed_apply(params["embed"], images))
+        logits = head.apply(params["head"], backbone(learner)(params["embed"], images))
         loss = metrics.cross_entropy(logits, labels)
         return loss, jnp.mean(jnp.argmax(logits, -1) == labels)
 
@@ -136,7 +146,7 @@ def _update(state: PretrainState, learner: Learner, num_classes: int, split: dat
 def init_state(learner: Learner, params: Params, num_classes: int, image_shape: tuple[int, ...],
                key: jax.Array, learning_rate: float, weight_decay: float) -> PretrainState:
     """``params["embed"]`` with a fresh head over ``num_classes`` from ``key``, and Adam's state."""
-    features = jax.eval_shape(learner.embed_apply, params["embed"],
+    features = jax.eval_shape(backbone(learner), params["embed"],
                               jax.ShapeDtypeStruct((1, *image_shape), jnp.float32))
     head = LinearHead(num_classes).init(key, jnp.zeros((1, features.shape[-1]), jnp.float32))
     # Copy: train_step donates its state, which must not alias the caller's params.
@@ -159,9 +169,7 @@ def pretrain(learner: Learner, params: Params, split: data.Split, key: jax.Array
              ) -> Params:
     """``params`` with ``params["embed"]`` pretrained on all classes of ``split``, each batch
     laid along ``mesh`` (default: one device)."""
-    if learner.embed_apply is None:
-        raise ValueError(f"learner {learner.name!r} has no embed_apply to pretrain "
-                         f"(training={learner.training!r})")
+    backbone(learner)
     if not isinstance(params, dict) or "embed" not in params:
         raise ValueError(f"params must be a dict with the backbone under 'embed', got keys "
                          f"{sorted(params) if isinstance(params, dict) else type(params)}")
@@ -236,9 +244,7 @@ def pretrain_on_tasks(config: TrainConfig, learner: Learner, params: Params, spl
     from ``ckpt``'s latest checkpoint; the epoch loop (stops, NaN check, validation,
     keep-best) is ``loop.run``. The result does not depend on the mesh beyond float
     summation order."""
-    if learner.embed_apply is None:
-        raise ValueError(f"learner {learner.name!r} has no embed_apply to pretrain "
-                         f"(training={learner.training!r})")
+    backbone(learner)
     mesh = mesh or parallel.make_mesh()
     train_split = splits["train"]
     sampler.check_split(train_split.class_table, train_split.class_sizes, learner.spec)
@@ -252,7 +258,8 @@ def pretrain_on_tasks(config: TrainConfig, learner: Learner, params: Params, spl
                  learning_rate=config.learning_rate, weight_decay=config.weight_decay, mesh=mesh)
 
     def step(state, key, progress_):
-        new, loss, accuracy = task_step(PretrainState(*state), placed, classes, key, **hyper)
+        new, loss, accuracy = task_step(PretrainState(state.params, state.opt_state), placed,
+                                        classes, key, **hyper)
         return loop.TrainState(*new), {"loss": loss, "acc": accuracy}
 
     def validate(epoch: int, state):
@@ -262,7 +269,9 @@ def pretrain_on_tasks(config: TrainConfig, learner: Learner, params: Params, spl
                         cost_metrics=False, mesh=mesh), current
 
     phase = loop.phase(config, "pretrain", "pretraining", data_key)
-    loop.run(phase, loop.TrainState(*state), lambda epoch, state: step, validate, ckpt, workdir,
-             place=lambda s: parallel.replicate(s, mesh), tracking=tracking,
+    step_fn = loop.per_step(data_key, step)
+    loop.run(phase, loop.TrainState(*state), lambda epoch, state: step_fn, validate,
+             loop.Outputs(workdir, ckpt, tracking or Tracking(None)),
+             place=lambda s: parallel.replicate(s, mesh),
              stop_after_steps=stop_after_steps)
     return checkpoints.stack(ckpt.restore_best(params))

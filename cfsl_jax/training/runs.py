@@ -31,7 +31,7 @@ from cfsl_jax.training import checkpoints
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training.evaluate import evaluate
 from cfsl_jax.learners import get_learner
-from cfsl_jax.learners.base import Learner
+from cfsl_jax.protocol.learner import Learner
 from cfsl_jax.protocol.sampler import check_split
 from cfsl_jax.protocol.spec import TaskSpec
 from cfsl_jax.training.config import TrainConfig, from_json
@@ -54,8 +54,8 @@ def load_splits(config: TrainConfig) -> dict[str, data.Split]:
 def selects_epochs(config: TrainConfig, learner: Learner) -> bool:
     """Whether the run trains on tasks for epochs, validates each and tests the best epochs'
     ensemble: meta-training, and pretraining on tasks (``pretrain_data="tasks"``)."""
-    return learner.training == "meta" or (learner.training == "pretrain"
-                                          and config.pretrain_data == "tasks")
+    training = learner.recipe.training
+    return training == "meta" or (training == "pretrain" and config.pretrain_data == "tasks")
 
 
 def splits_touched(training: str, pretrain_data: str = "uniform") -> tuple[str, ...]:
@@ -84,7 +84,8 @@ def build(config: TrainConfig) -> tuple[Learner, dict[str, data.Split]]:
     image_shape = tuple(splits["train"].images.shape[1:])
     learner = get_learner(config.learner, config.spec, image_shape=image_shape,
                           compute_dtype=config.compute_dtype, **config.learner_options)
-    check_feasible(config, splits, splits_touched(learner.training, config.pretrain_data))
+    check_feasible(config, splits,
+                   splits_touched(learner.recipe.training, config.pretrain_data))
     return learner, splits
 
 
@@ -152,7 +153,7 @@ def restore_params(config: TrainConfig, learner: Learner, splits, workdir: str,
                 raise UserError(f"the run in {workdir} has no best checkpoints yet: finish its "
                                 f"training first (re-run launch.train with its flags)")
             params = checkpoints.stack(members) if ensemble else members[0]
-        elif learner.training == "pretrain":
+        elif learner.recipe.training == "pretrain":
             params = ckpt.restore_pretrained(params)
     finally:
         ckpt.close()

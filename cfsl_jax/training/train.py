@@ -24,7 +24,6 @@ epoch loop (resume, stops, checkpoints, validation) is ``cfsl_jax.training.loop`
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
@@ -36,73 +35,23 @@ from jax.sharding import Mesh
 
 from cfsl_jax.runtime import backend, files, memory, parallel, progress, seeding, stops
 from cfsl_jax import data
-from cfsl_jax.protocol import episode, metrics
+from cfsl_jax.protocol import episode
 from cfsl_jax.training import optimizers, results
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training.evaluate import evaluate
 from cfsl_jax.learners import get_learner
-from cfsl_jax.learners.base import Learner, with_running_bn
-from cfsl_jax.protocol.sampler import sample_task
+from cfsl_jax.protocol.learner import Learner
 from cfsl_jax.training import checkpoints, loop
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.pretrain import pretrain, pretrain_on_tasks
 from cfsl_jax.training.runs import (build, check_workdir_config, evaluate_run, finished_results,
                                     init_params, selects_epochs)
+from cfsl_jax.training.steps import make_train_step, train_step_fn  # noqa: F401 (API)
 from cfsl_jax.training.tracking import Tracking
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     return optimizers.optimizer("adam", config.learning_rate, config.weight_decay)
-
-
-def make_train_step(learner: Learner, optimizer: optax.GradientTransformation, meta_batch: int,
-                    mesh: Mesh | None = None):
-    """A jitted ``step(params, opt_state, split, key, progress) -> (params, opt_state, metrics)``.
-
-    The meta-batch's tasks are laid along ``mesh`` (default: one device) and
-    padded to a multiple of its size with masked copies; each device samples,
-    gathers and differentiates its own tasks (``parallel.map_tasks``: a vmap,
-    or one task at a time for per-task-weight learners on CPU), and the mean
-    gradient over the ``meta_batch`` real tasks is reduced by XLA.
-    """
-    spec = learner.spec
-    mesh = mesh or parallel.make_mesh(1)
-    padded = parallel.padded(meta_batch, mesh)
-
-    def task_loss(params, task, progress):  # task: support x, y, target x, y, key
-        loss, logits = episode.meta_loss(learner, params, *task, progress)
-        return loss, metrics.accuracy(logits, task[3])
-
-    grad_fn = jax.value_and_grad(task_loss, has_aux=True)
-
-    def task_grads(params, split, key, progress):
-        task = sample_task(key, split.class_table, split.class_sizes, spec)
-        args = (data.gather_normalised(split, task.support_idx), task.support_labels,
-                data.gather_normalised(split, task.target_idx), task.target_labels,
-                jax.random.fold_in(key, 1))
-        (loss, acc), grads = grad_fn(params, args, progress)
-        moments = (learner.running_bn.moments(params, args[0], args[2])
-                   if learner.running_bn is not None else None)
-        return loss, acc, grads, moments
-
-    @jax.jit
-    def step(params, opt_state, split, key, progress):
-        keys = jax.random.split(key, meta_batch)
-        keys = keys[jnp.arange(padded) % meta_batch]  # padding: repeated tasks, weighted 0
-        weights = (jnp.arange(padded) < meta_batch).astype(jnp.float32) / meta_batch
-        loss, acc, grads, moments = parallel.map_tasks(
-            lambda k: task_grads(params, split, k, progress), (keys,), mesh,
-            episode.sequential(learner, mesh))
-        loss, acc, grads = jax.tree.map(lambda x: jnp.tensordot(weights, x, axes=1),
-                                        (loss, acc, grads))
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        if learner.running_bn is not None:  # the real tasks' forward passes, task after task
-            moments = jax.tree.map(lambda m: m[:meta_batch].reshape(-1, *m.shape[2:]), moments)
-            new_params = with_running_bn(learner, new_params, params, moments)
-        return new_params, opt_state, {"loss": loss, "acc": acc}
-
-    return step
 
 
 def meta_train(config: TrainConfig, learner: Learner, params: Any, splits, workdir: str,
@@ -125,26 +74,29 @@ def meta_train(config: TrainConfig, learner: Learner, params: Any, splits, workd
     compiled: dict[int, Any] = {}  # one compiled step per distinct learner (for_epoch)
 
     def step_for(epoch: int, state: loop.TrainState) -> loop.StepFn:
-        current = learner.for_epoch(epoch) if learner.for_epoch else learner
+        current = learner.at_epoch(epoch)
         if id(current) not in compiled:
-            step = compile_train_step(current, optimizer, config, mesh, *state, split, train_key)
+            step = compile_train_step(current, optimizer, config, mesh, state.params,
+                                      state.opt_state, split, train_key)
 
             def run(state, key, progress_):
-                params, opt_state, out = step(*state, split, key, progress_)
+                params, opt_state, out = step(state.params, state.opt_state, split, key,
+                                              progress_)
                 return loop.TrainState(params, opt_state), out
 
-            compiled[id(current)] = run
+            compiled[id(current)] = loop.per_step(train_key, run)
         return compiled[id(current)]
 
     def validate(epoch: int, state: loop.TrainState):
-        current = learner.for_epoch(epoch) if learner.for_epoch else learner
+        current = learner.at_epoch(epoch)
         return evaluate(current, state.params, splits["val"], num_tasks=config.val_tasks,
                         seed=config.task_seed, purpose="val", batch_size=config.eval_batch,
                         cost_metrics=False, mesh=mesh), state.params
 
     phase = loop.phase(config, "train", "meta-training", train_key)
-    state = loop.run(phase, state, step_for, validate, ckpt, workdir,
-                     place=lambda s: parallel.replicate(s, mesh), tracking=tracking,
+    outputs = loop.Outputs(workdir, ckpt, tracking or Tracking(None))
+    state = loop.run(phase, state, step_for, validate, outputs,
+                     place=lambda s: parallel.replicate(s, mesh),
                      stop_after_steps=stop_after_steps)
     return state.params
 
@@ -207,9 +159,8 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
         # outside a phase (building, restoring, between phases): no step was taken since the
         # last checkpoint, so there is nothing to save
         stops.clear()
-        raise loop.Stopped(f"interrupted by {stops.name(stop.signum)} between training steps; "
-                           f"its checkpoints are in {workdir}: re-run the same command to "
-                           f"resume", stop.exit_status) from None
+        raise loop.interrupted(stop, "between training steps", "its checkpoints are",
+                               workdir) from None
     except Exception as error:
         if new and files.isdir(workdir) and _is_user_error(error) and not _has_checkpoints(
                 workdir):
@@ -238,7 +189,7 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
     tracking = Tracking(workdir, config.tensorboard, config.wandb_project, config.to_json())
     try:
         ensemble = False
-        if learner.training == "meta":
+        if learner.recipe.training == "meta":
             params = meta_train(config, learner, params, splits, workdir, ckpt, stop_after_steps,
                                 mesh, tracking)
             params = checkpoints.stack(ckpt.restore_best(params))
@@ -247,7 +198,7 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
             params = pretrain_on_tasks(config, learner, params, splits, workdir, ckpt,
                                        stop_after_steps, mesh, tracking)
             ensemble = True
-        elif learner.training == "pretrain":
+        elif learner.recipe.training == "pretrain":
             pretrained = ckpt.restore_pretrained(params)
             if pretrained is None:
                 pretrained = pretrain(learner, params, splits["train"],
@@ -262,20 +213,15 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
             report = evaluate(learner, params, splits["test"], num_tasks=config.test_tasks,
                               seed=config.task_seed, purpose="test", batch_size=config.eval_batch,
                               ensemble=ensemble, mesh=mesh, per_task=True)
-            if learner.training == "meta":
+            if learner.recipe.training == "meta":
                 member = jax.device_get(jax.tree.map(lambda x: x[0], params))
                 with progress.stage("[test] counting the MACs of a meta-training step (XLA)"):
                     report = report.replace(macs_per_meta_step=per_task_meta_step_macs(
                         config, learner, member, tuple(splits["train"].images.shape[1:])))
         except (stops.StopRequested, SystemExit) as stop:  # SystemExit: a scheduler's handler
             stops.clear()
-            cause = f" by {stops.name(stop.signum)}" if hasattr(stop, "signum") else ""
-            message = (f"interrupted{cause} during the test; training is complete and "
-                       f"checkpointed in {workdir}: re-run the same command to test")
-            if isinstance(stop, SystemExit):
-                print(message, file=sys.stderr, flush=True)
-                raise
-            raise loop.Stopped(message, stop.exit_status) from None
+            raise loop.interrupted(stop, "during the test", "training is complete and "
+                                   "checkpointed", workdir, then="test") from None
         out = results.record(config, learner, splits, report, workdir,
                              wall_seconds=time.perf_counter() - started,
                              best_epochs=ckpt.best_epochs() if ensemble else [],

@@ -1,17 +1,10 @@
-"""Helpers shared by the learner factories; the contract itself (``Learner``, its function
-protocols, ``Params``/``State``) lives in ``cfsl_jax.protocol.learner`` and is re-exported here."""
+"""Shape helpers shared by the learner factories (the contract is ``cfsl_jax.protocol.learner``)."""
 
 from __future__ import annotations
 
 import jax
 
-from cfsl_jax.protocol.learner import (TRAINING_KINDS, AdaptFn, InitFn, InitParamsFn, Learner,
-                                       MetaLossFn, Params, PredictFn, RunningBN, State,
-                                       with_running_bn)
-
-__all__ = ["TRAINING_KINDS", "AdaptFn", "InitFn", "InitParamsFn", "Learner", "MetaLossFn",
-           "Params", "PredictFn", "RunningBN", "State", "check_image_shape", "embedding_dim",
-           "with_running_bn"]
+from cfsl_jax.protocol.learner import Params
 
 
 def check_image_shape(example_x: jax.Array, image_shape: tuple[int, ...]) -> None:

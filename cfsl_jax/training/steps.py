@@ -1,0 +1,111 @@
+"""The meta-training step: one XLA program per meta-batch, and S steps per program.
+
+    step = make_train_step(learner, optimizer, meta_batch)          # one step per call
+    steps = make_steps(learner, optimizer, meta_batch, steps=10)    # lax.scan over 10 steps
+    packed = make_steps(learner, optimizer, meta_batch, steps=10, runs=True)  # vmapped over K runs
+
+Step ``s`` of a run draws its tasks from ``fold_in(key, s)`` whichever program runs it, so a
+run trained S steps per call, or packed with other runs (a leading run axis on the params,
+the optimiser state and the keys, vmapped), samples exactly the tasks it samples alone.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from cfsl_jax import data
+from cfsl_jax.models.norm import absorb
+from cfsl_jax.protocol import episode, metrics
+from cfsl_jax.protocol.learner import Learner
+from cfsl_jax.protocol.sampler import sample_task
+from cfsl_jax.runtime import parallel
+
+
+def make_train_step(learner: Learner, optimizer: optax.GradientTransformation, meta_batch: int,
+                    mesh: Mesh | None = None):
+    """``train_step_fn`` jitted."""
+    return jax.jit(train_step_fn(learner, optimizer, meta_batch, mesh))
+
+
+def train_step_fn(learner: Learner, optimizer: optax.GradientTransformation, meta_batch: int,
+                  mesh: Mesh | None = None):
+    """``step(params, opt_state, split, key, progress) -> (params, opt_state, metrics)``.
+
+    The meta-batch's tasks are laid along ``mesh`` (default: one device) and
+    padded to a multiple of its size with masked copies; each device samples,
+    gathers and differentiates its own tasks (``parallel.map_tasks``: a vmap,
+    or one task at a time for per-task-weight learners on CPU), and the mean
+    gradient over the ``meta_batch`` real tasks is reduced by XLA.
+    """
+    spec = learner.spec
+    mesh = mesh or parallel.make_mesh(1)
+    padded = parallel.padded(meta_batch, mesh)
+
+    def task_loss(params, task, progress):  # task: support x, y, target x, y, key
+        loss, logits = episode.meta_loss(learner, params, *task, progress)
+        return loss, metrics.accuracy(logits, task[3])
+
+    grad_fn = jax.value_and_grad(task_loss, has_aux=True)
+
+    def task_grads(params, split, key, progress):
+        task = sample_task(key, split.class_table, split.class_sizes, spec)
+        args = (data.gather_normalised(split, task.support_idx), task.support_labels,
+                data.gather_normalised(split, task.target_idx), task.target_labels,
+                jax.random.fold_in(key, 1))
+        (loss, acc), grads = grad_fn(params, args, progress)
+        running_bn = learner.recipe.running_bn
+        moments = running_bn.moments(params, args[0], args[2]) if running_bn else None
+        return loss, acc, grads, moments
+
+    def step(params, opt_state, split, key, progress):
+        keys = jax.random.split(key, meta_batch)
+        keys = keys[jnp.arange(padded) % meta_batch]  # padding: repeated tasks, weighted 0
+        weights = (jnp.arange(padded) < meta_batch).astype(jnp.float32) / meta_batch
+        loss, acc, grads, moments = parallel.map_tasks(
+            lambda k: task_grads(params, split, k, progress), (keys,), mesh,
+            episode.sequential(learner, mesh))
+        loss, acc, grads = jax.tree.map(lambda x: jnp.tensordot(weights, x, axes=1),
+                                        (loss, acc, grads))
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        running_bn = learner.recipe.running_bn
+        if running_bn is not None:  # the real tasks' forward passes, task after task
+            moments = jax.tree.map(lambda m: m[:meta_batch].reshape(-1, *m.shape[2:]), moments)
+            # the running averages are the previous ones with the moments folded in: the
+            # optimiser's update of them (weight decay) is discarded
+            new_params = {**new_params,
+                          running_bn.key: absorb(params[running_bn.key], moments)}
+        return new_params, opt_state, {"loss": loss, "acc": acc}
+
+    return step
+
+
+def make_steps(learner: Learner, optimizer: optax.GradientTransformation, meta_batch: int,
+               steps: int, runs: bool = False, mesh: Mesh | None = None):
+    """A jitted ``multi(params, opt_state, split, key, first, progress) -> (params, opt_state,
+    {"loss": [steps], "acc": [steps]})``: ``steps`` training steps in one program
+    (``lax.scan``), step ``first + i`` drawing with ``fold_in(key, first + i)`` at
+    ``progress[i]`` (float32, computed by the caller as the one-step loop does).
+
+    ``runs``: a pack; ``params``, ``opt_state`` and ``key`` have a leading run axis [K] (each
+    run its own key), and so do the metrics ([K, steps]); ``split``, ``first`` and
+    ``progress`` are shared.
+    """
+    body = train_step_fn(learner, optimizer, meta_batch, mesh)
+
+    def multi(params, opt_state, split, key, first, progress):
+        def one(carry, xs):
+            i, at = xs
+            params, opt_state, out = body(*carry, split, jax.random.fold_in(key, first + i), at)
+            return (params, opt_state), out
+
+        (params, opt_state), outs = jax.lax.scan(one, (params, opt_state),
+                                                 (jnp.arange(steps), progress))
+        return params, opt_state, outs
+
+    if runs:
+        multi = jax.vmap(multi, in_axes=(0, 0, None, 0, None, None))
+    return jax.jit(multi)
