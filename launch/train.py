@@ -14,10 +14,12 @@ the spec, and the first step's memory against the device's, before training.
 
 from __future__ import annotations
 
+import dataclasses
+
 from absl import flags
 
-from cfsl_jax.runtime import parallel
-from cfsl_jax.training import as_published, budgets, runs, train
+from cfsl_jax.runtime import files, parallel
+from cfsl_jax.training import as_published, budgets, packing, runs, train
 from cfsl_jax.data import DATASETS
 from cfsl_jax.learners import COMPUTE_DTYPES, LEARNERS, options_class
 from cfsl_jax.training.config import PRETRAIN_DATA, TrainConfig
@@ -65,6 +67,10 @@ flags.DEFINE_enum("pretrain_data", _DEFAULTS.pretrain_data, PRETRAIN_DATA, "Pret
                   "batches of uniformly drawn images).")
 flags.DEFINE_integer("seed", _DEFAULTS.seed, "Seed of every random choice of training "
                      "(initialisation, training tasks).")
+flags.DEFINE_list("seeds", None, "Train these seeds as one pack (README, \"Packing runs\"): "
+                  "run S into WORKDIR/seedS; not with --seed.")
+flags.DEFINE_integer("steps_per_dispatch", 1, "Meta-steps per host call in a pack (it divides "
+                     "--iters_per_epoch, --log_every and --checkpoint_every).", lower_bound=1)
 flags.DEFINE_string("eval_seed", str(_DEFAULTS.eval_seed), "Seed of the validation and test "
                     "tasks: the same tasks for every --seed and learner, as the authors' code "
                     "(a non-negative integer), or 'seed': the run's --seed (each training seed "
@@ -188,8 +194,25 @@ def check() -> TrainConfig:
     check_data_flags()
     check_output_dir("workdir", FLAGS.workdir)
     config = config_from_flags()
-    runs.check_workdir_config(FLAGS.workdir, config, create=False)
+    for seed, workdir in pack_runs():
+        runs.check_workdir_config(workdir, dataclasses.replace(config, seed=seed), create=False)
     return config
+
+
+def pack_runs() -> list[tuple[int, str]]:
+    """(seed, workdir) of each run: --seed in --workdir, or each of --seeds in WORKDIR/seedS."""
+    if FLAGS.seeds is None:
+        return [(FLAGS.seed, FLAGS.workdir)]
+    given = ",".join(FLAGS.seeds)
+    if FLAGS["seed"].present:
+        raise cli.UserError(f"--seeds={given} and --seed={FLAGS.seed}: give one of them")
+    try:
+        seeds = packing.check_seeds([int(seed) for seed in FLAGS.seeds])
+    except cli.UserError:
+        raise
+    except ValueError:
+        raise cli.UserError(f"--seeds={given}: seeds are integers, e.g. --seeds=0,1,2") from None
+    return [(seed, files.join(FLAGS.workdir, f"seed{seed}")) for seed in seeds]
 
 
 def main(argv) -> None:
@@ -199,6 +222,10 @@ def main(argv) -> None:
     config = check()
     mesh = mesh_from_flags()
     with cli.flags_recorded(FLAGS.workdir):
+        if FLAGS.seeds is not None:
+            seeds, workdirs = zip(*pack_runs())
+            packing.train_pack(config, seeds, workdirs, FLAGS.steps_per_dispatch)
+            return
         train.train_and_evaluate(config, FLAGS.workdir, mesh=mesh, retest=FLAGS.retest)
 
 

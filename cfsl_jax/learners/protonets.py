@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from cfsl_jax.protocol import metrics
 from cfsl_jax.learners.shapes import check_image_shape, embedding_dim
 from cfsl_jax.protocol.learner import Learner, Recipe, RunningBN
+from cfsl_jax.models.conv import CONV_IMPLS
 from cfsl_jax.models.conv4 import ACTIVATIONS, Conv4
 from cfsl_jax.models.init import WEIGHT_INITS, reinitialize
 from cfsl_jax.models.norm import collect_moments
@@ -81,6 +82,8 @@ class ProtoNetsOptions:
     bn_stats: str = option("running", "Batch norm at validation and test: running averages "
                            "kept in meta-training (the authors' nn.BatchNorm2d) or each set's "
                            "own statistics.", choices=BN_STATS)
+    conv: str = option("gemm_grad", "Convolution implementation (models.conv; 'auto' is "
+                       "im2col on CPU).", choices=CONV_IMPLS)
 
     def __post_init__(self):
         check_fields(self)
@@ -97,7 +100,7 @@ def protonets(spec: TaskSpec, opts: ProtoNetsOptions = ProtoNetsOptions(), *,
     last_sample_prototype, distance = opts.last_sample_prototype, opts.distance
     running = opts.bn_stats == "running"
     embed = Conv4(filters=opts.filters, activation=opts.activation,
-                  norm="train" if running else "batch")
+                  norm="train" if running else "batch", conv_impl=opts.conv)
 
     def init_params(key, example_x, spec):
         check_image_shape(example_x, image_shape)

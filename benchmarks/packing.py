@@ -1,0 +1,93 @@
+"""Packed meta-training throughput: K seeds in one vmapped program, S steps per host call.
+
+    python benchmarks/packing.py --learners=protonets,maml_low --cells=B3 --packs=1,3 \
+        --steps_per_dispatch=1,10 --calls=3
+
+For each learner, cell, pack size K and S: ``steps.make_steps`` (K > 1: vmapped over the run
+axis) compiled ahead of time, then ``--calls`` timed calls of S steps of one task per step per
+run (``--meta_batch``). ``tasks_per_s_per_run`` = S * meta_batch / (median seconds per call);
+``ratio`` is that over the same learner's and cell's K=1, S=1 row (the solo one-step loop).
+A readable line per row on stderr, one JSON line per row on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from cfsl_jax.runtime import backend, seeding
+from cfsl_jax.training import runs, steps
+from cfsl_jax.training.config import TrainConfig
+from cfsl_jax.training.train import make_optimizer
+
+_LEARNERS = flags.DEFINE_list("learners", ["protonets", "maml_low"], "Meta-trained learners.")
+_CELLS = flags.DEFINE_list("cells", ["B3"], "Paper cells.")
+_PACKS = flags.DEFINE_list("packs", ["1", "3"], "Pack sizes K.")
+_DISPATCH = flags.DEFINE_list("steps_per_dispatch", ["1", "10"], "Steps per call S.")
+_CALLS = flags.DEFINE_integer("calls", 3, "Timed calls per row (after one warm-up call).")
+_META_BATCH = flags.DEFINE_integer("meta_batch", 1, "Tasks per step per run.")
+_OPTION = flags.DEFINE_multi_string("learner_option", [], "NAME=VALUE for every learner.")
+
+
+def measure(learner_name: str, cell: str, packs: int, count: int) -> dict:
+    options = dict(o.split("=", 1) for o in _OPTION.value)
+    config = TrainConfig(learner=learner_name, task=cell, dataset="synthetic",
+                         meta_batch=_META_BATCH.value,
+                         learner_options={k: json.loads(v) if v[:1].isdigit() else v
+                                          for k, v in options.items()})
+    learner, splits = runs.build(config)
+    optimizer = make_optimizer(config)
+    seeds = range(packs)
+    params = [runs.init_params(learner, splits["train"], seed) for seed in seeds]
+    keys = [seeding.purpose_key(seed, "train") for seed in seeds]
+    if packs > 1:
+        params = jax.tree.map(lambda *xs: jnp.stack(xs), *params)
+        opt_state, key = jax.vmap(optimizer.init)(params), jnp.stack(keys)
+    else:
+        params, opt_state, key = params[0], optimizer.init(params[0]), keys[0]
+    multi = steps.make_steps(learner, optimizer, config.meta_batch, count, runs=packs > 1)
+    progress = jnp.zeros((count,), jnp.float32)
+    started = time.perf_counter()
+    compiled = multi.lower(params, opt_state, splits["train"], key, 0, progress).compile()
+    compile_s = time.perf_counter() - started
+    seconds = []
+    for call in range(_CALLS.value + 1):
+        started = time.perf_counter()
+        params, opt_state, out = compiled(params, opt_state, splits["train"], key, call * count,
+                                          progress)
+        jax.block_until_ready(out)
+        seconds.append(time.perf_counter() - started)
+    per_call = statistics.median(seconds[1:])
+    return {"learner": learner_name, "cell": cell, "pack": packs, "steps_per_dispatch": count,
+            "meta_batch": config.meta_batch, "s_per_call": per_call, "compile_s": compile_s,
+            "tasks_per_s_per_run": count * config.meta_batch / per_call,
+            "backend": jax.default_backend(), "device": backend.device_kind()
+            if hasattr(backend, "device_kind") else jax.devices()[0].device_kind}
+
+
+def main(argv):
+    del argv
+    for learner in _LEARNERS.value:
+        for cell in _CELLS.value:
+            base = None
+            for packs in map(int, _PACKS.value):
+                for count in map(int, _DISPATCH.value):
+                    row = measure(learner, cell, packs, count)
+                    base = base or row["tasks_per_s_per_run"]
+                    row["ratio"] = row["tasks_per_s_per_run"] / base
+                    print(f"{learner} {cell} K={packs} S={count}: "
+                          f"{row['tasks_per_s_per_run']:.2f} tasks/s per run "
+                          f"(x{row['ratio']:.2f}), compile {row['compile_s']:.1f} s",
+                          file=sys.stderr, flush=True)
+                    print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)

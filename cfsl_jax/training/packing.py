@@ -1,0 +1,185 @@
+"""Packed runs: K runs of one config that differ only in their seeds, meta-trained as one program.
+
+    out = packing.train_pack(config, seeds=(0, 1, 2), workdirs=["W/seed0", "W/seed1", "W/seed2"])
+
+Params, optimiser states and keys are stacked on a leading run axis and one jitted program
+(``steps.make_steps(..., runs=True)``: a vmap, ``steps_per_dispatch`` steps per call) trains
+them all; run k's step s draws its tasks from ``fold_in(its own train key, s)``, the tasks it
+draws alone. Every run keeps its own workdir as an ordinary run: config.json, checkpoints,
+``val_history.json``, metrics and, once the pack is trained, the test and results.json of
+``train.train_and_evaluate`` (which finds the run's meta-training done). A pack resumes from
+its runs' checkpoints; runs that stand at different steps are packed with the runs at the same
+step, or run alone. Numbers equal the solo runs' to the rounding of XLA's batched kernels
+(docs/results.md, "Packing runs").
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from cfsl_jax.runtime import parallel, progress, seeding
+from cfsl_jax.runtime.errors import UserError
+from cfsl_jax.training import checkpoints, loop, runs, steps, train
+from cfsl_jax.training.config import TrainConfig
+from cfsl_jax.training.evaluate import evaluate
+from cfsl_jax.training.tracking import Tracking
+
+
+def stack(trees: Sequence[Any]) -> Any:
+    """Trees of one structure stacked along a new leading (run) axis."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+class RunView:
+    """Run ``k``'s slice of a pack's ``TrainState`` (sliced on first access): what its hooks
+    see."""
+
+    def __init__(self, state: loop.TrainState, k: int):
+        self._state, self._k, self.step = state, k, state.step
+
+    @functools.cached_property
+    def params(self) -> Any:
+        return jax.tree.map(lambda x: x[self._k], self._state.params)
+
+    @functools.cached_property
+    def opt_state(self) -> Any:
+        return jax.tree.map(lambda x: x[self._k], self._state.opt_state)
+
+
+class Member(loop.Hook):
+    """Run ``k``'s hooks in a pack: each call sees the run's slice of the state."""
+
+    def __init__(self, hooks: list[loop.Hook], k: int):
+        self.hooks, self.k = hooks, k
+
+    def _each(self, method: str, state, *args) -> None:
+        view = RunView(state, self.k)
+        for hook in self.hooks:
+            getattr(hook, method)(view, *args)
+
+    def begin(self, state):
+        self._each("begin", state)
+
+    def before_step(self, state):
+        self._each("before_step", state)
+
+    def record(self, state, out):
+        self._each("record", state, out)
+
+    def after_step(self, state):
+        self._each("after_step", state)
+
+    def on_stop(self, state):
+        self._each("on_stop", state)
+
+
+def check_seeds(seeds: Sequence[int]) -> tuple[int, ...]:
+    """The seeds of a pack, refused (UserError) when empty or repeated."""
+    seeds = tuple(seeds)
+    repeated = sorted(s for s, n in collections.Counter(seeds).items() if n > 1)
+    if not seeds or repeated:
+        raise UserError(f"--seeds={','.join(map(str, seeds))}: "
+                        + (f"seed {repeated[0]} is given twice" if repeated else "no seed")
+                        + "; give distinct seeds")
+    return seeds
+
+
+def train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequence[str],
+               steps_per_dispatch: int = 1, stop_after_steps: int | None = None
+               ) -> list[dict[str, Any]]:
+    """Train and test the runs ``config`` with ``seed`` in ``seeds`` into ``workdirs``, the
+    meta-training of the runs that stand at the same step packed; returns their results."""
+    seeds = check_seeds(seeds)
+    configs = [dataclasses.replace(config, seed=seed) for seed in seeds]
+    todo = [(c, w) for c, w in zip(configs, workdirs) if runs.finished_results(w, c) is None]
+    learner, splits = runs.build(config)
+    if learner.recipe.training == "meta" and len(todo) > 1:
+        for c, w in todo:
+            runs.check_workdir_config(w, c)
+        by_step = collections.defaultdict(list)
+        for c, w in todo:
+            latest = checkpoints.Checkpoints(w, c.keep_best)
+            by_step[latest.latest.latest_step() or 0].append((c, w))
+            latest.close()
+        for group in by_step.values():
+            if len(group) > 1:
+                _meta_train_pack(learner, splits, group, steps_per_dispatch, stop_after_steps)
+    # each run: its (remaining) training alone, its test and results, as an ordinary run
+    return [train.train_and_evaluate(c, w, stop_after_steps) for c, w in zip(configs, workdirs)]
+
+
+def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
+                     stop_after_steps: int | None) -> None:
+    config = group[0][0]
+    optimizer = train.make_optimizer(config)
+    phase = loop.phase(config, "train", "meta-training", None, steps_per_dispatch)
+    for interval in (phase.iters_per_epoch, phase.log_every, phase.checkpoint_every or 1):
+        if interval % steps_per_dispatch:
+            raise UserError(f"--steps_per_dispatch={steps_per_dispatch} must divide "
+                            f"--iters_per_epoch, --log_every and --checkpoint_every "
+                            f"(now {phase.iters_per_epoch}, {phase.log_every}, "
+                            f"{phase.checkpoint_every})")
+    members, states, restored_at = [], [], set()
+    for k, (c, w) in enumerate(group):
+        params = runs.init_params(learner, splits["train"], c.seed)
+        outputs = loop.Outputs(w, checkpoints.Checkpoints(w, c.keep_best),
+                               Tracking(w, c.tensorboard, c.wandb_project, c.to_json()))
+        restored = outputs.ckpt.restore_latest(params, optimizer.init(params))
+        state = (loop.TrainState(*restored[1:], step=restored[0]) if restored
+                 else loop.TrainState(params, optimizer.init(params)))
+        restored_at.add(state.step)
+        states.append(state)
+        members.append((outputs, _hooks(phase, state.step, outputs, learner, splits, c, k)))
+    (start,) = restored_at
+    if start:
+        progress.say(f"[train] resuming a pack of {len(group)} runs from step {start}")
+    state = loop.TrainState(stack([s.params for s in states]),
+                            stack([s.opt_state for s in states]), step=start)
+    keys = jnp.stack([seeding.purpose_key(c.seed, "train") for c, _ in group])
+    split = splits["train"]
+    with progress.stage(f"[train] compiling a pack of {len(group)} {learner.name} "
+                        f"meta-training runs, {steps_per_dispatch} step(s) per call"):
+        multi = steps.make_steps(learner, optimizer, config.meta_batch, steps_per_dispatch,
+                                 runs=True)
+
+    def step_fn(state, first, at):
+        params, opt_state, out = multi(state.params, state.opt_state, split, keys, first, at)
+        return loop.TrainState(params, opt_state), out
+
+    hooks: list[loop.Hook] = [Member(h, k) for k, (_, h) in enumerate(members)]
+    if stop_after_steps is not None:
+        hooks.append(loop.StopAfter(stop_after_steps, phase.total))
+    try:
+        loop.run_hooks(phase, state, lambda epoch, state: step_fn, hooks,
+                       lambda stop, state: loop.interrupted(
+                           stop, f"at step {state.step} of {phase.total}",
+                           "each run's checkpoints are",
+                           ", ".join(w for _, w in group)))
+    finally:
+        for outputs, _ in members:
+            outputs.tracking.close()
+            outputs.ckpt.close()
+
+
+def _hooks(phase: loop.Phase, start: int, outputs: loop.Outputs, learner, splits,
+           config: TrainConfig, k: int) -> list[loop.Hook]:
+    """Run ``k``'s Metrics, Checkpoint and Validation hooks (``loop.run``'s, on its row)."""
+    metrics = loop.Metrics(phase, start, outputs, run=k)
+
+    def validate(epoch: int, state):
+        return evaluate(learner.at_epoch(epoch), state.params, splits["val"],
+                        num_tasks=config.val_tasks, seed=config.task_seed, purpose="val",
+                        batch_size=config.eval_batch, cost_metrics=False,
+                        mesh=parallel.make_mesh()), state.params
+
+    return [metrics, loop.Checkpoint(phase, start, outputs, metrics),
+            loop.Validation(phase, start, outputs, validate, metrics)]
+
+
+__all__ = ["RunView", "check_seeds", "stack", "train_pack"]

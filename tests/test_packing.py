@@ -1,0 +1,127 @@
+"""Packed training (many seeds in one vmapped program) and S steps per dispatch: every run of a
+pack, and a run trained S steps per call, samples the tasks it samples alone and ends at the
+solo run's numbers within the rounding of XLA's batched kernels (docs/results.md)."""
+
+import dataclasses
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cfsl_jax.runtime import seeding
+from cfsl_jax.runtime.errors import UserError
+from cfsl_jax.training import loop, packing, runs, steps, train
+from cfsl_jax.training.config import TrainConfig
+
+CONFIG = TrainConfig(
+    learner="protonets", learner_options={"filters": 8}, dataset="synthetic",
+    dataset_options={"num_classes": 60, "samples_per_class": 8}, task="B2",
+    spec_overrides={"nc": 3, "kt": 2}, epochs=2, iters_per_epoch=4, meta_batch=2,
+    val_tasks=6, test_tasks=7, eval_batch=4, keep_best=2, log_every=2)
+SEEDS = (0, 1, 2)
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def built():
+    learner, splits = runs.build(CONFIG)
+    optimizer = train.make_optimizer(CONFIG)
+    params = [runs.init_params(learner, splits["train"], seed) for seed in SEEDS]
+    return learner, splits["train"], optimizer, params
+
+
+def progress(first, count):  # as the one-step loop computes it
+    return jnp.asarray([np.float32((first + i) / STEPS) for i in range(count)])
+
+
+def solo(learner, split, optimizer, params):
+    """Each seed alone, one step per call: (final params, losses [STEPS]) per seed."""
+    step = train.make_train_step(learner, optimizer, CONFIG.meta_batch)
+    out = []
+    for seed, p in zip(SEEDS, params):
+        key, opt_state, losses = seeding.purpose_key(seed, "train"), optimizer.init(p), []
+        for s in range(STEPS):
+            p, opt_state, metrics = step(p, opt_state, split, jax.random.fold_in(key, s),
+                                         jnp.float32(s / STEPS))
+            losses.append(float(metrics["loss"]))
+        out.append((p, np.asarray(losses)))
+    return out
+
+
+def distance(a, b) -> float:
+    return float(jnp.sqrt(sum(jnp.sum(jnp.square(x - y)) for x, y in
+                              zip(jax.tree.leaves(a), jax.tree.leaves(b)))))
+
+
+def assert_follows(losses, params, solo_losses, solo_params, init):
+    """The solo run's tasks and trajectory: its first loss (same tasks, same initial params) to
+    float32 rounding, later losses to the rounding that Adam's first steps amplify (measured on
+    CPU: at most 3e-4 relative after 3 steps), and params 100x closer to the solo run's than
+    training moved them."""
+    np.testing.assert_allclose(losses[0], solo_losses[0], rtol=1e-5)
+    np.testing.assert_allclose(losses, solo_losses, rtol=2e-3)
+    assert distance(params, solo_params) < 0.01 * distance(solo_params, init)
+
+
+def test_a_pack_of_three_seeds_trains_each_as_it_trains_alone(built):
+    learner, split, optimizer, params = built
+    alone = solo(learner, split, optimizer, params)
+    packed = steps.make_steps(learner, optimizer, CONFIG.meta_batch, steps=2, runs=True)
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *params)
+    opt_state = jax.vmap(optimizer.init)(stacked)
+    keys = jnp.stack([seeding.purpose_key(seed, "train") for seed in SEEDS])
+    losses = []
+    for first in range(0, STEPS, 2):
+        stacked, opt_state, metrics = packed(stacked, opt_state, split, keys, first,
+                                             progress(first, 2))
+        losses.append(np.asarray(metrics["loss"]))
+    losses = np.concatenate(losses, axis=1)  # [K, STEPS]
+    for k, (p, solo_losses) in enumerate(alone):
+        assert_follows(losses[k], jax.tree.map(lambda x: x[k], stacked), solo_losses, p,
+                       params[k])
+    assert not np.allclose(losses[0], losses[1], rtol=1e-2)  # each seed its own tasks
+
+
+def test_steps_per_dispatch_scan_the_one_step_loop(built):
+    learner, split, optimizer, params = built
+    (p_alone, losses_alone), *_ = solo(learner, split, optimizer, params[:1])
+    multi = steps.make_steps(learner, optimizer, CONFIG.meta_batch, steps=STEPS)
+    p, _, metrics = multi(params[0], optimizer.init(params[0]), split,
+                          seeding.purpose_key(SEEDS[0], "train"), 0, progress(0, STEPS))
+    assert_follows(np.asarray(metrics["loss"]), p, losses_alone, p_alone, params[0])
+
+
+PACKED = TrainConfig(**{**CONFIG.to_json(), "epochs": 2, "iters_per_epoch": 4, "log_every": 2,
+                        "checkpoint_every": 2})
+
+
+def test_a_packed_run_is_an_ordinary_run_with_the_solo_runs_tasks_and_numbers(tmp_path):
+    seeds = (0, 1)
+    dirs = [str(tmp_path / f"pack/seed{s}") for s in seeds]
+    packed = packing.train_pack(PACKED, seeds, dirs, steps_per_dispatch=2)
+    for seed, out, workdir in zip(seeds, packed, dirs):
+        alone = train.train_and_evaluate(dataclasses.replace(PACKED, seed=seed),
+                                         str(tmp_path / f"solo{seed}"))
+        assert out["task_fingerprint"] == alone["task_fingerprint"]
+        assert abs(out["acc_mean"] - alone["acc_mean"]) <= 1 / (PACKED.test_tasks * 2)
+        assert out["ce_mean"] == pytest.approx(alone["ce_mean"], rel=1e-2)
+        assert {"checkpoints", "config.json", "results.json", "val_history.json",
+                "metrics.jsonl"} <= set(os.listdir(workdir))
+    assert packed[0]["acc_mean"] != packed[1]["acc_mean"] or \
+        packed[0]["ce_mean"] != packed[1]["ce_mean"]
+    # a pack stopped after step 2, resumed, ends where the uninterrupted pack ends, bit for bit
+    again = [str(tmp_path / f"again/seed{s}") for s in seeds]
+    with pytest.raises(loop.Interrupted):
+        packing.train_pack(PACKED, seeds, again, steps_per_dispatch=2, stop_after_steps=2)
+    resumed = packing.train_pack(PACKED, seeds, again, steps_per_dispatch=2)
+    for out, back in zip(packed, resumed):
+        assert (out["acc_mean"], out["ce_mean"]) == (back["acc_mean"], back["ce_mean"])
+
+
+def test_repeated_or_missing_seeds_are_refused():
+    with pytest.raises(UserError, match=r"--seeds=0,1,0: seed 0 is given twice"):
+        packing.check_seeds((0, 1, 0))
+    with pytest.raises(UserError, match=r"--seeds=: no seed"):
+        packing.check_seeds(())
