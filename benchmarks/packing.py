@@ -12,6 +12,7 @@ A readable line per row on stderr, one JSON line per row on stdout.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import sys
@@ -36,13 +37,19 @@ _META_BATCH = flags.DEFINE_integer("meta_batch", 1, "Tasks per step per run.")
 _OPTION = flags.DEFINE_multi_string("learner_option", [], "NAME=VALUE for every learner.")
 
 
-def measure(learner_name: str, cell: str, packs: int, count: int) -> dict:
+@functools.lru_cache(maxsize=None)
+def build(learner_name: str, cell: str):
+    """(config, learner, splits): the synthetic data is generated once per learner and cell."""
     options = dict(o.split("=", 1) for o in _OPTION.value)
     config = TrainConfig(learner=learner_name, task=cell, dataset="synthetic",
                          meta_batch=_META_BATCH.value,
                          learner_options={k: json.loads(v) if v[:1].isdigit() else v
                                           for k, v in options.items()})
-    learner, splits = runs.build(config)
+    return (config, *runs.build(config))
+
+
+def measure(learner_name: str, cell: str, packs: int, count: int) -> dict:
+    config, learner, splits = build(learner_name, cell)
     optimizer = make_optimizer(config)
     seeds = range(packs)
     params = [runs.init_params(learner, splits["train"], seed) for seed in seeds]

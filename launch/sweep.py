@@ -60,6 +60,9 @@ define_list("datasets", [], "Datasets (default: --dataset).")
 flags.DEFINE_integer("workers", None, "Worker processes (default: one per GPU, one on TPU, one "
                      "per CPU core; 0: run in this process).")
 flags.DEFINE_bool("dry_run", False, "List the runs and their status; run nothing.")
+flags.DEFINE_integer("pack", 1, "Meta-train the runs that differ only in their seed in packs of "
+                     "at most this many, one program each (README, \"Packing runs\").",
+                     lower_bound=1)
 flags.DEFINE_bool("report", True, "Write the report into WORKDIR/report at the end.")
 
 FLAGS = flags.FLAGS
@@ -161,6 +164,10 @@ def main(argv) -> None:
             print(f"{state:10s} {run.name:40s} {run.workdir}" + (f"  ({detail})" if detail else ""))
         counts = sweep.summary([sweep.Outcome(run, state, 0.0, "") for run, state, _ in planned])
         print(f"{len(planned)} runs: {counts}")
+        for group in sweep.packs([run for run, state, _ in planned
+                                  if state not in ("done", "conflict", "impossible")],
+                                 FLAGS.pack) if FLAGS.pack > 1 else []:
+            print(f"pack of {len(group)}: " + " ".join(run.workdir for run in group))
         return
     if slurm_options is not None:
         cluster.run_on_slurm(
@@ -170,7 +177,8 @@ def main(argv) -> None:
         cli.write_flagfile(FLAGS.workdir)
         return
     try:
-        outcomes = sweep.run_sweep(configs, FLAGS.workdir, workers=FLAGS.workers)
+        outcomes = sweep.run_sweep(configs, FLAGS.workdir, workers=FLAGS.workers,
+                                   pack=FLAGS.pack)
     except KeyboardInterrupt:
         cli.write_flagfile(FLAGS.workdir)
         raise

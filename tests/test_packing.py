@@ -105,19 +105,22 @@ def test_a_packed_run_is_an_ordinary_run_with_the_solo_runs_tasks_and_numbers(tm
         alone = train.train_and_evaluate(dataclasses.replace(PACKED, seed=seed),
                                          str(tmp_path / f"solo{seed}"))
         assert out["task_fingerprint"] == alone["task_fingerprint"]
-        assert abs(out["acc_mean"] - alone["acc_mean"]) <= 1 / (PACKED.test_tasks * 2)
-        assert out["ce_mean"] == pytest.approx(alone["ce_mean"], rel=1e-2)
+        mine, solo_test = out["test"], alone["test"]
+        print(f"seed {seed}: packed acc {mine['acc_mean']!r} ce {mine['ce_mean']!r}, solo acc "
+              f"{solo_test['acc_mean']!r} ce {solo_test['ce_mean']!r}")
+        assert abs(mine["acc_mean"] - solo_test["acc_mean"]) <= 0.02
+        assert mine["ce_mean"] == pytest.approx(solo_test["ce_mean"], rel=1e-2)
         assert {"checkpoints", "config.json", "results.json", "val_history.json",
                 "metrics.jsonl"} <= set(os.listdir(workdir))
-    assert packed[0]["acc_mean"] != packed[1]["acc_mean"] or \
-        packed[0]["ce_mean"] != packed[1]["ce_mean"]
+    assert packed[0]["test"]["ce_mean"] != packed[1]["test"]["ce_mean"]
     # a pack stopped after step 2, resumed, ends where the uninterrupted pack ends, bit for bit
     again = [str(tmp_path / f"again/seed{s}") for s in seeds]
     with pytest.raises(loop.Interrupted):
         packing.train_pack(PACKED, seeds, again, steps_per_dispatch=2, stop_after_steps=2)
     resumed = packing.train_pack(PACKED, seeds, again, steps_per_dispatch=2)
     for out, back in zip(packed, resumed):
-        assert (out["acc_mean"], out["ce_mean"]) == (back["acc_mean"], back["ce_mean"])
+        assert (out["test"]["acc_mean"], out["test"]["ce_mean"]) == (
+            back["test"]["acc_mean"], back["test"]["ce_mean"])
 
 
 def test_repeated_or_missing_seeds_are_refused():
@@ -125,3 +128,13 @@ def test_repeated_or_missing_seeds_are_refused():
         packing.check_seeds((0, 1, 0))
     with pytest.raises(UserError, match=r"--seeds=: no seed"):
         packing.check_seeds(())
+
+
+def test_a_sweep_packs_the_runs_that_differ_only_in_their_seeds():
+    from cfsl_jax.experiments import sweep
+    configs = [dataclasses.replace(CONFIG, seed=s, task=t) for t in ("B2", "B3") for s in range(5)]
+    runs_ = [sweep.Run(c, f"w/{c.task}/seed{c.seed}") for c in configs]
+    groups = [[run.workdir for run in group] for group in sweep.packs(runs_, 3)]
+    assert groups == [["w/B2/seed0", "w/B2/seed1", "w/B2/seed2"], ["w/B2/seed3", "w/B2/seed4"],
+                      ["w/B3/seed0", "w/B3/seed1", "w/B3/seed2"], ["w/B3/seed3", "w/B3/seed4"]]
+    assert [len(g) for g in sweep.packs(runs_, 1)] == [1] * 10

@@ -52,7 +52,7 @@ import jax
 
 from cfsl_jax import data
 from cfsl_jax.runtime import backend, files, progress, stops
-from cfsl_jax.training import train
+from cfsl_jax.training import packing, train
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.experiments.sweep_plan import (  # noqa: F401  (re-exported: planning a sweep)
@@ -156,6 +156,24 @@ def execute(config_json: dict, workdir: str) -> tuple[str, float, str]:
     return "finished", time.perf_counter() - started, f"test acc {out['test']['acc_mean']:.4f}"
 
 
+def execute_pack(config_jsons: list[dict], workdirs: list[str]) -> list[tuple[str, float, str]]:
+    """``execute`` for each run of a pack (runs of one config but their seeds), their
+    meta-training first packed (``packing.meta_train_pack``); a pack that fails leaves each run
+    to train alone, where its error is reported."""
+    if len(workdirs) == 1:
+        return [execute(config_jsons[0], workdirs[0])]
+    started = time.perf_counter()
+    try:
+        with progress.prefixed(f"pack of {len(workdirs)}: "):
+            packing.meta_train_pack(TrainConfig(**config_jsons[0]),
+                                    [c["seed"] for c in config_jsons], workdirs)
+    except KeyboardInterrupt as error:
+        return [("interrupted", time.perf_counter() - started, str(error))] * len(workdirs)
+    except Exception:  # noqa: BLE001  (each run alone says what is wrong)
+        pass
+    return [execute(c, w) for c, w in zip(config_jsons, workdirs)]
+
+
 def worker_jax_options(sweep_dir: str) -> dict[str, Any]:
     """This process's compilation options, with a cache if it has none
     (``backend.cache_dir_in(sweep_dir)``: in a local sweep dir, this machine's for gs://)."""
@@ -168,13 +186,14 @@ def worker_jax_options(sweep_dir: str) -> dict[str, Any]:
 
 def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | None = None,
               jax_options: Mapping[str, Any] | None = None,
-              log: Callable[[str], None] = print) -> list[Outcome]:
+              log: Callable[[str], None] = print, pack: int = 1) -> list[Outcome]:
     """Run every run of ``configs`` that is not done; returns one Outcome per run (in the
     order of ``configs``).
 
     ``jax_options`` (``jax.config`` names -> values) are applied in every worker
     process after the ones inherited from this process (``INHERITED_JAX_OPTIONS``);
-    with ``workers=0`` the runs use this process's configuration as it is.
+    with ``workers=0`` the runs use this process's configuration as it is. ``pack``: the runs
+    that differ only in their seeds meta-train in packs of at most ``pack`` (``packs``).
     """
     if workers is not None and workers < 0:
         raise ValueError(f"workers must be >= 0 (0: in this process), got {workers}")
@@ -209,12 +228,13 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
             f"sweep interrupted: {finished} of {len(todo)} runs finished, the runs in progress "
             f"checkpointed; re-run the same command to continue")
 
+    groups = packs(todo, pack)
     if todo and workers == 0:
-        for run in todo:
-            result = execute(run.config.to_json(), run.workdir)
-            record(run, result)
-            if result[0] == "interrupted":
-                raise stopped()
+        for group in groups:
+            for run, result in zip(group, execute_pack(*_pack_args(group))):
+                record(run, result)
+                if result[0] == "interrupted":
+                    raise stopped()
     elif todo:
         platform, devices = probe_backend()
         workers = default_workers(platform, devices) if workers is None else workers
@@ -238,15 +258,16 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
                 error = pool.submit(prepare_data, config.to_json()).result()
                 if error:
                     log(f"[sweep] preparing {config.dataset} failed: {error}")
-            futures = {pool.submit(execute, run.config.to_json(), run.workdir): run
-                       for run in todo}
+            futures = {pool.submit(execute_pack, *_pack_args(group)): group for group in groups}
             for future in concurrent.futures.as_completed(futures):
+                group = futures[future]
                 try:
-                    result = future.result()
+                    results = future.result()
                 except concurrent.futures.process.BrokenProcessPool as error:
-                    result = ("failed", 0.0, f"a worker process died ({error}); run the "
-                                             f"sweep again to continue")
-                record(futures[future], result)
+                    results = [("failed", 0.0, f"a worker process died ({error}); run the "
+                                               f"sweep again to continue")] * len(group)
+                for run, result in zip(group, results):
+                    record(run, result)
         except KeyboardInterrupt:
             _stop_workers(pool)
             raise stopped() from None
@@ -255,6 +276,24 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
             raise
         pool.shutdown(wait=True)
     return [outcomes[run.workdir] for run, _, _ in planned]
+
+
+def packs(runs: Sequence[Run], size: int) -> list[list[Run]]:
+    """``runs`` grouped into packs of at most ``size`` runs whose configs differ only in their
+    seeds (same learner, dataset, cell and schedule), in order of first appearance."""
+    groups: dict[str, list[list[Run]]] = {}
+    for run in runs:
+        key = json.dumps({k: v for k, v in run.config.to_json().items() if k != "seed"},
+                         sort_keys=True)
+        chunks = groups.setdefault(key, [[]])
+        if len(chunks[-1]) == size:
+            chunks.append([])
+        chunks[-1].append(run)
+    return [chunk for chunks in groups.values() for chunk in chunks]
+
+
+def _pack_args(group: Sequence[Run]) -> tuple[list[dict], list[str]]:
+    return [run.config.to_json() for run in group], [run.workdir for run in group]
 
 
 def _stop_workers(pool: concurrent.futures.ProcessPoolExecutor, grace: float = 60.0) -> None:

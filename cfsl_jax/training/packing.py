@@ -95,11 +95,24 @@ def train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequence[str
                ) -> list[dict[str, Any]]:
     """Train and test the runs ``config`` with ``seed`` in ``seeds`` into ``workdirs``, the
     meta-training of the runs that stand at the same step packed; returns their results."""
+    meta_train_pack(config, seeds, workdirs, steps_per_dispatch, stop_after_steps)
+    # each run: its (remaining) training alone, its test and results, as an ordinary run
+    return [train.train_and_evaluate(dataclasses.replace(config, seed=seed), workdir,
+                                     stop_after_steps)
+            for seed, workdir in zip(seeds, workdirs)]
+
+
+def meta_train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequence[str],
+                    steps_per_dispatch: int = 1, stop_after_steps: int | None = None) -> None:
+    """The packed part of ``train_pack``: meta-train the unfinished runs that stand at the same
+    step as packs (a learner that is not meta-trained, or a lone run: nothing)."""
     seeds = check_seeds(seeds)
     configs = [dataclasses.replace(config, seed=seed) for seed in seeds]
     todo = [(c, w) for c, w in zip(configs, workdirs) if runs.finished_results(w, c) is None]
+    if len(todo) < 2:
+        return
     learner, splits = runs.build(config)
-    if learner.recipe.training == "meta" and len(todo) > 1:
+    if learner.recipe.training == "meta":
         for c, w in todo:
             runs.check_workdir_config(w, c)
         by_step = collections.defaultdict(list)
@@ -110,8 +123,6 @@ def train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequence[str
         for group in by_step.values():
             if len(group) > 1:
                 _meta_train_pack(learner, splits, group, steps_per_dispatch, stop_after_steps)
-    # each run: its (remaining) training alone, its test and results, as an ordinary run
-    return [train.train_and_evaluate(c, w, stop_after_steps) for c, w in zip(configs, workdirs)]
 
 
 def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
@@ -182,4 +193,4 @@ def _hooks(phase: loop.Phase, start: int, outputs: loop.Outputs, learner, splits
             loop.Validation(phase, start, outputs, validate, metrics)]
 
 
-__all__ = ["RunView", "check_seeds", "stack", "train_pack"]
+__all__ = ["RunView", "check_seeds", "meta_train_pack", "stack", "train_pack"]
