@@ -55,7 +55,13 @@ from .options import flag_names
 define_list("learners", [], f"Learners (default: all of {','.join(LEARNERS)} that build).")
 define_list("cells", list(PAPER_GRID), "Task cells: paper cells (B3, D8, ...) or "
                   "TYPE+NSS; any case.")
-define_list("seeds", ["0", "1", "2"], "Seeds.")
+# --seeds is launch.train's flag (the seeds of a pack; imported with it): here the grid's seeds.
+_DEFAULT_SEEDS = ["0", "1", "2"]
+
+
+def seeds() -> list[str]:
+    """--seeds as typed, or the default 0,1,2."""
+    return FLAGS.seeds or _DEFAULT_SEEDS
 define_list("datasets", [], "Datasets (default: --dataset).")
 flags.DEFINE_integer("workers", None, "Worker processes (default: one per GPU, one on TPU, one "
                      "per CPU core; 0: run in this process).")
@@ -106,9 +112,9 @@ def check_lists() -> None:
             TaskSpec.parse(cell.strip().upper())
         except ValueError as error:
             raise cli.UserError(f"--cells={','.join(FLAGS.cells)}: {error}") from None
-    bad = [seed for seed in FLAGS.seeds if not seed.lstrip("-").isdigit()]
+    bad = [seed for seed in seeds() if not seed.lstrip("-").isdigit()]
     if bad:
-        raise cli.UserError(f"--seeds={','.join(FLAGS.seeds)}: {bad} not integers")
+        raise cli.UserError(f"--seeds={','.join(seeds())}: {bad} not integers")
     for flag, valid in (("learners", LEARNERS), ("datasets", DATASETS)):
         unknown = [name for name in FLAGS[flag].value if name not in valid]
         if unknown:
@@ -140,7 +146,7 @@ def check():
         cells = [cell.strip().upper() for cell in FLAGS.cells]
         configs, skipped = sweep.grid(
             base, learners=FLAGS.learners or None, cells=cells,
-            seeds=[int(seed) for seed in FLAGS.seeds], datasets=FLAGS.datasets or None,
+            seeds=[int(seed) for seed in seeds()], datasets=FLAGS.datasets or None,
             learner_options=per_learner)
     except ValueError as error:
         raise cli.UserError(flag_names(str(error))) from None

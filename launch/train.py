@@ -26,6 +26,7 @@ from cfsl_jax.training.config import PRETRAIN_DATA, TrainConfig
 from cfsl_jax.protocol.spec import DRAWS, LABEL_OFFSETS, TARGET_MODES
 
 from . import cli
+from .flag_types import define_list
 from .checks import absolute, check_data_flags, check_output_dir
 from .options import (define_backend_flags, define_data_flags, define_deprecated_flag,
                       flag_names, learner_options_from_flag, list_options, parse_options)
@@ -67,8 +68,9 @@ flags.DEFINE_enum("pretrain_data", _DEFAULTS.pretrain_data, PRETRAIN_DATA, "Pret
                   "batches of uniformly drawn images).")
 flags.DEFINE_integer("seed", _DEFAULTS.seed, "Seed of every random choice of training "
                      "(initialisation, training tasks).")
-flags.DEFINE_list("seeds", None, "Train these seeds as one pack (README, \"Packing runs\"): "
-                  "run S into WORKDIR/seedS; not with --seed.")
+define_list("seeds", [], "Seeds. launch.train: train them as one pack (README, \"Packing "
+            "runs\"), run S into WORKDIR/seedS, not with --seed; launch.sweep: the grid's "
+            "seeds (default 0,1,2).")
 flags.DEFINE_integer("steps_per_dispatch", 1, "Meta-steps per host call in a pack (it divides "
                      "--iters_per_epoch, --log_every and --checkpoint_every).", lower_bound=1)
 flags.DEFINE_string("eval_seed", str(_DEFAULTS.eval_seed), "Seed of the validation and test "
@@ -201,7 +203,7 @@ def check() -> TrainConfig:
 
 def pack_runs() -> list[tuple[int, str]]:
     """(seed, workdir) of each run: --seed in --workdir, or each of --seeds in WORKDIR/seedS."""
-    if FLAGS.seeds is None:
+    if not FLAGS.seeds:
         return [(FLAGS.seed, FLAGS.workdir)]
     given = ",".join(FLAGS.seeds)
     if FLAGS["seed"].present:
@@ -222,7 +224,7 @@ def main(argv) -> None:
     config = check()
     mesh = mesh_from_flags()
     with cli.flags_recorded(FLAGS.workdir):
-        if FLAGS.seeds is not None:
+        if FLAGS.seeds:
             seeds, workdirs = zip(*pack_runs())
             packing.train_pack(config, seeds, workdirs, FLAGS.steps_per_dispatch)
             return
