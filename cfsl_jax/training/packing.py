@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from cfsl_jax.runtime import parallel, progress, seeding
 from cfsl_jax.runtime.errors import UserError
@@ -157,7 +158,9 @@ def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
     with progress.stage(f"[train] compiling a pack of {len(group)} {learner.name} "
                         f"meta-training runs, {steps_per_dispatch} step(s) per call"):
         multi = steps.make_steps(learner, optimizer, config.meta_batch, steps_per_dispatch,
-                                 runs=True)
+                                 runs=True).lower(
+            state.params, state.opt_state, split, keys, start,
+            np.zeros(steps_per_dispatch, np.float32)).compile()
 
     def step_fn(state, first, at):
         params, opt_state, out = multi(state.params, state.opt_state, split, keys, first, at)
