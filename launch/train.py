@@ -196,6 +196,8 @@ def check() -> TrainConfig:
     check_data_flags()
     check_output_dir("workdir", FLAGS.workdir)
     config = config_from_flags()
+    if FLAGS.seeds:
+        packing.check_steps_per_dispatch(config, FLAGS.steps_per_dispatch)
     for seed, workdir in pack_runs():
         runs.check_workdir_config(workdir, dataclasses.replace(config, seed=seed), create=False)
     return config

@@ -80,6 +80,15 @@ class Member(loop.Hook):
         self._each("on_stop", state)
 
 
+def check_steps_per_dispatch(config: TrainConfig, steps_per_dispatch: int) -> None:
+    """UserError unless S divides the epoch, the log interval and the checkpoint interval."""
+    intervals = (config.iters_per_epoch, config.log_every, config.checkpoint_every)
+    if steps_per_dispatch < 1 or any(i % steps_per_dispatch for i in intervals if i):
+        raise UserError(f"--steps_per_dispatch={steps_per_dispatch} must divide "
+                        f"--iters_per_epoch, --log_every and --checkpoint_every (now "
+                        f"{', '.join(map(str, intervals))}; a checkpoint_every of 0 is free)")
+
+
 def check_seeds(seeds: Sequence[int]) -> tuple[int, ...]:
     """The seeds of a pack, refused (UserError) when empty or repeated."""
     seeds = tuple(seeds)
@@ -108,6 +117,7 @@ def meta_train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequenc
     """The packed part of ``train_pack``: meta-train the unfinished runs that stand at the same
     step as packs (a learner that is not meta-trained, or a lone run: nothing)."""
     seeds = check_seeds(seeds)
+    check_steps_per_dispatch(config, steps_per_dispatch)
     configs = [dataclasses.replace(config, seed=seed) for seed in seeds]
     todo = [(c, w) for c, w in zip(configs, workdirs) if runs.finished_results(w, c) is None]
     if len(todo) < 2:
@@ -131,12 +141,6 @@ def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
     config = group[0][0]
     optimizer = train.make_optimizer(config)
     phase = loop.phase(config, "train", "meta-training", None, steps_per_dispatch)
-    for interval in (phase.iters_per_epoch, phase.log_every, phase.checkpoint_every or 1):
-        if interval % steps_per_dispatch:
-            raise UserError(f"--steps_per_dispatch={steps_per_dispatch} must divide "
-                            f"--iters_per_epoch, --log_every and --checkpoint_every "
-                            f"(now {phase.iters_per_epoch}, {phase.log_every}, "
-                            f"{phase.checkpoint_every})")
     members, states, restored_at = [], [], set()
     for k, (c, w) in enumerate(group):
         params = runs.init_params(learner, splits["train"], c.seed)
@@ -196,4 +200,4 @@ def _hooks(phase: loop.Phase, start: int, outputs: loop.Outputs, learner, splits
             loop.Validation(phase, start, outputs, validate, metrics)]
 
 
-__all__ = ["RunView", "check_seeds", "meta_train_pack", "stack", "train_pack"]
+__all__ = ["RunView", "check_seeds", "check_steps_per_dispatch", "meta_train_pack", "stack", "train_pack"]
