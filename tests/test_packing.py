@@ -128,6 +128,10 @@ def test_repeated_or_missing_seeds_are_refused():
         packing.check_seeds((0, 1, 0))
     with pytest.raises(UserError, match=r"--seeds=: no seed"):
         packing.check_seeds(())
+    packing.check_steps_per_dispatch(PACKED, 2)  # divides 4, 2 and 2
+    packing.check_steps_per_dispatch(dataclasses.replace(PACKED, checkpoint_every=0), 2)
+    with pytest.raises(UserError, match=r"--steps_per_dispatch=4 must divide .* \(now 4, 2, 2"):
+        packing.check_steps_per_dispatch(PACKED, 4)
 
 
 def test_a_sweep_packs_the_runs_that_differ_only_in_their_seeds():
