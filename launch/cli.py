@@ -66,14 +66,6 @@ def user_message(error: BaseException) -> str:
     """The one line a user error is shown as."""
     if isinstance(error, (FileExistsError, NotADirectoryError)) and error.filename:
         return f"{error.filename} exists and is a file, not a folder: give another path"
-    if isinstance(error, flags.Error):
-        text = str(error)
-        unreadable = re.search(r"Unable to open flagfile: \[Errno \d+\] ([^:]*): '(.*)'", text)
-        if unreadable:
-            return f"--flagfile={unreadable.group(2)}: {unreadable.group(1).lower()}"
-        text = re.sub(r"^flag (--\w+)=(.*?): (Flag --\w+ must have a value other than None\.)",
-                      r"\1 is required", text)
-        return text
     return str(error)
 
 
@@ -115,6 +107,7 @@ def _parser(doc: str | None) -> Callable[[list[str]], list[str]]:
             except BrokenPipeError:  # e.g. `--help | head`
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(0)
+        check_flagfiles(args)
         try:
             rest = FLAGS(argv)
         except flags.Error as error:
@@ -124,6 +117,21 @@ def _parser(doc: str | None) -> Callable[[list[str]], list[str]]:
                  f"(see --help)")
         return rest
     return parse
+
+
+def check_flagfiles(args: list[str]) -> None:
+    """Each ``--flagfile`` given can be read, or ``error: --flagfile=PATH: <why>``."""
+    for i, arg in enumerate(args):
+        if arg.startswith("--flagfile="):
+            path = arg.partition("=")[2]
+        elif arg == "--flagfile" and i + 1 < len(args):
+            path = args[i + 1]
+        else:
+            continue
+        try:
+            open(path, encoding="utf-8").close()
+        except OSError as error:
+            fail(f"--flagfile={path}: {(error.strerror or str(error)).lower()}")
 
 
 @contextlib.contextmanager
@@ -152,15 +160,13 @@ def boundary(interrupted: str = "interrupted") -> Iterator[None]:
 
 @contextlib.contextmanager
 def user_input() -> Iterator[None]:
-    """Inside: a ``ValueError`` (validation of flags and configs) is the user's mistake,
-    reworded in flag names (``options.flag_names``)."""
+    """Inside: a ``ValueError`` (validation of flags and configs) is the user's mistake."""
     try:
         yield
     except UserError:
         raise
     except ValueError as error:
-        from .options import flag_names
-        raise UserError(flag_names(str(error))) from error
+        raise UserError(str(error)) from error
 
 
 def run(main: Callable[[list[str]], None], interrupted: str = "interrupted: re-run the same "

@@ -50,13 +50,13 @@ from . import cli, cluster
 from .checks import check_data_flags, check_output_dir
 from .flag_types import define_list
 from . import train as train_cli  # noqa: F401  (defines the per-run flags; --workdir)
-from .options import flag_names
 
-define_list("learners", [], f"Learners (default: all of {','.join(LEARNERS)} that build).")
+define_list("learners", [], f"Learners (default: all of {','.join(LEARNERS)} that build).",
+            module=__name__)
 define_list("cells", list(PAPER_GRID), "Task cells: paper cells (B3, D8, ...) or "
-                  "TYPE+NSS; any case.")
-define_list("seeds", ["0", "1", "2"], "Seeds.")
-define_list("datasets", [], "Datasets (default: --dataset).")
+            "TYPE+NSS; any case.", module=__name__)
+define_list("seeds", ["0", "1", "2"], "Seeds.", module=__name__)
+define_list("datasets", [], "Datasets (default: --dataset).", module=__name__)
 flags.DEFINE_integer("workers", None, "Worker processes (default: one per GPU, one on TPU, one "
                      "per CPU core; 0: run in this process).")
 flags.DEFINE_bool("dry_run", False, "List the runs and their status; run nothing.")
@@ -124,23 +124,20 @@ def check():
     check_data_flags()
     check_output_dir("workdir", FLAGS.workdir)
     check_lists()
-    try:
-        learners = FLAGS.learners or LEARNERS
-        common, per_learner = sweep_learner_options(FLAGS.learner_option, learners)
-        base = train_cli._config_from_flags(learner_options=common, per_learner=False)
-        base.check()
-        for learner in learners:  # --as_published's options, per learner
-            preset = as_published.learner_options(FLAGS.as_published, learner)
-            preset = {k: v for k, v in preset.items() if k not in common}
-            if preset:
-                per_learner[learner] = {**preset, **per_learner.get(learner, {})}
-        cells = [cell.strip().upper() for cell in FLAGS.cells]
+    learners = FLAGS.learners or LEARNERS
+    common, per_learner = sweep_learner_options(FLAGS.learner_option, learners)
+    base = train_cli.config_from_flags(learner_options=common, per_learner=False)
+    for learner in learners:  # --as_published's options, per learner
+        preset = as_published.learner_options(FLAGS.as_published, learner)
+        preset = {k: v for k, v in preset.items() if k not in common}
+        if preset:
+            per_learner[learner] = {**preset, **per_learner.get(learner, {})}
+    cells = [cell.strip().upper() for cell in FLAGS.cells]
+    with cli.user_input(), train_cli.flag_words():  # a cell's spec mistake names its flag
         configs, skipped = sweep.grid(
             base, learners=FLAGS.learners or None, cells=cells,
             seeds=[int(seed) for seed in FLAGS.seeds], datasets=FLAGS.datasets or None,
             learner_options=per_learner)
-    except ValueError as error:
-        raise cli.UserError(flag_names(str(error))) from None
     shard = cluster.shard_from_flags()
     slurm_options = cluster.options_from_flags()
     if slurm_options is not None and FLAGS.workers is not None:

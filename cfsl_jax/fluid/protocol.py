@@ -68,7 +68,8 @@ from cfsl_jax.protocol import metrics
 from cfsl_jax.runtime import progress
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid.sequences import Stream
-from cfsl_jax.runtime.options import positive_int
+from cfsl_jax.runtime import naming
+from cfsl_jax.runtime.options import option, positive_int
 
 Params = Any
 State = Any
@@ -85,16 +86,20 @@ class Schedule:
     samples, minibatches of 256 (the authors' ``offline_batch_size``).
     """
 
-    update_every: int = 5000  # U: a phase after every U samples (from ``start`` on)
-    epochs_per_update: int = 4  # E: epochs over the samples seen so far per phase
-    batch_size: int = 256  # minibatch size of a training step
-    start: int = 0  # no regular phase before this many samples (Weight Imprinting: 10,000)
-    warmup_every: int = 0  # > 0: also a phase every this many samples ...
-    warmup_until: int = 0  # ... up to this many samples (OLTR: every 200 up to 10,000)
+    # U: a phase after every U samples (from ``start`` on); the flags are launch.fluid's
+    update_every: int = option(5000, "U for every method (default: each one's, scaled).")
+    # E: epochs over the samples seen so far per phase
+    epochs_per_update: int = option(4, "E, with --update_every.")
+    batch_size: int = option(256, "Training minibatch, with --update_every.")
+    # no regular phase before this many samples (Weight Imprinting: 10,000)
+    start: int = option(0, flag=None)
+    warmup_every: int = option(0, flag=None)  # > 0: also a phase every this many samples ...
+    # ... up to this many samples (OLTR: every 200 up to 10,000)
+    warmup_until: int = option(0, flag=None)
 
     def __post_init__(self):
         for name in ("update_every", "epochs_per_update", "batch_size"):
-            positive_int(name, getattr(self, name), 1)
+            positive_int(naming.name("Schedule", name, qualified=False), getattr(self, name), 1)
         for name in ("start", "warmup_every", "warmup_until"):
             positive_int(name, getattr(self, name), 0)
 
