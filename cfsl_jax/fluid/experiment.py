@@ -46,7 +46,7 @@ import cfsl_jax
 from cfsl_jax import data
 from cfsl_jax.protocol import metrics
 from cfsl_jax.runtime import files, progress, seeding
-from cfsl_jax.training import results as results_io
+from cfsl_jax.runtime import json_files
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.runtime import naming
 from cfsl_jax.runtime.options import check_limits, option
@@ -55,7 +55,8 @@ from cfsl_jax.fluid import new_class, report
 from cfsl_jax.fluid.metrics import correctness, rolling_accuracy, stream_metrics
 from cfsl_jax.fluid.pretraining import pretrain_model, prepare_params
 from cfsl_jax.fluid.protocol import Schedule, run_stream
-from cfsl_jax.fluid.sequences import StreamConfig, describe, make_stream
+from cfsl_jax.fluid.sequences import (Stream, StreamClasses, StreamConfig, describe,
+                                      make_stream)
 
 PAPER_STREAM = StreamConfig(num_classes=1000, length=90_000, pretrain_fraction=0.25, zipf_s=1.0,
                             head_threshold=50, min_pretrain_samples=100, max_per_class=961,
@@ -190,21 +191,39 @@ def schedule_for(method, config: FluidConfig) -> Schedule | None:
     return method.schedule.scaled(config.stream.length)
 
 
-def run_methods(config: FluidConfig, split: data.Split, built: dict, index: int):
-    """Stream ``index`` of ``config.streams``: ``(stream, classes, {name: (record, schedule,
-    pretrain seconds)})``, every method pretrained for the stream and run on it."""
+def prepare_stream(config: FluidConfig, split: data.Split, index: int
+                   ) -> tuple[Stream, StreamClasses]:
+    """Stream ``index`` of ``config.streams`` from ``split`` (on Omniglot, pretrain and novel
+    classes from disjoint alphabets: ``alphabet_pretrain_mask``), its summary printed; the
+    stream of every experiment and study."""
     mask = (alphabet_pretrain_mask(split.info.class_names, config.stream.pretrain_fraction)
             if config.dataset.startswith("omniglot") else None)
     stream, classes = make_stream(stream_key(config, index), split.class_table,
                                   split.class_sizes, config.stream, pretrain_mask=mask)
     progress.say(f"[FLUID] {config.streams} stream {index}: "
                  f"{summary_line(describe(stream, classes))}")
-    image_shape = tuple(split.images.shape[1:])
-    init = next(iter(built.values())).init_params(seeding.purpose_key(config.seed, "init"),
-                                                  jnp.zeros((1, *image_shape), jnp.float32))
-    pretrain_key = jax.random.fold_in(seeding.purpose_key(config.seed, "pretrain"), index)
-    fisher_key = jax.random.fold_in(seeding.purpose_key(config.seed, "pretrain"), FISHER + index)
-    train_key = jax.random.fold_in(seeding.purpose_key(config.seed, "train"), index)
+    return stream, classes
+
+
+def stream_keys(config: FluidConfig, index: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(pretraining, EWC's Fisher sample, method runs) keys of stream ``index`` (module doc)."""
+    pretrain = seeding.purpose_key(config.seed, "pretrain")
+    return (jax.random.fold_in(pretrain, index), jax.random.fold_in(pretrain, FISHER + index),
+            jax.random.fold_in(seeding.purpose_key(config.seed, "train"), index))
+
+
+def init_params(config: FluidConfig, method, split: data.Split):
+    """The initial backbone of every method of ``config`` (the same Conv-4 for all)."""
+    return method.init_params(seeding.purpose_key(config.seed, "init"),
+                              jnp.zeros((1, *split.images.shape[1:]), jnp.float32))
+
+
+def run_methods(config: FluidConfig, split: data.Split, built: dict, index: int):
+    """Stream ``index`` of ``config.streams``: ``(stream, classes, {name: (record, schedule,
+    pretrain seconds)})``, every method pretrained for the stream and run on it."""
+    stream, classes = prepare_stream(config, split, index)
+    init = init_params(config, next(iter(built.values())), split)
+    pretrain_key, fisher_key, train_key = stream_keys(config, index)
     pretrained, known, runs = {}, {}, {}
     for name, method in built.items():
         started = time.perf_counter()
@@ -289,7 +308,7 @@ def _stored_run(config: FluidConfig, path: str) -> dict:
     """What an earlier run of the same config left in ``path`` (``{}`` if nothing)."""
     if not files.exists(path):
         return {}
-    stored = results_io.read_json(path)
+    stored = json_files.read_json(path)
     ours = json.loads(json.dumps(config.to_json()))  # tuples as JSON stores them
     theirs = dict(stored.get("config", {}))
     done = len(stored.get("streams", []))
@@ -345,7 +364,7 @@ def run_experiment(config: FluidConfig, workdir: str) -> dict[str, Any]:
             "versions": {"cfsl_jax": cfsl_jax.__version__, "jax": jax.__version__,
                          "backend": jax.default_backend()},
         }
-        results_io.write_json(path, results)
+        json_files.write_json(path, results)
         _write_table(results, config, workdir)
     return results
 
@@ -376,7 +395,7 @@ def read_stream_file(config: FluidConfig, workdir: str, index: int) -> dict | No
     path = stream_file(workdir, index)
     if not files.exists(path):
         return None
-    stored = results_io.read_json(path)
+    stored = json_files.read_json(path)
     ours = json.loads(json.dumps(config.to_json()))
     if {**stored["config"], "num_streams": 0} != {**ours, "num_streams": 0}:
         raise UserError(f"{path} holds a stream of a different configuration: use a new "
@@ -412,7 +431,7 @@ def run_stream_alone(config: FluidConfig, workdir: str, index: int) -> None:
         return
     files.makedirs(workdir)
     split = load(config)
-    results_io.write_json(stream_file(workdir, index),
+    json_files.write_json(stream_file(workdir, index),
                           compute_stream(config, workdir, split, build_methods(config, split),
                                          index))
 
