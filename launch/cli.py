@@ -77,20 +77,22 @@ def out_of_memory_message(error: BaseException) -> str:
             f"--nc, --nss or --kt, or use --compute_dtype=bfloat16")
 
 
-def _listed_modules() -> list[str]:
-    """Modules whose flags a command's --help lists: the launch package's and the script's."""
+def _listed_modules(command: str = "") -> list[str]:
+    """Modules whose flags a command's --help lists: the launch package's and the script's;
+    the ``command``'s module first, cli's last."""
     names = FLAGS.flags_by_module_dict()
     script = sys.argv[0] if sys.argv else ""
     ours = [m for m in names if m == script or re.search(r"(^|[./\\])launch([./\\]|$)", m)]
-    return sorted(ours, key=lambda m: (m.endswith("cli") or m.endswith("cli.py"), m))
+    return sorted(ours, key=lambda m: (m.endswith("cli") or m.endswith("cli.py"), m != command,
+                                       m))
 
 
-def help_text(doc: str | None, full: bool = False) -> str:
+def help_text(doc: str | None, full: bool = False, command: str = "") -> str:
     lines = [(doc or "").strip(), "", "flags:"]
     if full:
         lines.append(FLAGS.get_help())
     else:
-        for module in _listed_modules():
+        for module in _listed_modules(command):
             text = FLAGS.module_help(module)
             lines.append(text.split("\n", 1)[1] if "\n" in text else text)
     lines.append("")
@@ -98,12 +100,13 @@ def help_text(doc: str | None, full: bool = False) -> str:
     return "\n".join(lines)
 
 
-def _parser(doc: str | None) -> Callable[[list[str]], list[str]]:
+def _parser(doc: str | None, command: str) -> Callable[[list[str]], list[str]]:
     def parse(argv: list[str]) -> list[str]:
         args = argv[1:argv.index("--")] if "--" in argv else argv[1:]
         if any(a in _HELP or a in _HELPFULL for a in args):
             try:
-                print(help_text(doc, full=any(a in _HELPFULL for a in args)), flush=True)
+                print(help_text(doc, full=any(a in _HELPFULL for a in args), command=command),
+                      flush=True)
             except BrokenPipeError:  # e.g. `--help | head`
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(0)
@@ -178,9 +181,6 @@ def run(main: Callable[[list[str]], None], interrupted: str = "interrupted: re-r
 
     def guarded(argv):
         from cfsl_jax.runtime import stops
-
-        from . import STARTED
-        STARTED.set()  # the command's own lines from here: no more "still ... starting"
         stops.install()  # stop signals end the command cleanly, never lost in a callback
         with boundary(interrupted):
             quiet_logs()
@@ -195,7 +195,7 @@ def run(main: Callable[[list[str]], None], interrupted: str = "interrupted: re-r
             apply_backend_flags()
             main(argv)
 
-    app.run(guarded, flags_parser=_parser(doc))
+    app.run(guarded, flags_parser=_parser(doc, main.__module__))
 
 
 def quiet_logs() -> None:

@@ -25,6 +25,10 @@ re-running it submits only the streams not done, queued or running.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command: its first line before the imports below (JAX)
+    from .starting import main
+    raise SystemExit(main("fluid", __package__))
+
 import dataclasses
 
 from absl import app, flags

@@ -16,6 +16,10 @@ and XLA's cost analysis in a few minutes on CPU. Output goes to --out_dir
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command: its first line before the imports below (JAX)
+    from .starting import main
+    raise SystemExit(main("report", __package__))
+
 from absl import app, flags
 
 from cfsl_jax.experiments import figures, report

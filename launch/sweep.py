@@ -37,6 +37,10 @@ after submitting; --cancel cancels the sweep's jobs:
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command: its first line before the imports below (JAX)
+    from .starting import main
+    raise SystemExit(main("sweep", __package__))
+
 
 from absl import flags
 

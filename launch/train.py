@@ -14,6 +14,10 @@ the spec, and the first step's memory against the device's, before training.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command: its first line before the imports below (JAX)
+    from .starting import main
+    raise SystemExit(main("train", __package__))
+
 from absl import flags
 
 from cfsl_jax.protocol.spec import TaskSpec

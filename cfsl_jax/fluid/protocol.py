@@ -349,28 +349,29 @@ def run_stream(method: Method, params: Params, stream: Stream, split: data.Split
             else list(range(PROGRESS_SAMPLES, length, PROGRESS_SAMPLES)))
     predictions, scores, train_steps = [], [], 0
     chunks = list(zip([0, *ends], [*ends, length]))
-    bar = progress.tracker(f"FLUID {method.name}", length, "samples")
-    batch = min(embed_batch, max(end - begin for begin, end in chunks))  # one embed program
-    for begin, end in chunks:
-        features = embed_samples(method, params, state, split, stream.sample_idx[begin:end],
-                                 batch)
-        state, (label, score) = scan(params, state, features, stream.label[begin:end])
-        predictions.append(label)
-        scores.append(score)
-        if on_features:
-            banked.append(features)
-        if trains and end < length:
-            revealed = positions < end
+    with progress.tracker(f"FLUID {method.name}", length, "samples") as bar:
+        # one embed program
+        batch = min(embed_batch, max(end - begin for begin, end in chunks))
+        for begin, end in chunks:
+            features = embed_samples(method, params, state, split,
+                                     stream.sample_idx[begin:end], batch)
+            state, (label, score) = scan(params, state, features, stream.label[begin:end])
+            predictions.append(label)
+            scores.append(score)
             if on_features:
-                bank = jnp.pad(jnp.concatenate(banked), ((0, length - end), (0, 0)))
-            state = train_phase(method, schedule, params, state, split,
-                                bank if on_features else jnp.where(revealed, bank, 0),
-                                jnp.where(revealed, stream.label, -1), end,
-                                jax.random.fold_in(train_key, end))
-            train_steps += schedule.steps(end)
-        if bar.due() or end == length:
-            jax.block_until_ready(state)
-            bar.update(end, **({"train_steps": train_steps} if trains else {}))
+                banked.append(features)
+            if trains and end < length:
+                revealed = positions < end
+                if on_features:
+                    bank = jnp.pad(jnp.concatenate(banked), ((0, length - end), (0, 0)))
+                state = train_phase(method, schedule, params, state, split,
+                                    bank if on_features else jnp.where(revealed, bank, 0),
+                                    jnp.where(revealed, stream.label, -1), end,
+                                    jax.random.fold_in(train_key, end))
+                train_steps += schedule.steps(end)
+            if bar.due() or end == length:
+                jax.block_until_ready(state)
+                bar.update(end, **({"train_steps": train_steps} if trains else {}))
     prediction = np.concatenate([np.asarray(p) for p in predictions]).astype(np.int32)
     unseen = np.concatenate([np.asarray(s) for s in scores]).astype(np.float32)
     seconds = time.perf_counter() - start_time
