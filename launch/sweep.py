@@ -45,7 +45,7 @@ if __name__ == "__main__":  # the command: its first line before the imports bel
 from absl import flags
 
 from cfsl_jax.training import as_published
-from cfsl_jax.experiments import report, slurm, sweep
+from cfsl_jax.experiments import report, slurm, sweep, sweep_plan
 from cfsl_jax.learners import LEARNERS, options_class, parse_learner_options
 from cfsl_jax.runtime.options import names as option_names
 from cfsl_jax.protocol.spec import PAPER_GRID
@@ -138,7 +138,7 @@ def check():
             per_learner[learner] = {**preset, **per_learner.get(learner, {})}
     cells = [cell.strip().upper() for cell in FLAGS.cells]
     with cli.user_input(), train_cli.flag_words():  # a cell's spec mistake names its flag
-        configs, skipped = sweep.grid(
+        configs, skipped = sweep_plan.grid(
             base, learners=FLAGS.learners or None, cells=cells,
             seeds=[int(seed) for seed in FLAGS.seeds], datasets=FLAGS.datasets or None,
             learner_options=per_learner)
@@ -147,7 +147,7 @@ def check():
     if slurm_options is not None and FLAGS.workers is not None:
         raise cli.UserError("--workers is for --launcher=local (a SLURM job runs one run)")
     if shard:
-        configs = sweep.shard(configs, *shard)
+        configs = sweep_plan.shard(configs, *shard)
     return configs, skipped, shard, slurm_options
 
 
@@ -157,10 +157,10 @@ def main(argv) -> None:
     for name, reason in skipped.items():
         print(f"skipping learner {name}: it does not build ({reason})")
     if FLAGS.dry_run:
-        planned = sweep.plan(configs, FLAGS.workdir, check=True)
+        planned = sweep_plan.plan(configs, FLAGS.workdir, check=True)
         for run, state, detail in planned:
             print(f"{state:10s} {run.name:40s} {run.workdir}" + (f"  ({detail})" if detail else ""))
-        counts = sweep.summary([sweep.Outcome(run, state, 0.0, "") for run, state, _ in planned])
+        counts = sweep_plan.summary([sweep_plan.Outcome(run, state, 0.0, "") for run, state, _ in planned])
         print(f"{len(planned)} runs: {counts}")
         return
     if slurm_options is not None:
@@ -178,7 +178,7 @@ def main(argv) -> None:
     if not any(o.status == "conflict" for o in outcomes):  # not another sweep's folder
         cli.write_flagfile(FLAGS.workdir)
     print(f"[sweep] {FLAGS.workdir}" + (f" shard {FLAGS.shard}" if shard else "")
-          + f": {sweep.summary(outcomes)}")
+          + f": {sweep_plan.summary(outcomes)}")
     if any(o.status in ("skipped", "finished") for o in outcomes):
         _report()
     bad = [o for o in outcomes if o.status in ("failed", "conflict")]

@@ -53,7 +53,7 @@ class TrainConfig:
     eval_seed: int | None = option(
         0, "Seed of the validation and test tasks: the same tasks for every --seed and learner, "
         "as the authors' code (a non-negative integer), or 'seed': the run's --seed (each "
-        "training seed its own tasks; the previous behaviour).", minimum=0)
+        "training seed its own tasks).", minimum=0)
     compute_dtype: str = option("float32", "Compute and carried-state dtype (params and "
                                 "optimiser state stay float32).", choices=tuple(COMPUTE_DTYPES))
     epochs: int = option(10, "Meta-training epochs.", minimum=1)
