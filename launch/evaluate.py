@@ -74,7 +74,3 @@ def main(argv) -> None:
 
 def run() -> None:
     cli.run(main, check=check)
-
-
-if __name__ == "__main__":
-    run()

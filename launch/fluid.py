@@ -256,7 +256,3 @@ def _report(config) -> None:
 def run() -> None:
     from .cli import run as run_guarded  # the shared error boundary and --help (launch/cli.py)
     run_guarded(main, check=check)
-
-
-if __name__ == "__main__":
-    run()

@@ -8,7 +8,7 @@
 with ``CFSL_PROGRESS=0``), imports the command's module inside ``starting`` -- which prints
 ``  still [NAME] starting (Ns: ...)`` every ``STARTING_HEARTBEAT_S`` seconds from a thread
 it owns, until its block ends (importing JAX takes seconds, more on a loaded machine) -- and
-runs the command. The ``cfsl-NAME`` scripts call ``main`` the same way (their functions below).
+runs the command. The ``cfsl-NAME`` scripts call ``main`` the same way (``script``).
 Importing this module (or any command's) prints nothing and starts no thread.
 """
 
@@ -64,30 +64,6 @@ def main(name: str, package: str | None = None) -> None:
     module.run()
 
 
-# The cfsl-NAME scripts (setup.cfg).
-def show_task() -> None:
-    main("show_task")
-
-
-def train() -> None:
-    main("train")
-
-
-def evaluate() -> None:
-    main("evaluate")
-
-
-def verify() -> None:
-    main("verify")
-
-
-def sweep() -> None:
-    main("sweep")
-
-
-def report() -> None:
-    main("report")
-
-
-def fluid() -> None:
-    main("fluid")
+def script() -> None:
+    """The ``cfsl-NAME`` scripts (setup.cfg): command NAME, from the script's name."""
+    main(os.path.basename(sys.argv[0]).removeprefix("cfsl-").replace("-", "_"))

@@ -202,7 +202,3 @@ def _report() -> None:
 def run() -> None:
     cli.run(main, interrupted="sweep interrupted: re-run the same command to continue",
             check=check)
-
-
-if __name__ == "__main__":
-    run()
