@@ -34,14 +34,13 @@ import dataclasses
 from absl import app, flags
 
 from cfsl_jax.experiments import slurm, sweep
-from cfsl_jax.runtime import files
+from cfsl_jax.runtime import files, naming
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import study
 from cfsl_jax.fluid.experiment import PRESETS, FluidConfig, preset, run_experiment
 from cfsl_jax.fluid.methods import METHODS, options_class, parse_method_options
 from cfsl_jax.fluid.protocol import Schedule
 from cfsl_jax.fluid.sequences import StreamConfig
-from cfsl_jax.runtime import naming
 
 from . import cluster, config_flags
 from .checks import check_data_flags, check_output_dir
@@ -91,7 +90,7 @@ FLUID = config_flags.define(
 STREAM = config_flags.define(StreamConfig, __name__, overrides=True,
                              parsers=dict(pretrain_classes=pretrain_classes_flag))
 SCHEDULE = config_flags.define(Schedule, __name__, overrides=("update_every",))
-# The flags that set no config field (tests/test_fluid_experiment.py checks the lists).
+# The flags that set no config field (tests/test_config_flags.py checks the lists).
 NOT_CONFIG = ("preset", "study", "study_method", "study_frequencies", "study_epochs",
               "list_options", "workdir", "download", "precision", "compilation_cache_dir")
 

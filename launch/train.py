@@ -71,7 +71,7 @@ TRAIN = config_flags.define(TrainConfig, __name__, defined=tuple(_DATA.flags), p
     _DATA.parsers, task=parse_task, eval_seed=parse_eval_seed,
     learner_options=lambda pairs: learner_options_from_flag(FLAGS.learner, pairs)))
 SPEC = config_flags.define(TaskSpec, __name__, overrides=True)
-# The flags that set no TrainConfig field (tests/test_cli.py checks the two lists).
+# The flags that set no TrainConfig field (tests/test_config_flags.py checks the lists).
 NOT_CONFIG = ("workdir", "as_published", "budget", "num_devices", "multihost", "eval_tasks",
               "retest", "list_options", "precision", "compilation_cache_dir")
 
