@@ -99,3 +99,15 @@ def check_data_flags() -> None:
             raise UserError(f"--manual_dir={path} is a file: give the folder that holds it")
     if "data_dir" in FLAGS:
         check_output_dir("data_dir", FLAGS.data_dir)
+
+
+def parse_task(text: str) -> str:
+    """--task's text as a task name (upper case), refused unless it parses (a paper cell, a
+    type or a type with NSS: ``TaskSpec.parse``)."""
+    from cfsl_jax.protocol.spec import TaskSpec
+    task = text.strip().upper()
+    try:
+        TaskSpec.parse(task)
+    except ValueError as error:
+        raise UserError(f"--task: {error}") from None
+    return task

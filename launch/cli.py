@@ -66,14 +66,6 @@ def user_message(error: BaseException) -> str:
     """The one line a user error is shown as."""
     if isinstance(error, (FileExistsError, NotADirectoryError)) and error.filename:
         return f"{error.filename} exists and is a file, not a folder: give another path"
-    if isinstance(error, flags.Error):
-        text = str(error)
-        unreadable = re.search(r"Unable to open flagfile: \[Errno \d+\] ([^:]*): '(.*)'", text)
-        if unreadable:
-            return f"--flagfile={unreadable.group(2)}: {unreadable.group(1).lower()}"
-        text = re.sub(r"^flag (--\w+)=(.*?): (Flag --\w+ must have a value other than None\.)",
-                      r"\1 is required", text)
-        return text
     return str(error)
 
 
@@ -85,20 +77,22 @@ def out_of_memory_message(error: BaseException) -> str:
             f"--nc, --nss or --kt, or use --compute_dtype=bfloat16")
 
 
-def _listed_modules() -> list[str]:
-    """Modules whose flags a command's --help lists: the launch package's and the script's."""
+def _listed_modules(command: str = "") -> list[str]:
+    """Modules whose flags a command's --help lists: the launch package's and the script's;
+    the ``command``'s module first, cli's last."""
     names = FLAGS.flags_by_module_dict()
     script = sys.argv[0] if sys.argv else ""
     ours = [m for m in names if m == script or re.search(r"(^|[./\\])launch([./\\]|$)", m)]
-    return sorted(ours, key=lambda m: (m.endswith("cli") or m.endswith("cli.py"), m))
+    return sorted(ours, key=lambda m: (m.endswith("cli") or m.endswith("cli.py"), m != command,
+                                       m))
 
 
-def help_text(doc: str | None, full: bool = False) -> str:
+def help_text(doc: str | None, full: bool = False, command: str = "") -> str:
     lines = [(doc or "").strip(), "", "flags:"]
     if full:
         lines.append(FLAGS.get_help())
     else:
-        for module in _listed_modules():
+        for module in _listed_modules(command):
             text = FLAGS.module_help(module)
             lines.append(text.split("\n", 1)[1] if "\n" in text else text)
     lines.append("")
@@ -106,15 +100,17 @@ def help_text(doc: str | None, full: bool = False) -> str:
     return "\n".join(lines)
 
 
-def _parser(doc: str | None) -> Callable[[list[str]], list[str]]:
+def _parser(doc: str | None, command: str) -> Callable[[list[str]], list[str]]:
     def parse(argv: list[str]) -> list[str]:
         args = argv[1:argv.index("--")] if "--" in argv else argv[1:]
         if any(a in _HELP or a in _HELPFULL for a in args):
             try:
-                print(help_text(doc, full=any(a in _HELPFULL for a in args)), flush=True)
+                print(help_text(doc, full=any(a in _HELPFULL for a in args), command=command),
+                      flush=True)
             except BrokenPipeError:  # e.g. `--help | head`
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(0)
+        check_flagfiles(args)
         try:
             rest = FLAGS(argv)
         except flags.Error as error:
@@ -124,6 +120,21 @@ def _parser(doc: str | None) -> Callable[[list[str]], list[str]]:
                  f"(see --help)")
         return rest
     return parse
+
+
+def check_flagfiles(args: list[str]) -> None:
+    """Each ``--flagfile`` given can be read, or ``error: --flagfile=PATH: <why>``."""
+    for i, arg in enumerate(args):
+        if arg.startswith("--flagfile="):
+            path = arg.partition("=")[2]
+        elif arg == "--flagfile" and i + 1 < len(args):
+            path = args[i + 1]
+        else:
+            continue
+        try:
+            open(path, encoding="utf-8").close()
+        except OSError as error:
+            fail(f"--flagfile={path}: {(error.strerror or str(error)).lower()}")
 
 
 @contextlib.contextmanager
@@ -152,15 +163,13 @@ def boundary(interrupted: str = "interrupted") -> Iterator[None]:
 
 @contextlib.contextmanager
 def user_input() -> Iterator[None]:
-    """Inside: a ``ValueError`` (validation of flags and configs) is the user's mistake,
-    reworded in flag names (``options.flag_names``)."""
+    """Inside: a ``ValueError`` (validation of flags and configs) is the user's mistake."""
     try:
         yield
     except UserError:
         raise
     except ValueError as error:
-        from .options import flag_names
-        raise UserError(flag_names(str(error))) from error
+        raise UserError(str(error)) from error
 
 
 def run(main: Callable[[list[str]], None], interrupted: str = "interrupted: re-run the same "
@@ -172,9 +181,6 @@ def run(main: Callable[[list[str]], None], interrupted: str = "interrupted: re-r
 
     def guarded(argv):
         from cfsl_jax.runtime import stops
-
-        from . import STARTED
-        STARTED.set()  # the command's own lines from here: no more "still ... starting"
         stops.install()  # stop signals end the command cleanly, never lost in a callback
         with boundary(interrupted):
             quiet_logs()
@@ -189,7 +195,7 @@ def run(main: Callable[[list[str]], None], interrupted: str = "interrupted: re-r
             apply_backend_flags()
             main(argv)
 
-    app.run(guarded, flags_parser=_parser(doc))
+    app.run(guarded, flags_parser=_parser(doc, main.__module__))
 
 
 def quiet_logs() -> None:

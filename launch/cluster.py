@@ -7,7 +7,7 @@ from typing import Callable, Sequence
 
 from absl import flags
 
-from cfsl_jax.experiments import slurm, sweep
+from cfsl_jax.experiments import slurm, sweep_plan
 from cfsl_jax.runtime import files
 from cfsl_jax.runtime.errors import UserError
 
@@ -46,7 +46,7 @@ def shard_from_flags() -> tuple[int, int] | None:
     """(K, N) of --shard, or None; UserError for a malformed value or with --launcher=slurm."""
     if FLAGS.shard is None:
         return None
-    shard = sweep.parse_shard(FLAGS.shard)
+    shard = sweep_plan.parse_shard(FLAGS.shard)
     if FLAGS.launcher != "local":
         raise UserError(f"--shard={FLAGS.shard} is for --launcher=local (machines without "
                         f"a scheduler); --launcher=slurm submits every run as one array")

@@ -13,6 +13,10 @@ and prints the table; progress lines show tasks done and the ETA.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command: its first line before the imports below (JAX)
+    from .starting import main
+    raise SystemExit(main("evaluate", __package__))
+
 from absl import flags
 
 from cfsl_jax.runtime import files
@@ -70,7 +74,3 @@ def main(argv) -> None:
 
 def run() -> None:
     cli.run(main, check=check)
-
-
-if __name__ == "__main__":
-    run()

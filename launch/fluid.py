@@ -25,23 +25,26 @@ re-running it submits only the streams not done, queued or running.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command: its first line before the imports below (JAX)
+    from .starting import main
+    raise SystemExit(main("fluid", __package__))
+
 import dataclasses
 
 from absl import app, flags
 
 from cfsl_jax.experiments import slurm, sweep
-from cfsl_jax.data import DATASETS
-from cfsl_jax.runtime import files
+from cfsl_jax.runtime import files, naming
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import study
-from cfsl_jax.fluid.experiment import PRESETS, STREAM_KINDS, preset, run_experiment
+from cfsl_jax.fluid.experiment import PRESETS, FluidConfig, preset, run_experiment
 from cfsl_jax.fluid.methods import METHODS, options_class, parse_method_options
 from cfsl_jax.fluid.protocol import Schedule
-from cfsl_jax.fluid.sequences import ORDERS
+from cfsl_jax.fluid.sequences import StreamConfig
 
-from . import cluster
-from .checks import absolute, check_data_flags, check_output_dir
-from .cli import flags_recorded
+from . import cluster, config_flags
+from .checks import check_data_flags, check_output_dir
+from .cli import flags_recorded, user_input
 from .flag_types import define_list
 from .options import define_backend_flags, define_data_flags, list_options, parse_options
 
@@ -49,49 +52,15 @@ flags.DEFINE_enum("preset", "paper", sorted(PRESETS), "Stream scale preset.")
 flags.DEFINE_enum("study", None, ["update_strategy"], "Run a study instead of the table.")
 flags.DEFINE_string("study_method", "finetune", "Method of the update-strategy study.")
 define_list("study_frequencies", [str(u) for u in study.FREQUENCIES],
-                  "U values (samples of a 90,000-sample sequence) of the study.")
-define_list("study_epochs", [str(e) for e in study.EPOCHS], "E values of the study.")
-flags.DEFINE_enum("dataset", "synthetic", DATASETS, "Dataset.")
-flags.DEFINE_string("split", "train", "Split the stream and pretraining data come from.")
-define_list("method", list(METHODS), f"Methods to run: {list(METHODS)}.")
-flags.DEFINE_enum("streams", "test", STREAM_KINDS, "Test streams, or validation for tuning.")
-flags.DEFINE_integer("num_streams", None, "Streams (default: the preset's).")
-flags.DEFINE_integer("validation_streams", None, "Validation streams a 'new class' threshold "
-                     "is chosen on (default: the preset's: paper 2, small 1).")
-flags.DEFINE_integer("stream_classes", None, "K: classes in the stream.")
-flags.DEFINE_integer("stream_length", None, "L: samples in the stream.")
-flags.DEFINE_float("pretrain_fraction", None, "Fraction of the stream classes that pretrain.")
-flags.DEFINE_float("zipf_s", None, "Zipf exponent of the class shares.")
-flags.DEFINE_integer("head_threshold", None, "A class with more samples is a head class.")
-flags.DEFINE_enum("order", None, ORDERS, "Sample order.")
-flags.DEFINE_integer("min_pretrain_samples", None, "Samples per pretrain class kept out.")
-flags.DEFINE_integer("max_per_class", None, "Cap on a class's stream samples (0: none).")
-flags.DEFINE_string("pretrain_classes", None, "Classes of the pretraining set, the stream's "
-                    "pretrain classes included (the paper: ImageNet-1K's 1,000), or 'stream': "
-                    "the stream's pretrain classes only (default: the preset's).")
-flags.DEFINE_integer("update_every", None, "U for every method (default: each one's, scaled).")
-flags.DEFINE_integer("epochs_per_update", 4, "E, with --update_every.")
-flags.DEFINE_integer("batch_size", 256, "Training minibatch, with --update_every.")
-flags.DEFINE_integer("seed", 0, "Seed of every random choice.")
-flags.DEFINE_integer("filters", 64, "Conv-4 width.")
-flags.DEFINE_integer("pretrain_steps", None, "Pretraining steps (default: the preset's; 0: none).")
-flags.DEFINE_integer("window", None, "Rolling-accuracy window (default max(10, L // 20)).")
-flags.DEFINE_multi_string("method_option", [], "METHOD:NAME=VALUE (repeatable), e.g. "
-                          "--method_option=ncm:metric=cosine; --list_options lists them.")
+            "U values (samples of a 90,000-sample sequence) of the study.", module=__name__)
+define_list("study_epochs", [str(e) for e in study.EPOCHS], "E values of the study.",
+            module=__name__)
 flags.DEFINE_bool("list_options", False, "Print the options of each --method (type, default, "
                   "help) and exit.")
-define_data_flags()
 define_backend_flags()
 flags.DEFINE_string("workdir", None, "Where results are written (a local path or "
                     "gs://BUCKET/PATH); required.")
-
 FLAGS = flags.FLAGS
-_STREAM_FLAGS = {"stream_classes": "num_classes", "stream_length": "length",
-                 "pretrain_fraction": "pretrain_fraction", "zipf_s": "zipf_s",
-                 "head_threshold": "head_threshold", "order": "order",
-                 "min_pretrain_samples": "min_pretrain_samples", "max_per_class": "max_per_class",
-                 "pretrain_classes": "pretrain_classes"}
-_CONFIG_FLAGS = {"method_options": "method_option"}  # FluidConfig fields named otherwise
 
 
 def pretrain_classes_flag(text: str) -> int:
@@ -105,10 +74,30 @@ def pretrain_classes_flag(text: str) -> int:
                         f"number of pretraining classes)") from None
 
 
-def stream_flag(flag: str):
-    value = getattr(FLAGS, flag)
-    return pretrain_classes_flag(value) if flag == "pretrain_classes" and value is not None \
-        else value
+def preset_dataset_options(pairs: list[str]) -> dict:
+    """--dataset_option over the preset's dataset options."""
+    return {**PRESETS[FLAGS.preset]["dataset_options"], **parse_options(pairs, "dataset_option")}
+
+
+# Every FluidConfig, StreamConfig and Schedule field is a flag (help and limits on the field);
+# a flag left unset keeps the preset's value (an override).
+_DATA = define_data_flags()
+FLUID = config_flags.define(
+    FluidConfig, __name__, defined=tuple(_DATA.flags),
+    overrides=("num_streams", "validation_streams", "pretrain_steps", "dataset_options"),
+    parsers=dict(_DATA.parsers, methods=tuple, dataset_options=preset_dataset_options,
+                 method_options=lambda pairs: method_options(pairs)))
+STREAM = config_flags.define(StreamConfig, __name__, overrides=True,
+                             parsers=dict(pretrain_classes=pretrain_classes_flag))
+SCHEDULE = config_flags.define(Schedule, __name__, overrides=("update_every",))
+# The flags that set no config field (tests/test_config_flags.py checks the lists).
+NOT_CONFIG = ("preset", "study", "study_method", "study_frequencies", "study_epochs",
+              "list_options", "workdir", "download", "precision", "compilation_cache_dir")
+
+
+def flag_words():
+    """Inside: a FluidConfig, StreamConfig or Schedule mistake names its flag."""
+    return naming.field_names({**FLUID.names(), **STREAM.names(), **SCHEDULE.names()})
 
 
 def method_options(pairs: list[str]) -> dict[str, dict]:
@@ -126,52 +115,40 @@ def method_options(pairs: list[str]) -> dict[str, dict]:
             for method, own in per_method.items()}
 
 
-def config_from_flags():
+def config_from_flags() -> FluidConfig:
+    """The flags' FluidConfig over --preset's (a mistake names its flag)."""
     base = PRESETS[FLAGS.preset]
-    stream = dataclasses.replace(base["stream"], **{
-        field: stream_flag(flag) for flag, field in _STREAM_FLAGS.items()
-        if getattr(FLAGS, flag) is not None})
-    if FLAGS.pretrain_classes is None and FLAGS.stream_classes is not None:
-        # the preset's pretraining breadth, in stream classes (both presets: as many as the stream)
-        stream = dataclasses.replace(stream, pretrain_classes=round(
-            base["stream"].pretrain_classes * stream.num_classes / base["stream"].num_classes))
-    schedule = (Schedule(update_every=FLAGS.update_every,
-                         epochs_per_update=FLAGS.epochs_per_update, batch_size=FLAGS.batch_size)
-                if FLAGS.update_every is not None else None)
-    overrides = dict(
-        dataset=FLAGS.dataset, split=FLAGS.split, methods=tuple(FLAGS.method), stream=stream,
-        schedule=schedule, streams=FLAGS.streams, seed=FLAGS.seed, filters=FLAGS.filters,
-        window=FLAGS.window, method_options=method_options(FLAGS.method_option),
-        data_dir=absolute(FLAGS.data_dir), manual_dir=absolute(FLAGS.manual_dir))
-    if FLAGS.dataset_option:
-        overrides["dataset_options"] = {**base["dataset_options"],
-                                        **parse_options(FLAGS.dataset_option, "dataset_option")}
-    for name in ("num_streams", "validation_streams", "pretrain_steps"):
-        if getattr(FLAGS, name) is not None:
-            overrides[name] = getattr(FLAGS, name)
-    return preset(FLAGS.preset, **overrides)
+    given = STREAM.values()
+    with flag_words():
+        stream = dataclasses.replace(base["stream"], **given)
+        if "pretrain_classes" not in given and "num_classes" in given:
+            # the preset's pretraining breadth, in stream classes (both presets: as many as the
+            # stream)
+            stream = dataclasses.replace(stream, pretrain_classes=round(
+                base["stream"].pretrain_classes * stream.num_classes / base["stream"].num_classes))
+        schedule = Schedule(**SCHEDULE.values()) if FLAGS.update_every is not None else None
+        return preset(FLAGS.preset, **FLUID.values(stream=stream, schedule=schedule))
 
 
 def check_stream_flags() -> None:
     """The stream flags against each other and the preset, named as typed."""
     stream = PRESETS[FLAGS.preset]["stream"]
-    given = {flag: getattr(FLAGS, flag) for flag in _STREAM_FLAGS if getattr(FLAGS, flag)
-             is not None}
-    classes = given.get("stream_classes", stream.num_classes)
-    length = given.get("stream_length", stream.length)
+    given = STREAM.present()
+    classes = FLAGS.stream_classes if "num_classes" in given else stream.num_classes
+    length = FLAGS.stream_length if "length" in given else stream.length
     if isinstance(classes, int) and classes >= 1 and length < classes:
-        if "stream_length" not in given:
+        if "length" not in given:
             raise UserError(f"--stream_classes={classes} needs a stream of at least {classes} "
                             f"samples (one per class), but --preset={FLAGS.preset}'s is {length}: "
                             f"give --stream_length >= {classes} too")
-        if "stream_classes" not in given:
+        if "num_classes" not in given:
             raise UserError(f"--stream_length={length} is shorter than --preset={FLAGS.preset}'s "
                             f"{classes} stream classes (one sample each at least): give "
                             f"--stream_classes <= {length} too")
         raise UserError(f"--stream_classes={classes} is more than --stream_length={length}: "
                         f"every class needs at least one sample in the stream")
     limit = synthetic_split_classes()
-    if limit is not None and "stream_classes" in given and classes > limit:
+    if limit is not None and "num_classes" in given and classes > limit:
         raise UserError(f"--stream_classes={classes} is more than the {limit} classes of "
                         f"the {FLAGS.split} split (--preset={FLAGS.preset}'s synthetic set; "
                         f"--dataset_option=num_classes=N makes it larger)")
@@ -216,20 +193,6 @@ def check_pretraining_breadth(stream) -> None:
             f"classes only)")
 
 
-def flag_words(message: str, methods: list[str] | None = None) -> str:
-    """``length=5 is invalid`` -> ``--stream_length=5 is invalid``: a stream field as its flag;
-    a FluidConfig field that starts the message as its flag (``num_streams must be ...`` ->
-    ``--num_streams must be ...``, ``methods [...]`` -> ``--method=a,b``)."""
-    import re
-    fields = {field: flag for flag, field in _STREAM_FLAGS.items()}
-    message = re.sub(r"(?<![-\w])(" + "|".join(fields) + r")=",  # not one already a --flag
-                     lambda m: f"--{fields[m.group(1)]}=", message)
-    if methods is not None:
-        message = re.sub(r"^methods \[[^\]]*\]", f"--method={','.join(methods)}", message)
-    return re.sub(r"^(num_streams|validation_streams|pretrain_steps|method_options)\b",
-                  lambda m: f"--{_CONFIG_FLAGS.get(m.group(1), m.group(1))}", message)
-
-
 def check():
     """The run's FluidConfig, every flag checked (nothing is created)."""
     if not FLAGS.workdir:
@@ -239,10 +202,8 @@ def check():
     check_output_dir("workdir", FLAGS.workdir)
     check_stream_flags()
     check_dataset_options()
-    try:
+    with user_input():
         config = config_from_flags()
-    except ValueError as error:  # UserError included: one line, no traceback
-        raise app.UsageError(flag_words(str(error), FLAGS.method)) from error
     check_pretraining_breadth(config.stream)
     if FLAGS.shard is not None:
         raise UserError("--shard is for launch.sweep; launch.fluid runs its streams as SLURM "
@@ -294,7 +255,3 @@ def _report(config) -> None:
 def run() -> None:
     from .cli import run as run_guarded  # the shared error boundary and --help (launch/cli.py)
     run_guarded(main, check=check)
-
-
-if __name__ == "__main__":
-    run()

@@ -5,18 +5,19 @@ from __future__ import annotations
 from absl import app, flags
 
 
-def define_data_flags() -> None:
-    """--dataset_option, --data_dir and --manual_dir: where a dataset comes from."""
-    flags.DEFINE_multi_string("dataset_option", [], "Dataset option NAME=VALUE (repeatable), "
-                              "e.g. --dataset_option=num_classes=200 for synthetic, "
-                              "resize=lanczos or class_split=authors for omniglot, "
-                              "normalisation=unit for slimagenet64.")
-    flags.DEFINE_string("data_dir", None, "Where prepared TFDS datasets live.")
-    flags.DEFINE_string("manual_dir", None, "Folder with the official archives (Omniglot: "
-                        "images_background.zip and images_evaluation.zip, or the two *_small "
-                        "zips).")
-    flags.DEFINE_bool("download", False, "Download a dataset's archives when they are not in "
-                      "--manual_dir (Omniglot only; otherwise a missing archive is an error).")
+DATA_FIELDS = ("dataset_options", "data_dir", "manual_dir", "download")
+
+
+def define_data_flags() -> "config_flags.ConfigFlags":
+    """--dataset_option, --data_dir, --manual_dir and --download (the fields of TrainConfig
+    that say where a dataset comes from), paths made absolute and options parsed."""
+    from cfsl_jax.training.config import TrainConfig
+
+    from . import config_flags
+    from .checks import absolute
+    return config_flags.define(TrainConfig, __name__, only=DATA_FIELDS, parsers=dict(
+        dataset_options=lambda pairs: parse_options(pairs, "dataset_option"),
+        data_dir=absolute, manual_dir=absolute))
 
 
 def define_backend_flags() -> None:
@@ -117,13 +118,3 @@ def list_options(title: str, options_class: type) -> str:
     """The text ``--list_options`` prints for one learner or method."""
     from cfsl_jax.runtime.options import describe
     return "\n".join([f"{title} (NAME: TYPE = DEFAULT, then its help):", *describe(options_class)])
-
-
-def flag_names(message: str) -> str:
-    """``TrainConfig.test_tasks`` -> ``--test_tasks``, ``TaskSpec.nc`` -> ``--nc``: a config
-    error in the words of the command line."""
-    import re
-    renamed = {"dataset_options": "dataset_option"}
-    message = re.sub(r"^(cannot parse task|unknown task preset)", r"--task: \1", message)
-    return re.sub(r"\b(?:TrainConfig|TaskSpec)\.(\w+)",
-                  lambda m: f"--{renamed.get(m.group(1), m.group(1))}", message)

@@ -16,6 +16,10 @@ and XLA's cost analysis in a few minutes on CPU. Output goes to --out_dir
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command: its first line before the imports below (JAX)
+    from .starting import main
+    raise SystemExit(main("report", __package__))
+
 from absl import app, flags
 
 from cfsl_jax.experiments import figures, report
@@ -30,14 +34,15 @@ from .options import define_deprecated_flag
 flags.DEFINE_string("sweep_dir", None, "Sweep directory (launch.sweep --workdir; local or gs://).")
 flags.DEFINE_string("out_dir", None, "Where to write (default: SWEEP_DIR/report or ./cfsl_report).")
 define_list("figure", ["accuracy_nss"], "Figures: accuracy_nss (Figure 3, needs --sweep_dir), "
-            "atm_macs (Figure 4, no training).", enum_values=["accuracy_nss", "atm_macs"])
+            "atm_macs (Figure 4, no training).", enum_values=["accuracy_nss", "atm_macs"],
+            module=__name__)
 flags.DEFINE_string("paper_results", None, "JSON file with the paper's numbers (default: the "
                     "table shipped in cfsl_jax/experiments/paper_results.py).")
 define_list("learners", [], f"Figure 4 learners (default: all of {','.join(LEARNERS)} "
-            "that build).")
-define_list("nss", [str(n) for n in figures.FIGURE4_NSS], "Figure 4 NSS values.")
+            "that build).", module=__name__)
+define_list("nss", [str(n) for n in figures.FIGURE4_NSS], "Figure 4 NSS values.", module=__name__)
 flags.DEFINE_enum("task_type", "C", ["A", "B", "C", "D"], "Figure 4 task type.")
-define_list("image_shape", ["28", "28", "1"], "Figure 4 image shape H,W,C.")
+define_list("image_shape", ["28", "28", "1"], "Figure 4 image shape H,W,C.", module=__name__)
 flags.DEFINE_string("compilation_cache_dir", None, "Persistent XLA cache for Figure 4 "
                     "(default: OUT_DIR/xla_cache; '' for none).")
 define_deprecated_flag("compilation_cache")
@@ -116,7 +121,3 @@ def main(argv) -> None:
 
 def run() -> None:
     cli.run(main, check=check)
-
-
-if __name__ == "__main__":
-    run()

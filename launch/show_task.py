@@ -11,13 +11,17 @@ The summary names each class group's classes. --out must be in a folder that exi
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command: its first line before the imports below (JAX)
+    from .starting import main
+    raise SystemExit(main("show_task", __package__))
+
 from absl import flags
 
 from cfsl_jax.experiments import visualize
 from cfsl_jax.data import DATASETS, SPLITS
 
 from . import cli
-from .checks import check_data_flags, check_output_file
+from .checks import check_data_flags, check_output_file, parse_task
 from .options import define_data_flags, parse_options
 
 _DATASET = flags.DEFINE_enum("dataset", "synthetic", DATASETS, "Dataset.")
@@ -33,11 +37,10 @@ FLAGS = flags.FLAGS
 
 def check() -> None:
     """The task parses, the data folders exist, --out can be written."""
-    from cfsl_jax.protocol.spec import TaskSpec
     check_data_flags()
     check_output_file("out", _OUT.value)
+    parse_task(_TASK.value)
     with cli.user_input():
-        TaskSpec.parse(_TASK.value.strip().upper())
         parse_options(FLAGS.dataset_option, "dataset_option")
 
 
@@ -46,7 +49,7 @@ def main(argv) -> None:
     check()
     with cli.user_input():
         summary = visualize.show_task(
-            dataset=_DATASET.value, split=_SPLIT.value, task=_TASK.value.strip().upper(),
+            dataset=_DATASET.value, split=_SPLIT.value, task=parse_task(_TASK.value),
             seed=_SEED.value, out=_OUT.value, data_dir=FLAGS.data_dir,
             manual_dir=FLAGS.manual_dir, download=FLAGS.download,
             **parse_options(FLAGS.dataset_option, "dataset_option"))
@@ -56,7 +59,3 @@ def main(argv) -> None:
 
 def run() -> None:
     cli.run(main, check=check)
-
-
-if __name__ == "__main__":
-    run()

@@ -37,11 +37,15 @@ after submitting; --cancel cancels the sweep's jobs:
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command: its first line before the imports below (JAX)
+    from .starting import main
+    raise SystemExit(main("sweep", __package__))
+
 
 from absl import flags
 
 from cfsl_jax.training import as_published
-from cfsl_jax.experiments import report, slurm, sweep
+from cfsl_jax.experiments import report, slurm, sweep, sweep_plan
 from cfsl_jax.learners import LEARNERS, options_class, parse_learner_options
 from cfsl_jax.runtime.options import names as option_names
 from cfsl_jax.protocol.spec import PAPER_GRID
@@ -50,11 +54,11 @@ from . import cli, cluster
 from .checks import check_data_flags, check_output_dir
 from .flag_types import define_list
 from . import train as train_cli  # noqa: F401  (defines the per-run flags; --workdir)
-from .options import flag_names
 
-define_list("learners", [], f"Learners (default: all of {','.join(LEARNERS)} that build).")
+define_list("learners", [], f"Learners (default: all of {','.join(LEARNERS)} that build).",
+            module=__name__)
 define_list("cells", list(PAPER_GRID), "Task cells: paper cells (B3, D8, ...) or "
-                  "TYPE+NSS; any case.")
+            "TYPE+NSS; any case.", module=__name__)
 # --seeds is launch.train's flag (the seeds of a pack; imported with it): here the grid's seeds.
 _DEFAULT_SEEDS = ["0", "1", "2"]
 
@@ -62,7 +66,9 @@ _DEFAULT_SEEDS = ["0", "1", "2"]
 def seeds() -> list[str]:
     """--seeds as typed, or the default 0,1,2."""
     return FLAGS.seeds or _DEFAULT_SEEDS
-define_list("datasets", [], "Datasets (default: --dataset).")
+
+
+define_list("datasets", [], "Datasets (default: --dataset).", module=__name__)
 flags.DEFINE_integer("workers", None, "Worker processes (default: one per GPU, one on TPU, one "
                      "per CPU core; 0: run in this process).")
 flags.DEFINE_bool("dry_run", False, "List the runs and their status; run nothing.")
@@ -133,29 +139,26 @@ def check():
     check_data_flags()
     check_output_dir("workdir", FLAGS.workdir)
     check_lists()
-    try:
-        learners = FLAGS.learners or LEARNERS
-        common, per_learner = sweep_learner_options(FLAGS.learner_option, learners)
-        base = train_cli._config_from_flags(learner_options=common, per_learner=False)
-        base.check()
-        for learner in learners:  # --as_published's options, per learner
-            preset = as_published.learner_options(FLAGS.as_published, learner)
-            preset = {k: v for k, v in preset.items() if k not in common}
-            if preset:
-                per_learner[learner] = {**preset, **per_learner.get(learner, {})}
-        cells = [cell.strip().upper() for cell in FLAGS.cells]
-        configs, skipped = sweep.grid(
+    learners = FLAGS.learners or LEARNERS
+    common, per_learner = sweep_learner_options(FLAGS.learner_option, learners)
+    base = train_cli.config_from_flags(learner_options=common, per_learner=False)
+    for learner in learners:  # --as_published's options, per learner
+        preset = as_published.learner_options(FLAGS.as_published, learner)
+        preset = {k: v for k, v in preset.items() if k not in common}
+        if preset:
+            per_learner[learner] = {**preset, **per_learner.get(learner, {})}
+    cells = [cell.strip().upper() for cell in FLAGS.cells]
+    with cli.user_input(), train_cli.flag_words():  # a cell's spec mistake names its flag
+        configs, skipped = sweep_plan.grid(
             base, learners=FLAGS.learners or None, cells=cells,
             seeds=[int(seed) for seed in seeds()], datasets=FLAGS.datasets or None,
             learner_options=per_learner)
-    except ValueError as error:
-        raise cli.UserError(flag_names(str(error))) from None
     shard = cluster.shard_from_flags()
     slurm_options = cluster.options_from_flags()
     if slurm_options is not None and FLAGS.workers is not None:
         raise cli.UserError("--workers is for --launcher=local (a SLURM job runs one run)")
     if shard:
-        configs = sweep.shard(configs, *shard)
+        configs = sweep_plan.shard(configs, *shard)
     return configs, skipped, shard, slurm_options
 
 
@@ -165,10 +168,10 @@ def main(argv) -> None:
     for name, reason in skipped.items():
         print(f"skipping learner {name}: it does not build ({reason})")
     if FLAGS.dry_run:
-        planned = sweep.plan(configs, FLAGS.workdir, check=True)
+        planned = sweep_plan.plan(configs, FLAGS.workdir, check=True)
         for run, state, detail in planned:
             print(f"{state:10s} {run.name:40s} {run.workdir}" + (f"  ({detail})" if detail else ""))
-        counts = sweep.summary([sweep.Outcome(run, state, 0.0, "") for run, state, _ in planned])
+        counts = sweep_plan.summary([sweep_plan.Outcome(run, state, 0.0, "") for run, state, _ in planned])
         print(f"{len(planned)} runs: {counts}")
         for group in sweep.packs([run for run, state, _ in planned
                                   if state not in ("done", "conflict", "impossible")],
@@ -191,7 +194,7 @@ def main(argv) -> None:
     if not any(o.status == "conflict" for o in outcomes):  # not another sweep's folder
         cli.write_flagfile(FLAGS.workdir)
     print(f"[sweep] {FLAGS.workdir}" + (f" shard {FLAGS.shard}" if shard else "")
-          + f": {sweep.summary(outcomes)}")
+          + f": {sweep_plan.summary(outcomes)}")
     if any(o.status in ("skipped", "finished") for o in outcomes):
         _report()
     bad = [o for o in outcomes if o.status in ("failed", "conflict")]
@@ -215,7 +218,3 @@ def _report() -> None:
 def run() -> None:
     cli.run(main, interrupted="sweep interrupted: re-run the same command to continue",
             check=check)
-
-
-if __name__ == "__main__":
-    run()

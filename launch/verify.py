@@ -10,6 +10,10 @@ them (a run recorded with relative paths, verified from another folder).
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command: its first line before the imports below (JAX)
+    from .starting import main
+    raise SystemExit(main("verify", __package__))
+
 import sys
 
 from absl import flags
@@ -53,7 +57,3 @@ def main(argv) -> None:
 
 def run() -> None:
     cli.run(main, check=check)
-
-
-if __name__ == "__main__":
-    run()

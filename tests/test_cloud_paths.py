@@ -141,7 +141,7 @@ def test_commands_refuse_what_cannot_work_on_gs(gcs):
 
 
 @pytest.mark.usefixtures("orbax_under_the_fake")
-def test_train_verify_sweep_and_report_on_gs(gcs):
+def test_train_verify_sweep_and_report_on_gs(gcs, tmp_path):
     """launch.train into gs://, launch.evaluate re-tests it there and launch.verify says MATCH;
     launch.sweep (local launcher) finds that run done, runs another and writes the report
     there; launch.report reads the sweep from gs:// and writes the same report elsewhere."""
@@ -152,10 +152,17 @@ def test_train_verify_sweep_and_report_on_gs(gcs):
     with command_module("train") as module:
         trained = run_in_process(module, "train", [*budget, "--task=B2", "--learner=protonets",
                                                    f"--workdir={run_dir}"])
-    assert trained[0] == 0, trained[2][-3000:]
+        on_disk = run_in_process(module, "train", [*budget, "--task=B2", "--learner=protonets",
+                                                   f"--workdir={tmp_path / 'local'}"])
+    assert trained[0] == 0 and on_disk[0] == 0, trained[2][-3000:] + on_disk[2][-3000:]
     local = os.path.join(gcs, "bucket", "sweep", "synthetic", "protonets", "B2", "seed0")
     result = json.loads(open(os.path.join(local, "results.json")).read())
-    assert result["test"]["num_tasks"] == 7 and 0.0 <= result["test"]["acc_mean"] <= 1.0
+    same = json.loads((tmp_path / "local" / "results.json").read_text())
+    assert result["test"]["num_tasks"] == 7
+    assert result["task_fingerprint"] == same["task_fingerprint"]  # gs:// changes no number
+    assert (result["test"]["acc_mean"], result["test"]["ce_mean"]) == (
+        same["test"]["acc_mean"], same["test"]["ce_mean"])
+    assert result["best_epochs"] == same["best_epochs"]
     assert {"config.json", "results.csv", "metrics.jsonl", "val_history.json", "flags.txt",
             "checkpoints"} <= set(os.listdir(local))
     assert sorted(os.listdir(os.path.join(local, "checkpoints", "best"))) == ["0", "1"]

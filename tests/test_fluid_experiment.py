@@ -186,3 +186,44 @@ def test_the_streams_progress_line_says_it_in_words():
         "1,200 samples of 40 classes (10 pretrain, 12 head; 1 to 150 samples a class); "
         "samples pretrain-head 300, pretrain-tail 20, novel-head 700, novel-tail 180; "
         "pretraining: 400 samples, +3 classes outside the stream")
+
+
+def test_the_study_streams_the_experiments_stream_on_omniglot(omniglot_dir, data_dir, tmp_path,
+                                                               monkeypatch):
+    """The update-strategy study runs on the experiment's stream 0: on Omniglot, pretrain and
+    novel classes of disjoint alphabets (the study once drew its stream without the mask)."""
+    from cfsl_jax.fluid import experiment, study
+    config = experiment.preset(
+        "small", dataset="omniglot", data_dir=data_dir, manual_dir=omniglot_dir,
+        methods=("finetune",), pretrain_steps=0, filters=8,
+        stream=fluid.StreamConfig(num_classes=40, length=400, pretrain_fraction=0.5,
+                                  head_threshold=10, min_pretrain_samples=5))
+    streams = {}
+
+    class Captured(Exception):
+        pass
+
+    def capture(where):
+        def run_stream(method, params, stream, *args):
+            streams[where] = stream
+            raise Captured
+        return run_stream
+
+    monkeypatch.setattr(study, "run_stream", capture("study"))
+    with pytest.raises(Captured):
+        study.run_update_strategy(config, str(tmp_path / "study"), "finetune", [5000], [1])
+    monkeypatch.setattr(experiment, "run_stream", capture("experiment"))
+    split = experiment.load(config)
+    with pytest.raises(Captured):
+        experiment.run_methods(config, split, experiment.build_methods(config, split), 0)
+    for got, want in zip(streams["study"], streams["experiment"]):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    alphabet = np.array([n.split("/")[0] for n in split.info.class_names])
+    table = np.asarray(split.class_table)
+    class_of = {int(i): c for c, row in enumerate(table) for i in row if i >= 0}
+    stream = streams["study"]
+    sample_class = np.array([class_of[int(i)] for i in np.asarray(stream.sample_idx)])
+    pretrain = np.asarray(stream.is_pretrain_class)
+    pretrain_alphabets = set(alphabet[sample_class[pretrain]])
+    novel_alphabets = set(alphabet[sample_class[~pretrain]])
+    assert pretrain_alphabets and novel_alphabets and not pretrain_alphabets & novel_alphabets

@@ -129,8 +129,10 @@ def test_every_method_learns_the_stream(setup, pretrained, name):
     if name in ACCURACY_SCHEDULES:  # the paper's schedule
         record, _ = run(name, setup, pretrained)
         assert predicts_only_seen_classes(record, stream)
-    if fluid.get_method(name, K, IMAGE).schedule is not None:
-        assert record.train_steps > 0
+    schedule = fluid.get_method(name, K, IMAGE).schedule
+    if schedule is not None:  # E * ceil(seen / batch) steps after every phase's end
+        scaled = schedule.scaled(LENGTH)
+        assert record.train_steps == sum(scaled.steps(t) for t in scaled.phase_ends(LENGTH)) > 0
 
 
 def with_random_weights(name, setup, pretrained, field):

@@ -102,15 +102,50 @@ def test_a_command_says_it_started_before_it_imports_jax():
 def test_a_slow_start_is_covered_by_lines_until_the_command_begins(capsys):
     import threading
 
-    from cfsl_jax import launch
-    started = threading.Event()
-    launch.heartbeat_until("report", started, period=0.25)
-    time.sleep(0.9)  # importing JAX on a loaded machine
-    started.set()
+    from cfsl_jax.launch import starting
+    threads = threading.active_count()
+    with starting.starting("report", period=0.25):
+        time.sleep(0.9)  # importing JAX on a loaded machine
     during = capsys.readouterr().out.splitlines()
+    assert threading.active_count() == threads  # leaving the block ended its thread
     time.sleep(0.6)
+    assert during[0] == "[report] starting"
+    during = during[1:]
     assert 2 <= len(during) <= 4, during
     assert all(line.startswith("  still [report] starting (") and
                line.endswith("s: importing JAX and the command's modules)") for line in during)
     assert capsys.readouterr().out == ""
-    assert launch.STARTING_HEARTBEAT_S < progress.INTERVAL_S
+    assert starting.STARTING_HEARTBEAT_S < progress.INTERVAL_S
+
+
+IMPORT_ALL = r"""
+import importlib, pkgutil, sys, threading
+sys.path.insert(0, sys.argv[1])
+import cfsl_jax, cfsl_jax.datasets, cfsl_jax.launch
+from launch_inprocess import command_module
+COMMANDS = ("show_task", "train", "evaluate", "verify", "sweep", "report", "fluid")
+names = sorted({m.name for path, prefix in (
+    (cfsl_jax.__path__, "cfsl_jax."), (cfsl_jax.datasets.__path__, "cfsl_jax.datasets."),
+    (cfsl_jax.launch.__path__, "cfsl_jax.launch.")) for m in pkgutil.walk_packages(path, prefix)})
+for name in names:
+    if name.rpartition(".")[2] not in COMMANDS:
+        importlib.import_module(name)
+for command in COMMANDS:  # each with its own flags (theirs overlap)
+    with command_module(command):
+        pass
+print(len(names), threading.active_count(), file=sys.stderr)
+"""
+
+
+def test_importing_any_module_prints_nothing_and_starts_no_thread(tmp_path):
+    """Not even in a process whose name is a command's (``cfsl-*``): a command prints its first
+    line itself (``launch.starting``), and a heartbeat's thread lives in a ``with`` block."""
+    script = tmp_path / "cfsl-import-all"
+    script.write_text(IMPORT_ALL)
+    result = subprocess.run([sys.executable, str(script), os.path.dirname(__file__)], cwd=REPO,
+                            capture_output=True, text=True,
+                            env={**os.environ, "CFSL_PROGRESS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout == ""
+    modules, threads = map(int, result.stderr.split()[-2:])
+    assert modules > 80 and threads == 1, result.stderr[-3000:]

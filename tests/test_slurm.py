@@ -24,7 +24,7 @@ import jax
 import pytest
 
 from cfsl_jax.training import results
-from cfsl_jax.experiments import slurm, sweep
+from cfsl_jax.experiments import slurm, sweep, sweep_plan
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import experiment
@@ -47,7 +47,7 @@ COMPARED = ("acc_mean", "acc_std", "ce_mean", "ce_std")
 
 
 def tiny_grid(cells=("B2", "C2"), seeds=(0, 1)):
-    return sweep.grid(TINY, ["protonets"], cells, seeds)[0]
+    return sweep_plan.grid(TINY, ["protonets"], cells, seeds)[0]
 
 
 def finished(workdir):
@@ -77,11 +77,11 @@ def local_sweep(tmp_path_factory):
     """A 2-run grid (B2, seeds 0 and 1) done by the local launcher as two shards, here."""
     sweep_dir = str(tmp_path_factory.mktemp("local_sweep"))
     configs = tiny_grid(cells=("B2",))
-    first = sweep.run_sweep(sweep.shard(configs, 1, 2), sweep_dir, workers=0)
+    first = sweep.run_sweep(sweep_plan.shard(configs, 1, 2), sweep_dir, workers=0)
     after_first = len([1 for c in configs
-                       if os.path.exists(os.path.join(sweep.run_dir(sweep_dir, c),
+                       if os.path.exists(os.path.join(sweep_plan.run_dir(sweep_dir, c),
                                                       "results.json"))])
-    second = sweep.run_sweep(sweep.shard(configs, 2, 2), sweep_dir, workers=0)
+    second = sweep.run_sweep(sweep_plan.shard(configs, 2, 2), sweep_dir, workers=0)
     return sweep_dir, configs, first, second, after_first
 
 
@@ -89,19 +89,19 @@ def test_two_shards_complete_the_grid_between_them(local_sweep):
     sweep_dir, configs, first, second, after_first = local_sweep
     assert after_first == 1
     names = [o.run.name for o in first] + [o.run.name for o in second]
-    assert sorted(names) == sorted(sweep.Run(c, "").name for c in configs)  # disjoint, complete
+    assert sorted(names) == sorted(sweep_plan.Run(c, "").name for c in configs)  # disjoint, complete
     assert {o.status for o in first + second} == {"finished"}
-    assert [s for _, s, _ in sweep.plan(configs, sweep_dir)] == ["done"] * 2
+    assert [s for _, s, _ in sweep_plan.plan(configs, sweep_dir)] == ["done"] * 2
 
 
 def test_shards_are_round_robin_over_the_plan_and_refuse_bad_values():
     configs = list(range(7))
-    assert [sweep.shard(configs, k, 3) for k in (1, 2, 3)] == [[0, 3, 6], [1, 4], [2, 5]]
-    assert sweep.parse_shard(" 2/3 ") == (2, 3)
+    assert [sweep_plan.shard(configs, k, 3) for k in (1, 2, 3)] == [[0, 3, 6], [1, 4], [2, 5]]
+    assert sweep_plan.parse_shard(" 2/3 ") == (2, 3)
     for text, message in (("3/2", "K must be 1 to N=2"), ("0/2", "K must be 1 to N=2"),
                           ("x", "not K/N"), ("1/0", "N must be >= 1"), ("1/2/3", "not K/N")):
         with pytest.raises(UserError, match=message):
-            sweep.parse_shard(text)
+            sweep_plan.parse_shard(text)
 
 
 def test_sbatch_options_are_checked_and_passed_through():
@@ -146,8 +146,8 @@ def test_states_come_from_squeue_and_the_files(local_sweep, tmp_path):
     done_dir = local_sweep[0]
     configs = tiny_grid()  # B2 seed 0 (done in done_dir), C2 seed 0, B2 seed 1, C2 seed 1
     sweep_dir = str(tmp_path)
-    shutil.copytree(sweep.run_dir(done_dir, configs[0]), sweep.run_dir(sweep_dir, configs[0]))
-    runs = [sweep.Run(c, sweep.run_dir(sweep_dir, c)) for c in configs]
+    shutil.copytree(sweep_plan.run_dir(done_dir, configs[0]), sweep_plan.run_dir(sweep_dir, configs[0]))
+    runs = [sweep_plan.Run(c, sweep_plan.run_dir(sweep_dir, c)) for c in configs]
     works = slurm.sweep_work(configs, sweep_dir)
     key = [os.path.relpath(r.workdir, sweep_dir) for r in runs]
     assert [w.key for w in works] == key and [w.name for w in works] == [r.name for r in runs]
@@ -214,8 +214,8 @@ def test_a_run_through_submitits_debug_executor_equals_the_local_run(local_sweep
                              executor=executor, queued={})
     (job,) = submitted.jobs_objects
     assert job.result().startswith("test acc")
-    assert_same_results(finished(sweep.run_dir(sweep_dir, configs[0])),
-                        finished(sweep.run_dir(done_dir, configs[0])))
+    assert_same_results(finished(sweep_plan.run_dir(sweep_dir, configs[0])),
+                        finished(sweep_plan.run_dir(done_dir, configs[0])))
     again = slurm.submit(works, sweep_dir, options, slurm.RunJob({}), executor=executor,
                          queued={})
     assert again.jobs == {} and [s.state for s in again.before] == ["done"]
@@ -320,7 +320,7 @@ def test_a_slurm_sweep_equals_the_local_one_with_a_job_preempted_and_a_rerun_sub
     submitted = sweep_command(sweep_dir, *flags, "--nowait")
     assert submitted.returncode == 0, submitted.stdout[-3000:] + submitted.stderr[-3000:]
     assert "slurm: submitted 2 run(s) as job array" in submitted.stdout
-    key = os.path.relpath(sweep.run_dir(sweep_dir, configs[0]), sweep_dir)
+    key = os.path.relpath(sweep_plan.run_dir(sweep_dir, configs[0]), sweep_dir)
     job = slurm.read_jobs(sweep_dir)[key]
     log = slurm.log_path(sweep_dir, job)
     deadline = time.monotonic() + 300
@@ -338,9 +338,9 @@ def test_a_slurm_sweep_equals_the_local_one_with_a_job_preempted_and_a_rerun_sub
     reached = re.search(r"interrupted at step (\d+) of 60; checkpointed at step (\d+)", text)
     assert reached and 0 < int(reached.group(1)) == int(reached.group(2)) < 60, text[-3000:]
     for config in configs:
-        assert_same_results(finished(sweep.run_dir(sweep_dir, config)),
-                            finished(sweep.run_dir(done_dir, config)))
-    assert verify(sweep.run_dir(sweep_dir, configs[0])) == []  # launch.verify's MATCH
+        assert_same_results(finished(sweep_plan.run_dir(sweep_dir, config)),
+                            finished(sweep_plan.run_dir(done_dir, config)))
+    assert verify(sweep_plan.run_dir(sweep_dir, configs[0])) == []  # launch.verify's MATCH
 
     jobs = slurm.read_jobs(sweep_dir)
     again = sweep_command(sweep_dir, *flags, "--nowait")

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import pytest
 
-from cfsl_jax.experiments import figures, paper_results, report, sweep
+from cfsl_jax.experiments import figures, paper_results, report, sweep, sweep_plan
 from cfsl_jax.training.config import TrainConfig
 from conftest import (TEST_PRECISION, TINY_SWEEP, TINY_SWEEP_LEARNER_OPTIONS,
                       WORKER_JAX_OPTIONS, interruptible_module)
@@ -42,7 +42,7 @@ TINY_FLAGS = ["--learners=protonets,init_tune", "--cells=B2,C2", "--seeds=0,1",
 
 
 def tiny_configs():
-    configs, skipped = sweep.grid(TINY, LEARNERS, CELLS, SEEDS, learner_options=LEARNER_OPTIONS)
+    configs, skipped = sweep_plan.grid(TINY, LEARNERS, CELLS, SEEDS, learner_options=LEARNER_OPTIONS)
     assert skipped == {} and len(configs) == 8
     return configs
 
@@ -170,7 +170,7 @@ def test_report_numbers_are_the_seed_statistics_of_the_runs(killed_and_resumed, 
     assert accuracy_csv[("init_tune", "B2")]["paper_mean"] == ""
     row = f"| protonets | B2 | {table[1][1]} | 50.00 ± 1.50 | {100 * ours - 50:+.2f} |"
     assert row in markdown
-    assert os.path.getsize(paths["figure3"]["synthetic"]) > 0
+    assert_curves_drawn(paths["figure3"]["synthetic"])
 
 
 def test_report_compares_with_the_shipped_paper_numbers(tmp_path):
@@ -232,22 +232,22 @@ def test_dry_run_lists_every_run_with_its_status(killed_and_resumed):
 def test_a_changed_budget_is_a_conflict_and_is_not_run(killed_and_resumed):
     sweep_dir = killed_and_resumed[0]
     longer = TrainConfig(**{**TINY.to_json(), "epochs": 3})
-    configs, _ = sweep.grid(longer, ["protonets"], ["B2"], [0])
+    configs, _ = sweep_plan.grid(longer, ["protonets"], ["B2"], [0])
     outcomes = sweep.run_sweep(configs, sweep_dir, workers=2, log=lambda line: None)
     assert [o.status for o in outcomes] == ["conflict"]
     assert "fields ['epochs']" in outcomes[0].detail
 
 
 def test_a_learner_that_does_not_build_is_skipped_with_its_reason():
-    configs, skipped = sweep.grid(TINY, LEARNERS, CELLS, [0],
+    configs, skipped = sweep_plan.grid(TINY, LEARNERS, CELLS, [0],
                                   learner_options={"init_tune": {"no_such_option": 1}})
     assert {c.learner for c in configs} == {"protonets"} and len(configs) == 2
     assert "no_such_option" in skipped["init_tune"]
     with pytest.raises(ValueError, match="unknown learner"):
-        sweep.grid(TINY, ["nope"], CELLS, [0])
+        sweep_plan.grid(TINY, ["nope"], CELLS, [0])
     with pytest.raises(ValueError, match=r"cells lists a value twice: \['B2', 'B2'\]"):
-        sweep.grid(TINY, LEARNERS, ["B2", "B2"], [0])
-    assert sweep.run_dir("/s", TrainConfig(dataset="omniglot/small", task="D8", seed=2)) \
+        sweep_plan.grid(TINY, LEARNERS, ["B2", "B2"], [0])
+    assert sweep_plan.run_dir("/s", TrainConfig(dataset="omniglot/small", task="D8", seed=2)) \
         == "/s/omniglot-small/protonets/D8/seed2"
 
 
@@ -277,8 +277,18 @@ def test_figure4_numbers_follow_the_shapes(tmp_path):
     assert macs[1] > 1.9 * macs[0]
     # Affine up to XLA's count of batch reductions (0.015% off with these tiny convolutions).
     np.testing.assert_allclose(macs[2] - macs[1], 2 * (macs[1] - macs[0]), rtol=1e-3)
-    path = figures.plot_cost_curves(curves, str(tmp_path / "figure4.png"))
-    assert os.path.getsize(path) > 0
+    assert_curves_drawn(figures.plot_cost_curves(curves, str(tmp_path / "figure4.png")))
+
+
+def assert_curves_drawn(path: str) -> None:
+    """``path`` is a PNG of a figure with coloured curves on it (not an empty frame: axes, ticks
+    and text are grey)."""
+    import matplotlib.image
+    image = matplotlib.image.imread(path)
+    assert image.ndim == 3 and min(image.shape[:2]) >= 200, image.shape
+    rgb = image[..., :3]
+    coloured = (rgb.max(axis=-1) - rgb.min(axis=-1)) > 0.25
+    assert coloured.mean() > 1e-3, coloured.mean()
 
 
 def test_gpu_workers_share_the_gpus_that_exist(monkeypatch):
@@ -304,7 +314,7 @@ def test_figure4_says_which_learners_lines_coincide(tmp_path):
     assert figures.coinciding(curves, "atm") == [["init_tune", "pretrain_tune"]]
     assert figures.coinciding(curves, "macs_per_task") == [["init_tune", "pretrain_tune",
                                                             "ewc_init"]]
-    assert os.path.getsize(figures.plot_cost_curves(curves, str(tmp_path / "f4.png"))) > 0
+    assert_curves_drawn(figures.plot_cost_curves(curves, str(tmp_path / "f4.png")))
 
 
 def test_paired_differences_compare_learners_task_by_task_on_shared_tasks():
@@ -331,11 +341,11 @@ def test_the_sweeps_status_lines_are_in_the_progress_format(tmp_path):
     from cfsl_jax.training import runs
     done, other = tiny_configs()[:2]
     sweep_dir = str(tmp_path / "sweep")
-    runs.check_workdir_config(sweep.run_dir(sweep_dir, done), done)
-    with open(os.path.join(sweep.run_dir(sweep_dir, done), "results.json"), "w") as f:
+    runs.check_workdir_config(sweep_plan.run_dir(sweep_dir, done), done)
+    with open(os.path.join(sweep_plan.run_dir(sweep_dir, done), "results.json"), "w") as f:
         json.dump({}, f)
     taken = dataclasses.replace(other, seed=other.seed + 7)  # another run's config in its folder
-    runs.check_workdir_config(sweep.run_dir(sweep_dir, other), taken)
+    runs.check_workdir_config(sweep_plan.run_dir(sweep_dir, other), taken)
     lines = []
     outcomes = sweep.run_sweep([done, other], sweep_dir, workers=0, log=lines.append)
     assert [o.status for o in outcomes] == ["skipped", "conflict"]

@@ -276,7 +276,7 @@ def paired_rows(results: Iterable[dict[str, Any]], dataset: str) -> list[list[st
 def dataset_markdown(results: Sequence[dict], dataset: str, paper: dict) -> str:
     """The Markdown report of one dataset: Table 1 for each metric, then the paper's numbers."""
     runs = [r for r in results if r["dataset"] == dataset]
-    # one budget per sweep directory (sweep.plan refuses others)
+    # one budget per sweep directory (sweep_plan.plan refuses others)
     budget = from_json(runs[0]["config"]).to_json() if runs else {}
     seeds = max(len(a.seeds) for a in aggregate(runs, "acc").values()) if runs else 0
     spread = ("one seed per cell, so no ± on accuracy and cross-entropy" if seeds <= 1 else

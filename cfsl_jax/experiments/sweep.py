@@ -1,11 +1,11 @@
 """Sweeps: running a grid of (dataset x learner x task cell x seed) runs in worker processes,
-each run in its own workdir (the grid, the layout and the run statuses: ``cfsl_jax.experiments.sweep_plan``,
-whose names are importable from here too).
+each run in its own workdir (the grid, the layout and the run statuses:
+``cfsl_jax.experiments.sweep_plan``).
 
-    from cfsl_jax.experiments import sweep
+    from cfsl_jax.experiments import sweep, sweep_plan
     from cfsl_jax.training.config import TrainConfig
-    configs, skipped = sweep.grid(TrainConfig(epochs=2), learners=("protonets", "init_tune"),
-                                  cells=("B3", "C3"), seeds=(0, 1))
+    configs, skipped = sweep_plan.grid(TrainConfig(epochs=2), learners=("protonets", "init_tune"),
+                                       cells=("B3", "C3"), seeds=(0, 1))
     outcomes = sweep.run_sweep(configs, "/tmp/sweep", workers=2)
 
 Rules:
@@ -55,9 +55,7 @@ from cfsl_jax.runtime import backend, files, progress, stops
 from cfsl_jax.training import packing, train
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.runtime.errors import UserError
-from cfsl_jax.experiments.sweep_plan import (  # noqa: F401  (re-exported: planning a sweep)
-    STATUSES, Outcome, Run, check_learners, grid, impossible, parse_shard, plan, run_dir,
-    safe_name, shard, status, summary)
+from cfsl_jax.experiments.sweep_plan import Outcome, Run, plan
 
 
 # jax options a worker copies from the process that starts the sweep.

@@ -1,11 +1,10 @@
 """Planning a sweep: the grid of (dataset x learner x task cell x seed) runs, each run's workdir,
-and each run's status. ``cfsl_jax.experiments.sweep`` runs the plan in worker processes (and re-exports
-these names).
+and each run's status. ``cfsl_jax.experiments.sweep`` runs the plan in worker processes.
 
-    from cfsl_jax.experiments import sweep
-    configs, skipped = sweep.grid(TrainConfig(epochs=2), learners=("protonets", "init_tune"),
-                                  cells=("B3", "C3"), seeds=(0, 1))
-    for run, state, detail in sweep.plan(configs, "/tmp/sweep", check=True): ...
+    from cfsl_jax.experiments import sweep_plan
+    configs, skipped = sweep_plan.grid(TrainConfig(epochs=2), learners=("protonets", "init_tune"),
+                                       cells=("B3", "C3"), seeds=(0, 1))
+    for run, state, detail in sweep_plan.plan(configs, "/tmp/sweep", check=True): ...
 
 Rules:
 

@@ -46,15 +46,17 @@ import cfsl_jax
 from cfsl_jax import data
 from cfsl_jax.protocol import metrics
 from cfsl_jax.runtime import files, progress, seeding
-from cfsl_jax.training import results as results_io
+from cfsl_jax.runtime import json_files
 from cfsl_jax.runtime.errors import UserError
-from cfsl_jax.runtime.options import positive_int
+from cfsl_jax.runtime import naming
+from cfsl_jax.runtime.options import check_limits, option
 from cfsl_jax.fluid import methods as fluid_methods
 from cfsl_jax.fluid import new_class, report
 from cfsl_jax.fluid.metrics import correctness, rolling_accuracy, stream_metrics
 from cfsl_jax.fluid.pretraining import pretrain_model, prepare_params
 from cfsl_jax.fluid.protocol import Schedule, run_stream
-from cfsl_jax.fluid.sequences import StreamConfig, describe, make_stream
+from cfsl_jax.fluid.sequences import (Stream, StreamClasses, StreamConfig, describe,
+                                      make_stream)
 
 PAPER_STREAM = StreamConfig(num_classes=1000, length=90_000, pretrain_fraction=0.25, zipf_s=1.0,
                             head_threshold=50, min_pretrain_samples=100, max_per_class=961,
@@ -81,44 +83,53 @@ def stream_key(config: "FluidConfig", index: int) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class FluidConfig:
-    dataset: str = "synthetic"
-    split: str = "train"
-    methods: tuple[str, ...] = fluid_methods.METHODS
-    stream: StreamConfig = PAPER_STREAM
-    schedule: Schedule | None = None  # None: each method's paper schedule, scaled to the stream
-    num_streams: int = 3
-    streams: str = "test"  # "test" or "validation" (tuning)
-    validation_streams: int = 2  # the validation streams a "new class" threshold is chosen on
-    seed: int = 0
-    filters: int = 64  # Conv-4 width, shared by every method
-    pretrain_steps: int = 2000
-    pretrain_batch: int = 64
-    pretrain_learning_rate: float = 1e-3
-    window: int | None = None  # rolling-accuracy window; None: max(10, L // 20)
-    dataset_options: dict = dataclasses.field(
-        default_factory=lambda: dict(PRESETS["paper"]["dataset_options"]))
-    method_options: dict = dataclasses.field(default_factory=dict)  # {method: {option: value}}
-    data_dir: str | None = None
-    manual_dir: str | None = None
+    """One FLUID experiment. Each field carries its help and limits (``runtime.options.option``);
+    ``launch.fluid`` makes a flag of each (``flag`` where it is spelled otherwise; the stream's
+    and the schedule's flags are ``StreamConfig``'s and ``Schedule``'s fields)."""
+
+    dataset: str = option("synthetic", "Dataset.", choices=data.DATASETS)
+    split: str = option("train", "Split the stream and pretraining data come from.")
+    methods: tuple[str, ...] = option(fluid_methods.METHODS, "Methods to run: "
+                                      f"{list(fluid_methods.METHODS)}.", flag="method")
+    stream: StreamConfig = option(PAPER_STREAM, flag=None)
+    # None: each method's paper schedule, scaled to the stream
+    schedule: Schedule | None = option(None, flag=None)
+    num_streams: int = option(3, "Streams (default: the preset's).", minimum=1)
+    streams: str = option("test", "Test streams, or validation for tuning.",
+                          choices=STREAM_KINDS)
+    validation_streams: int = option(2, "Validation streams a 'new class' threshold is chosen "
+                                     "on (default: the preset's: paper 2, small 1).", minimum=1)
+    seed: int = option(0, "Seed of every random choice.")
+    filters: int = option(64, "Conv-4 width.", minimum=1)  # shared by every method
+    pretrain_steps: int = option(2000, "Pretraining steps (default: the preset's; 0: none).",
+                                 minimum=0)
+    pretrain_batch: int = option(64, "Images per pretraining step.", minimum=1)
+    pretrain_learning_rate: float = option(1e-3, "Pretraining (Adam) learning rate.", above=0)
+    window: int | None = option(None, "Rolling-accuracy window (default max(10, L // 20)).",
+                                minimum=1)
+    dataset_options: dict = option(
+        help="Dataset options.", flag="dataset_option",
+        factory=lambda: dict(PRESETS["paper"]["dataset_options"]))
+    method_options: dict = option(  # {method: {option: value}}
+        help="METHOD:NAME=VALUE (repeatable), e.g. --method_option=ncm:metric=cosine; "
+        "--list_options lists them.", flag="method_option", factory=dict)
+    data_dir: str | None = option(None, "Where prepared TFDS datasets live.")
+    manual_dir: str | None = option(None, "Folder with the official archives.")
 
     def __post_init__(self):
+        def name(field: str) -> str:
+            return naming.name("FluidConfig", field, qualified=False)
         unknown = [m for m in self.methods if m not in fluid_methods.METHODS]
         if not self.methods or unknown:
-            raise UserError(f"methods {list(self.methods)}: unknown {unknown}; "
+            raise UserError(f"{name('methods')}={','.join(self.methods)}: unknown {unknown}; "
                             f"valid: {list(fluid_methods.METHODS)}")
         extra = sorted(set(self.method_options) - set(self.methods))
         if extra:
-            raise UserError(f"method_options for methods not run: {extra}")
-        if self.dataset not in data.DATASETS:
-            raise UserError(f"unknown dataset {self.dataset!r}; valid: {data.DATASETS}")
-        if self.streams not in STREAM_KINDS:
-            raise UserError(f"streams={self.streams!r}; valid: {STREAM_KINDS}")
-        positive_int("num_streams", self.num_streams)
-        positive_int("validation_streams", self.validation_streams)
-        positive_int("pretrain_steps", self.pretrain_steps, minimum=0)  # 0: no pretraining
-        for name, options in self.method_options.items():
+            raise UserError(f"{name('method_options')} for methods not run: {extra}")
+        check_limits(self, qualified=False)
+        for method, options in self.method_options.items():
             if options.get("new_class_threshold") is not None and not options.get("new_class"):
-                raise UserError(f"method {name}: new_class_threshold="
+                raise UserError(f"method {method}: new_class_threshold="
                                 f"{options['new_class_threshold']} needs new_class=true")
 
     def to_json(self) -> dict[str, Any]:
@@ -180,21 +191,39 @@ def schedule_for(method, config: FluidConfig) -> Schedule | None:
     return method.schedule.scaled(config.stream.length)
 
 
-def run_methods(config: FluidConfig, split: data.Split, built: dict, index: int):
-    """Stream ``index`` of ``config.streams``: ``(stream, classes, {name: (record, schedule,
-    pretrain seconds)})``, every method pretrained for the stream and run on it."""
+def prepare_stream(config: FluidConfig, split: data.Split, index: int
+                   ) -> tuple[Stream, StreamClasses]:
+    """Stream ``index`` of ``config.streams`` from ``split`` (on Omniglot, pretrain and novel
+    classes from disjoint alphabets: ``alphabet_pretrain_mask``), its summary printed; the
+    stream of every experiment and study."""
     mask = (alphabet_pretrain_mask(split.info.class_names, config.stream.pretrain_fraction)
             if config.dataset.startswith("omniglot") else None)
     stream, classes = make_stream(stream_key(config, index), split.class_table,
                                   split.class_sizes, config.stream, pretrain_mask=mask)
     progress.say(f"[FLUID] {config.streams} stream {index}: "
                  f"{summary_line(describe(stream, classes))}")
-    image_shape = tuple(split.images.shape[1:])
-    init = next(iter(built.values())).init_params(seeding.purpose_key(config.seed, "init"),
-                                                  jnp.zeros((1, *image_shape), jnp.float32))
-    pretrain_key = jax.random.fold_in(seeding.purpose_key(config.seed, "pretrain"), index)
-    fisher_key = jax.random.fold_in(seeding.purpose_key(config.seed, "pretrain"), FISHER + index)
-    train_key = jax.random.fold_in(seeding.purpose_key(config.seed, "train"), index)
+    return stream, classes
+
+
+def stream_keys(config: FluidConfig, index: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(pretraining, EWC's Fisher sample, method runs) keys of stream ``index`` (module doc)."""
+    pretrain = seeding.purpose_key(config.seed, "pretrain")
+    return (jax.random.fold_in(pretrain, index), jax.random.fold_in(pretrain, FISHER + index),
+            jax.random.fold_in(seeding.purpose_key(config.seed, "train"), index))
+
+
+def init_params(config: FluidConfig, method, split: data.Split):
+    """The initial backbone of every method of ``config`` (the same Conv-4 for all)."""
+    return method.init_params(seeding.purpose_key(config.seed, "init"),
+                              jnp.zeros((1, *split.images.shape[1:]), jnp.float32))
+
+
+def run_methods(config: FluidConfig, split: data.Split, built: dict, index: int):
+    """Stream ``index`` of ``config.streams``: ``(stream, classes, {name: (record, schedule,
+    pretrain seconds)})``, every method pretrained for the stream and run on it."""
+    stream, classes = prepare_stream(config, split, index)
+    init = init_params(config, next(iter(built.values())), split)
+    pretrain_key, fisher_key, train_key = stream_keys(config, index)
     pretrained, known, runs = {}, {}, {}
     for name, method in built.items():
         started = time.perf_counter()
@@ -279,7 +308,7 @@ def _stored_run(config: FluidConfig, path: str) -> dict:
     """What an earlier run of the same config left in ``path`` (``{}`` if nothing)."""
     if not files.exists(path):
         return {}
-    stored = results_io.read_json(path)
+    stored = json_files.read_json(path)
     ours = json.loads(json.dumps(config.to_json()))  # tuples as JSON stores them
     theirs = dict(stored.get("config", {}))
     done = len(stored.get("streams", []))
@@ -335,7 +364,7 @@ def run_experiment(config: FluidConfig, workdir: str) -> dict[str, Any]:
             "versions": {"cfsl_jax": cfsl_jax.__version__, "jax": jax.__version__,
                          "backend": jax.default_backend()},
         }
-        results_io.write_json(path, results)
+        json_files.write_json(path, results)
         _write_table(results, config, workdir)
     return results
 
@@ -366,7 +395,7 @@ def read_stream_file(config: FluidConfig, workdir: str, index: int) -> dict | No
     path = stream_file(workdir, index)
     if not files.exists(path):
         return None
-    stored = results_io.read_json(path)
+    stored = json_files.read_json(path)
     ours = json.loads(json.dumps(config.to_json()))
     if {**stored["config"], "num_streams": 0} != {**ours, "num_streams": 0}:
         raise UserError(f"{path} holds a stream of a different configuration: use a new "
@@ -402,7 +431,7 @@ def run_stream_alone(config: FluidConfig, workdir: str, index: int) -> None:
         return
     files.makedirs(workdir)
     split = load(config)
-    results_io.write_json(stream_file(workdir, index),
+    json_files.write_json(stream_file(workdir, index),
                           compute_stream(config, workdir, split, build_methods(config, split),
                                          index))
 

@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from cfsl_jax.runtime import progress
-from cfsl_jax.training import results as results_io
+from cfsl_jax.runtime import json_files
 
 NEW = -2  # the "new class" prediction (-1 is "no class seen yet")
 RULE = ("max pooled K+1-way accuracy on the validation streams; ties: largest threshold")
@@ -110,7 +110,7 @@ def thresholds(options: dict[str, dict], path: str, config: dict, streams: int,
     if not select:
         return chosen
     ours = {**json.loads(json.dumps(config)), "num_streams": 0}
-    stored = results_io.read_json(path, default={})
+    stored = json_files.read_json(path, default={})
     if stored.get("config") == ours and set(select) <= set(stored.get("thresholds", {})):
         return {**chosen, **{name: stored["thresholds"][name] for name in select}}
     runs = [run(select, index) for index in range(streams)]
@@ -123,5 +123,5 @@ def thresholds(options: dict[str, dict], path: str, config: dict, streams: int,
                         "validation_accuracy": accuracy}
         progress.say(f"[FLUID] {name}: 'new class' threshold {threshold:.6g} (K+1-way "
                      f"accuracy {accuracy:.4f} on {streams} validation stream(s))")
-    results_io.write_json(path, {"config": ours, "thresholds": {n: chosen[n] for n in select}})
+    json_files.write_json(path, {"config": ours, "thresholds": {n: chosen[n] for n in select}})
     return chosen

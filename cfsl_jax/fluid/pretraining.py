@@ -34,7 +34,7 @@ import optax
 
 from cfsl_jax import data
 from cfsl_jax.runtime import progress
-from cfsl_jax.training import loop, pretrain as supervised
+from cfsl_jax.training import pretrain as supervised
 from cfsl_jax.data import Split
 from cfsl_jax.fluid import classifiers as cls
 from cfsl_jax.fluid.protocol import Method, Params
@@ -63,19 +63,11 @@ def pretrain_split(split: Split, classes: StreamClasses, extra: bool = False) ->
 def pretrain_supervised(method: Method, params: Params, split: Split, key: jax.Array, *,
                         steps: int, batch_size: int = 64, learning_rate: float = 1e-3,
                         weight_decay: float = 1e-5) -> Params:
-    """Backbone + linear head over the split's classes (softmax CE); the head is kept."""
-    pool = supervised.entry_pool(split.class_table)
-    num_classes = int(split.class_table.shape[0])
-    head_key, data_key = jax.random.split(key)
-    state = supervised.init_state(method, params, num_classes, tuple(split.images.shape[1:]),
-                                  head_key, learning_rate, weight_decay)
-    hyper = dict(learner=method, num_classes=num_classes, batch_size=batch_size,
-                 learning_rate=learning_rate, weight_decay=weight_decay)
-    def one(state, key):
-        state, loss, accuracy = supervised.train_step(state, split, pool, key, **hyper)
-        return state, {"loss": loss, "acc": accuracy}
-
-    state = loop.run_steps("FLUID pretraining", "steps", steps, state, one, data_key)
+    """Backbone + linear head over the split's classes (softmax CE): CFSL's supervised
+    pretraining (``training.pretrain.pretrained_state``), its head kept."""
+    state = supervised.pretrained_state(method, params, split, key, steps=steps,
+                                        batch_size=batch_size, learning_rate=learning_rate,
+                                        weight_decay=weight_decay, what="FLUID pretraining")
     dense = state.params["head"]["params"]["Dense_0"]
     return {**params, "embed": state.params["embed"],
             "head": {"kernel": dense["kernel"], "bias": dense["bias"]}}

@@ -68,7 +68,8 @@ from cfsl_jax.protocol import metrics
 from cfsl_jax.runtime import progress
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid.sequences import Stream
-from cfsl_jax.runtime.options import positive_int
+from cfsl_jax.runtime import naming
+from cfsl_jax.runtime.options import option, positive_int
 
 Params = Any
 State = Any
@@ -85,16 +86,20 @@ class Schedule:
     samples, minibatches of 256 (the authors' ``offline_batch_size``).
     """
 
-    update_every: int = 5000  # U: a phase after every U samples (from ``start`` on)
-    epochs_per_update: int = 4  # E: epochs over the samples seen so far per phase
-    batch_size: int = 256  # minibatch size of a training step
-    start: int = 0  # no regular phase before this many samples (Weight Imprinting: 10,000)
-    warmup_every: int = 0  # > 0: also a phase every this many samples ...
-    warmup_until: int = 0  # ... up to this many samples (OLTR: every 200 up to 10,000)
+    # U: a phase after every U samples (from ``start`` on); the flags are launch.fluid's
+    update_every: int = option(5000, "U for every method (default: each one's, scaled).")
+    # E: epochs over the samples seen so far per phase
+    epochs_per_update: int = option(4, "E, with --update_every.")
+    batch_size: int = option(256, "Training minibatch, with --update_every.")
+    # no regular phase before this many samples (Weight Imprinting: 10,000)
+    start: int = option(0, flag=None)
+    warmup_every: int = option(0, flag=None)  # > 0: also a phase every this many samples ...
+    # ... up to this many samples (OLTR: every 200 up to 10,000)
+    warmup_until: int = option(0, flag=None)
 
     def __post_init__(self):
         for name in ("update_every", "epochs_per_update", "batch_size"):
-            positive_int(name, getattr(self, name), 1)
+            positive_int(naming.name("Schedule", name, qualified=False), getattr(self, name), 1)
         for name in ("start", "warmup_every", "warmup_until"):
             positive_int(name, getattr(self, name), 0)
 
@@ -344,28 +349,29 @@ def run_stream(method: Method, params: Params, stream: Stream, split: data.Split
             else list(range(PROGRESS_SAMPLES, length, PROGRESS_SAMPLES)))
     predictions, scores, train_steps = [], [], 0
     chunks = list(zip([0, *ends], [*ends, length]))
-    bar = progress.tracker(f"FLUID {method.name}", length, "samples")
-    batch = min(embed_batch, max(end - begin for begin, end in chunks))  # one embed program
-    for begin, end in chunks:
-        features = embed_samples(method, params, state, split, stream.sample_idx[begin:end],
-                                 batch)
-        state, (label, score) = scan(params, state, features, stream.label[begin:end])
-        predictions.append(label)
-        scores.append(score)
-        if on_features:
-            banked.append(features)
-        if trains and end < length:
-            revealed = positions < end
+    with progress.tracker(f"FLUID {method.name}", length, "samples") as bar:
+        # one embed program
+        batch = min(embed_batch, max(end - begin for begin, end in chunks))
+        for begin, end in chunks:
+            features = embed_samples(method, params, state, split,
+                                     stream.sample_idx[begin:end], batch)
+            state, (label, score) = scan(params, state, features, stream.label[begin:end])
+            predictions.append(label)
+            scores.append(score)
             if on_features:
-                bank = jnp.pad(jnp.concatenate(banked), ((0, length - end), (0, 0)))
-            state = train_phase(method, schedule, params, state, split,
-                                bank if on_features else jnp.where(revealed, bank, 0),
-                                jnp.where(revealed, stream.label, -1), end,
-                                jax.random.fold_in(train_key, end))
-            train_steps += schedule.steps(end)
-        if bar.due() or end == length:
-            jax.block_until_ready(state)
-            bar.update(end, **({"train_steps": train_steps} if trains else {}))
+                banked.append(features)
+            if trains and end < length:
+                revealed = positions < end
+                if on_features:
+                    bank = jnp.pad(jnp.concatenate(banked), ((0, length - end), (0, 0)))
+                state = train_phase(method, schedule, params, state, split,
+                                    bank if on_features else jnp.where(revealed, bank, 0),
+                                    jnp.where(revealed, stream.label, -1), end,
+                                    jax.random.fold_in(train_key, end))
+                train_steps += schedule.steps(end)
+            if bar.due() or end == length:
+                jax.block_until_ready(state)
+                bar.update(end, **({"train_steps": train_steps} if trains else {}))
     prediction = np.concatenate([np.asarray(p) for p in predictions]).astype(np.int32)
     unseen = np.concatenate([np.asarray(s) for s in scores]).astype(np.float32)
     seconds = time.perf_counter() - start_time

@@ -55,6 +55,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cfsl_jax.runtime import naming
+from cfsl_jax.runtime.options import option
+
 ORDERS = ("uniform", "staggered")
 
 
@@ -62,20 +65,28 @@ ORDERS = ("uniform", "staggered")
 class StreamConfig:
     """What stream to build (validated on construction)."""
 
-    num_classes: int = 50  # K: classes in the stream
-    length: int = 2000  # L: samples in the stream
-    pretrain_fraction: float = 0.5  # P = round(K * pretrain_fraction) pretrain classes
-    zipf_s: float = 1.0  # Zipf exponent of the class shares (0 = uniform)
-    head_threshold: int = 50  # a class with more samples than this in the stream is a head class
-    order: str = "uniform"  # "uniform" | "staggered" (classes first appear over time)
-    min_pretrain_samples: int = 10  # samples of each pretrain class kept out of the stream
-    max_per_class: int = 0  # > 0: no class has more stream samples (the paper's: 961)
-    pretrain_classes: int = 0  # N > 0: pretraining set of N classes, the P stream ones included
+    # Each field's help is its flag's (launch.fluid; ``flag`` where it is spelled otherwise).
+    num_classes: int = option(50, "K: classes in the stream.", flag="stream_classes")
+    length: int = option(2000, "L: samples in the stream.", flag="stream_length")
+    # P = round(K * pretrain_fraction) pretrain classes
+    pretrain_fraction: float = option(0.5, "Fraction of the stream classes that pretrain.")
+    zipf_s: float = option(1.0, "Zipf exponent of the class shares.")  # 0 = uniform
+    head_threshold: int = option(50, "A class with more samples is a head class.")
+    # "uniform" | "staggered" (classes first appear over time)
+    order: str = option("uniform", "Sample order.", choices=ORDERS)
+    min_pretrain_samples: int = option(10, "Samples per pretrain class kept out.")
+    max_per_class: int = option(0, "Cap on a class's stream samples (0: none).")  # paper: 961
+    # N > 0: pretraining set of N classes, the P stream ones included
+    pretrain_classes: int = option(
+        0, "Classes of the pretraining set, the stream's pretrain classes included (the paper: "
+        "ImageNet-1K's 1,000), or 'stream': the stream's pretrain classes only (default: the "
+        "preset's).")
 
     def __post_init__(self):
         def check(name, ok, limit):
             if not ok:
-                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: must be {limit}")
+                raise ValueError(f"{naming.name('StreamConfig', name, qualified=False)}="
+                                 f"{getattr(self, name)!r} is invalid: must be {limit}")
 
         check("num_classes", _is_int(self.num_classes) and self.num_classes >= 1, "an int >= 1")
         check("length", _is_int(self.length) and self.length >= self.num_classes,

@@ -14,19 +14,16 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
-import jax.numpy as jnp
-
-from cfsl_jax.runtime import files, progress, seeding
-from cfsl_jax.training import results as results_io
+from cfsl_jax.runtime import files, progress
+from cfsl_jax.runtime import json_files
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import methods as fluid_methods
 from cfsl_jax.fluid import report
-from cfsl_jax.fluid.experiment import FISHER, FluidConfig, load, method_options, stream_key
+from cfsl_jax.fluid.experiment import (FluidConfig, init_params, load, method_options,
+                                       prepare_stream, stream_keys)
 from cfsl_jax.fluid.metrics import stream_metrics
 from cfsl_jax.fluid.pretraining import pretrain_model, prepare_params
-from cfsl_jax.fluid.protocol import Schedule, run_stream
-from cfsl_jax.fluid.sequences import make_stream
+from cfsl_jax.fluid.protocol import run_stream
 
 FREQUENCIES = (1000, 2500, 5000, 10000, 20000)  # U, in samples of a 90,000-sample sequence
 EPOCHS = (2, 4, 8, 16)
@@ -44,25 +41,19 @@ def run_update_strategy(config: FluidConfig, workdir: str, method_name: str = "f
     method = fluid_methods.get_method(method_name, config.stream.num_classes,
                                       tuple(split.images.shape[1:]),
                                       **method_options(config, method_name))
-    stream, classes = make_stream(stream_key(config, 0),
-                                  split.class_table, split.class_sizes, config.stream)
-    params = method.init_params(seeding.purpose_key(config.seed, "init"),
-                                jnp.zeros((1, *split.images.shape[1:]), jnp.float32))
-    params = pretrain_model(method, params, split, classes,
-                            jax.random.fold_in(seeding.purpose_key(config.seed, "pretrain"), 0),
-                            steps=config.pretrain_steps, batch_size=config.pretrain_batch,
+    stream, classes = prepare_stream(config, split, 0)
+    pretrain_key, fisher_key, train_key = stream_keys(config, 0)
+    params = pretrain_model(method, init_params(config, method, split), split, classes,
+                            pretrain_key, steps=config.pretrain_steps,
+                            batch_size=config.pretrain_batch,
                             learning_rate=config.pretrain_learning_rate)
-    params = prepare_params(method, params, split, classes,
-                            jax.random.fold_in(seeding.purpose_key(config.seed, "pretrain"),
-                                               FISHER))
+    params = prepare_params(method, params, split, classes, fisher_key)
     cells = []
     for every in frequencies:
         for e in epochs:
             schedule = dataclasses.replace(method.schedule, update_every=every,
                                            epochs_per_update=e).scaled(config.stream.length)
-            record = run_stream(method, params, stream, split,
-                                jax.random.fold_in(seeding.purpose_key(config.seed, "train"), 0),
-                                schedule)
+            record = run_stream(method, params, stream, split, train_key, schedule)
             metrics = stream_metrics(record.prediction, record.unseen_score, stream)
             cells.append({"update_every": every, "epochs_per_update": e,
                           "scaled_update_every": schedule.update_every,
@@ -72,7 +63,7 @@ def run_update_strategy(config: FluidConfig, workdir: str, method_name: str = "f
                           "train_steps": record.train_steps, "seconds": record.seconds})
             progress.say(f"[FLUID study] U={every} E={e}: accuracy {metrics['accuracy']:.4f}, "
                          f"{cells[-1]['gmacs']:.3g} GMACs")
-    results_io.write_json(files.join(workdir, "update_strategy.json"),
+    json_files.write_json(files.join(workdir, "update_strategy.json"),
                           {"method": method_name, "config": config.to_json(), "cells": cells})
     report.plot_update_strategy(cells, files.join(workdir, "update_strategy.png"),
                                 f"FLUID update strategies: {method_name}, "

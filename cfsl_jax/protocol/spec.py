@@ -42,7 +42,8 @@ import math
 import re
 from typing import Literal
 
-from cfsl_jax.runtime.options import positive_int
+from cfsl_jax.runtime import naming
+from cfsl_jax.runtime.options import check_limits, option
 
 TargetMode = Literal["per_support_set", "per_class"]
 TARGET_MODES: tuple[str, ...] = ("per_support_set", "per_class")
@@ -68,35 +69,37 @@ _PAPER_SHAPE = dict(nc=5, ks=1, kt=5, target_mode="per_class")
 class TaskSpec:
     """A CFSL task specification (symbols as in the README's table)."""
 
-    nss: int  # support sets per task
-    nc: int  # classes per support set (way)
-    ks: int  # samples per class in a support set (shot)
-    kt: int  # samples per class in a target part
-    cci: int  # class change interval (support sets per class group)
-    overwrite: bool  # True: every group labelled 0..nc-1
-    target_mode: TargetMode = "per_support_set"
-    label_offset: LabelOffset = "per_class_group"  # without overwrite: group g or support set n
-    draws: Draws = "distinct"  # samples: distinct in the task, or as the paper-era code
+    # The help of each field is its override flag's (``--nss``, ... of launch.train).
+    nss: int = option(help="Override: support sets per task.", minimum=1)
+    nc: int = option(help="Override: classes per support set.", minimum=1)  # way
+    ks: int = option(help="Override: shots per class in a support set.", minimum=1)
+    kt: int = option(help="Override: target samples per class.", minimum=1)
+    cci: int = option(help="Override: class change interval.", minimum=1)
+    overwrite: bool = option(help="Override: labels restart at 0 in every class group.")
+    target_mode: TargetMode = option("per_support_set", "Override: target sampling mode.",
+                                     choices=TARGET_MODES)
+    label_offset: LabelOffset = option(  # without overwrite: group g or support set n
+        "per_class_group", "Override: labels without overwrite offset per class group (the "
+        "spec) or per support set (the authors' paper-era code; needs "
+        "--target_mode=per_support_set where CCI > 1). docs/fidelity.md.", choices=LABEL_OFFSETS)
+    draws: Draws = option(  # samples: distinct in the task, or as the paper-era code
+        "distinct", "Override: samples distinct in a task (the spec), per_group (one draw "
+        "reused by a group's support sets: the Apr-2020 code) or independent (every support set "
+        "draws its own, groups their own classes: the Feb-2020 code; needs "
+        "--target_mode=per_support_set). docs/fidelity.md.", choices=DRAWS)
 
     def __post_init__(self):
-        for field in ("nss", "nc", "ks", "kt", "cci"):
-            positive_int(f"TaskSpec.{field}", getattr(self, field))
+        def name(field: str) -> str:
+            return naming.name("TaskSpec", field)
         if not isinstance(self.overwrite, bool):
-            raise ValueError(f"TaskSpec.overwrite must be a bool, got {self.overwrite!r}")
-        if self.target_mode not in TARGET_MODES:
-            raise ValueError(
-                    f"TaskSpec.target_mode must be one of {TARGET_MODES}, got {self.target_mode!r}")
-        if self.label_offset not in LABEL_OFFSETS:
-            raise ValueError(f"TaskSpec.label_offset must be one of {LABEL_OFFSETS}, got "
-                             f"{self.label_offset!r}")
-        if self.draws not in DRAWS:
-            raise ValueError(f"TaskSpec.draws must be one of {DRAWS}, got {self.draws!r}")
+            raise ValueError(f"{name('overwrite')} must be a bool, got {self.overwrite!r}")
+        check_limits(self)
         if self.draws == "independent" and self.target_mode != "per_support_set":
-            raise ValueError("TaskSpec.draws='independent' draws every support set's target "
-                             "part with it; it needs target_mode='per_support_set'")
+            raise ValueError(f"{name('draws')}='independent' draws every support set's target "
+                             f"part with it; it needs target_mode='per_support_set'")
         if self.relabels_within_groups and self.target_mode == "per_class":
             raise ValueError(
-                    f"TaskSpec.label_offset='per_support_set' with cci={self.cci} and "
+                    f"{name('label_offset')}='per_support_set' with cci={self.cci} and "
                     f"overwrite=False labels a class differently in each support set of its "
                     f"group, so a per_class target sample has no single label; use "
                     f"target_mode='per_support_set' (as the authors' code)")

@@ -26,7 +26,8 @@ Four rules, one place (docs/metrics.md says why for MACs and compile time):
 - **Compile seconds.** ``compile_seconds()`` is the time this process has spent
   turning jitted functions into executables: tracing, lowering to MLIR and the
   backend compile (or, on a cache hit, the cache read), from JAX's own
-  monitoring events; ``results.json`` records it.
+  monitoring events, counted from the first snapshot or ``configure`` on
+  (``count_compiles``; importing registers no listener); ``results.json`` records it.
 
 Trace-time platform choices read ``lowering_platform()``, never
 ``jax.default_backend()`` directly, so that a program counted (or run) on CPU
@@ -179,7 +180,9 @@ def enable_compilation_cache(path: str | None) -> str | None:
 
 def configure(precision_name: str = DEFAULT_PRECISION,
               compilation_cache_dir: str | None = None) -> None:
-    """What the command lines do first: the precision and the compilation cache."""
+    """What the command lines do first: the precision, the compilation cache, and counting
+    compile seconds."""
+    count_compiles()
     set_precision(precision_name)
     enable_compilation_cache(compilation_cache_dir)
 
@@ -201,17 +204,29 @@ def _on_event(event: str, **_) -> None:
         _totals["cache_hits"] += 1
 
 
-monitoring.register_event_duration_secs_listener(_on_duration)
-monitoring.register_event_listener(_on_event)
+_listening: list[bool] = []
+
+
+def count_compiles() -> None:
+    """Start counting compile seconds and cache hits (jax.monitoring listeners), once; every
+    reader of the counters calls it, so a run's first snapshot starts the count (importing
+    this module registers nothing)."""
+    if not _listening:
+        monitoring.register_event_duration_secs_listener(_on_duration)
+        monitoring.register_event_listener(_on_event)
+        _listening.append(True)
 
 
 def compile_seconds() -> float:
-    """Seconds this process has spent tracing, lowering and compiling (or loading) programs."""
+    """Seconds this process has spent tracing, lowering and compiling (or loading) programs
+    since the counting started (``count_compiles``)."""
+    count_compiles()
     return _totals["seconds"]
 
 
 def compile_totals() -> dict[str, float]:
     """A snapshot of this process's compile counters (``compile_stats(since=...)``)."""
+    count_compiles()
     return dict(_totals)
 
 
@@ -219,6 +234,7 @@ def compile_stats(since: dict[str, float] | None = None) -> dict[str, Any]:
     """For results.json: compile seconds (total, and by stage: tracing, lowering, XLA compile or
     cache read), persistent-cache hits, the cache folder, the precision. ``since``: a
     ``compile_totals()`` snapshot (a run's start): only what was compiled after it counts."""
+    count_compiles()
     since = since or dict.fromkeys(_totals, 0)
     spent = {name: value - since[name] for name, value in _totals.items()}
     return {"compile_seconds": round(spent["seconds"], 3),

@@ -22,21 +22,28 @@ import dataclasses
 import math
 import types
 import typing
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from cfsl_jax.runtime import naming
 from cfsl_jax.runtime.errors import UserError
 
 _BOOL_WORDS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
 
 
-def option(default: Any, help: str, *, choices: Sequence[Any] | None = None,  # noqa: A002
-           minimum: float | None = None, above: float | None = None,
-           maximum: float | None = None, below: float | None = None) -> Any:
+def option(default: Any = dataclasses.MISSING, help: str = "", *,  # noqa: A002
+           choices: Sequence[Any] | None = None, minimum: float | None = None,
+           above: float | None = None, maximum: float | None = None,
+           below: float | None = None, flag: str | None = "",
+           factory: Callable[[], Any] | None = None) -> Any:
     """A dataclass field with its help and limits: ``minimum`` <= v, ``above`` < v,
-    v <= ``maximum``, v < ``below``."""
-    return dataclasses.field(default=default, metadata=dict(
-        help=help, choices=None if choices is None else tuple(choices), minimum=minimum,
-        above=above, maximum=maximum, below=below))
+    v <= ``maximum``, v < ``below``; ``flag``: its command-line flag where a command makes
+    flags of the dataclass (``cfsl_jax.launch.config_flags``; "": the field's name, None: no
+    flag); ``factory``: a default_factory in place of ``default``."""
+    metadata = dict(help=help, choices=None if choices is None else tuple(choices),
+                    minimum=minimum, above=above, maximum=maximum, below=below, flag=flag)
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def positive_int(name: str, value: object, minimum: int = 1) -> int:
@@ -48,7 +55,7 @@ def positive_int(name: str, value: object, minimum: int = 1) -> int:
     return value
 
 
-def _types(cls: type) -> dict[str, tuple[type, ...]]:
+def field_types(cls: type) -> dict[str, tuple[type, ...]]:
     """{field: the accepted Python types}, from the (string) annotations."""
     hints = typing.get_type_hints(cls)
     found = {}
@@ -95,7 +102,7 @@ def _limits(meta: Mapping[str, Any]) -> str:
 
 def check_fields(instance: Any) -> None:
     """UserError for the first field of ``instance`` whose value breaks its type or limits."""
-    accepted = _types(type(instance))
+    accepted = field_types(type(instance))
     for field in dataclasses.fields(instance):
         value, meta = getattr(instance, field.name), field.metadata
         kinds = accepted[field.name]
@@ -105,13 +112,33 @@ def check_fields(instance: Any) -> None:
             continue
         if meta.get("choices") is not None and value not in meta["choices"]:
             raise UserError(f"option {field.name}={value!r} must be one of {meta['choices']}")
-        if isinstance(value, (int, float)) and not (
-                (meta.get("minimum") is None or value >= meta["minimum"])
-                and (meta.get("above") is None or value > meta["above"])
-                and (meta.get("maximum") is None or value <= meta["maximum"])
-                and (meta.get("below") is None or value < meta["below"])):
+        if isinstance(value, (int, float)) and not _within(value, meta):
             kind = "an integer" if int in kinds and float not in kinds else "a number"
             raise UserError(f"option {field.name}={value!r} must be {kind} {_limits(meta)}")
+
+
+def check_limits(instance: Any, qualified: bool = True) -> None:
+    """UserError for the first field of a config ``instance`` outside its ``choices`` or
+    bounds, the field named by ``naming.name`` (``Owner.field``, or the command's flag)."""
+    owner, accepted = type(instance).__name__, field_types(type(instance))
+    for field in dataclasses.fields(instance):
+        value, meta = getattr(instance, field.name), field.metadata
+        label = naming.name(owner, field.name, qualified)
+        if value is None and type(None) in accepted[field.name]:
+            continue
+        if meta.get("choices") is not None and value not in meta["choices"]:
+            raise UserError(f"{label} must be one of {meta['choices']}, got {value!r}")
+        if float not in accepted[field.name] and meta.get("minimum") is not None:
+            positive_int(label, value, meta["minimum"])
+        elif _limits(meta) and not (isinstance(value, (int, float)) and _within(value, meta)):
+            raise UserError(f"{label} must be {_limits(meta)}, got {value!r}")
+
+
+def _within(value: float, meta: Mapping[str, Any]) -> bool:
+    return ((meta.get("minimum") is None or value >= meta["minimum"])
+            and (meta.get("above") is None or value > meta["above"])
+            and (meta.get("maximum") is None or value <= meta["maximum"])
+            and (meta.get("below") is None or value < meta["below"]))
 
 
 def _article(kinds: tuple[type, ...]) -> str:
@@ -139,7 +166,7 @@ def build(cls: type, values: Mapping[str, Any], owner: str) -> Any:
 
 def parse_value(cls: type, name: str, text: str) -> Any:
     """The value ``text`` of option ``name`` of ``cls``, read as the field's type."""
-    kinds = _types(cls)[name]
+    kinds = field_types(cls)[name]
     word = text.strip().lower()
     if type(None) in kinds and word == "none":
         return None
@@ -176,7 +203,7 @@ def parse(cls: type, pairs: Iterable[str], owner: str) -> dict[str, Any]:
 
 def describe(cls: type) -> list[str]:
     """One line per option: ``name: type = default  help`` (choices and limits appended)."""
-    kinds = _types(cls)
+    kinds = field_types(cls)
     lines = []
     for field in dataclasses.fields(cls):
         meta = field.metadata

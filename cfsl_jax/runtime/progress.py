@@ -13,9 +13,11 @@ they show in a terminal, in a log file and in a Jupyter/Colab cell alike (absl's
 do not reach a notebook). A tracker prints when ``INTERVAL_S`` seconds passed since its last
 line, on its first update and on its last; while one update takes longer than that (a
 first step that compiles, a chunk of evaluation tasks), a background thread repeats the last
-count with the seconds since, every ``HEARTBEAT_S``, for as long as the function that made
-the tracker runs: lines are driven by time, not by a count. A tracker's rate and ETA are those of its
-steady state: the first update that counts items (whose time includes compiling the
+count with the seconds since, every ``HEARTBEAT_S``, for as long as the tracker is in use:
+until its ``with`` block ends (``with progress.tracker(...) as bar:``), it is done, or (a
+tracker not used as a context manager) nothing refers to it any more -- the function that
+made it returned, or a new one replaced it. Lines are driven by time, not by a count. A
+tracker's rate and ETA are those of its steady state: the first update that counts items (whose time includes compiling the
 program) is left out, and its seconds are shown apart (``first N steps: 12.0s, not in
 the rate``); until a second update gives a steady rate, no ETA is shown. A stage that runs long (an XLA
 compilation) prints ``still ...`` every ``HEARTBEAT_S`` seconds from a background thread,
@@ -36,6 +38,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterator
 
 from cfsl_jax.runtime import stops
@@ -46,7 +49,7 @@ FIRST_SHOWN_S = 1.0  # a first update that took longer has its seconds on the li
 _prefix: contextvars.ContextVar[str] = contextvars.ContextVar("progress_prefix", default="")
 
 clock: Callable[[], float] = time.monotonic
-_trackers: list["Tracker"] = []  # made and not yet finished, oldest first (heartbeats)
+_trackers: list[weakref.ref] = []  # made and not yet finished, oldest first (heartbeats)
 _stages: list[str] = []  # stages running (their own "still ..." lines)
 _lock = threading.Lock()
 
@@ -106,17 +109,30 @@ class Tracker:
         # the heartbeat's own clock (real time, so that tests may replace ``clock``)
         self._line_at = self._updated_at = time.monotonic()
         self._beat_every = HEARTBEAT_S
-        self._owner = _caller_frame()  # the heartbeat stops when this frame returns
         self._thread_id = threading.get_ident()
-        with _lock:  # drop the finished, the returned and those this one replaces
-            _trackers[:] = [t for t in _trackers if t._owner is not self._owner and t._running()]
+        self._stop = threading.Event()  # set: the heartbeat ends (closed, done or collected)
+        self._thread: threading.Thread | None = None
+        with _lock:  # drop the finished and the collected
+            _trackers[:] = [ref for ref in _trackers if (t := ref()) is not None and t._running()]
             if self._running():
-                _trackers.append(self)
+                _trackers.append(weakref.ref(self))
         if self._running():  # beats from now: its first update may compile a program
-            threading.Thread(target=contextvars.copy_context().run, args=(self._beat,),
-                             daemon=True).start()
-        else:
-            self._owner = None
+            self._thread = threading.Thread(target=contextvars.copy_context().run, args=(
+                _beat, weakref.ref(self), self._stop), daemon=True)
+            self._thread.start()
+            weakref.finalize(self, self._stop.set)  # collected: the heartbeat ends too
+
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the heartbeat (leaving the tracker's ``with`` block does)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
 
     def line(self, done: int, **values: Any) -> str:
         now = clock()
@@ -144,31 +160,28 @@ class Tracker:
         return ", ".join(parts)
 
     def _running(self) -> bool:
-        return (self._owner is not None and self.done < self.total
-                and _on_stack(self._owner, self._thread_id))
+        return not self._stop.is_set() and self.done < self.total
 
-    def _beat(self) -> None:
-        """Repeat the last count every ``interval`` while no update prints and the function
-        that made the tracker still runs (see the module doc); not while a newer tracker of
-        the same thread runs (an evaluation inside training) or a stage prints its own."""
+    def _beat_once(self) -> bool:
+        """One heartbeat poll: repeat the last count when no update printed for ``_beat_every``
+        s, unless a newer tracker of the same thread runs (an evaluation inside training) or a
+        stage prints its own; False once the tracker is closed or done."""
         poll = self._beat_every / 20  # a line comes before ``_beat_every`` s pass, not after
-        while True:
-            time.sleep(poll)
-            with _lock:
-                if self not in _trackers or not self._running():  # replaced, done or returned
-                    if self in _trackers:
-                        _trackers.remove(self)
-                    self._owner = None  # its frame's locals are not kept alive
-                    return
-                newer = _trackers[_trackers.index(self) + 1:]
-                inner = any(t._thread_id == self._thread_id and t._running() for t in newer)
-            now = time.monotonic()
-            if not inner and not _stages and now - self._line_at >= self._beat_every - poll:
-                say(f"[{self.what}] {self.done}/{self.total}"
-                    + (f" {self.unit}" if self.unit else "")
-                    + f", still working ({duration(now - self._updated_at)} since "
-                      + ("the last count)" if self.warm else "the start)"))
-                self._line_at = now
+        with _lock:
+            if not self._running():
+                _trackers[:] = [ref for ref in _trackers if ref() not in (None, self)]
+                return False
+            live = [t for ref in _trackers if (t := ref()) is not None]
+            newer = live[live.index(self) + 1:] if self in live else []
+            inner = any(t._thread_id == self._thread_id and t._running() for t in newer)
+        now = time.monotonic()
+        if not inner and not _stages and now - self._line_at >= self._beat_every - poll:
+            say(f"[{self.what}] {self.done}/{self.total}"
+                + (f" {self.unit}" if self.unit else "")
+                + f", still working ({duration(now - self._updated_at)} since "
+                  + ("the last count)" if self.warm else "the start)"))
+            self._line_at = now
+        return True
 
     def due(self) -> bool:
         """Whether the next ``update`` prints (to sync a device value only when it does)."""
@@ -192,29 +205,29 @@ class Tracker:
         return False
 
 
-def _caller_frame():
-    """The first frame outside this module: the function a tracker belongs to."""
-    frame = sys._getframe(1)  # pylint: disable=protected-access
-    while frame is not None and frame.f_code.co_filename == __file__:
-        frame = frame.f_back
-    return frame
-
-
-def _on_stack(frame, thread_id: int) -> bool:
-    """Whether ``frame`` is still running in thread ``thread_id``."""
-    current = sys._current_frames().get(thread_id)  # pylint: disable=protected-access
-    while current is not None:
-        if current is frame:
-            return True
-        current = current.f_back
-    return False
+def _beat(ref: weakref.ref, stop: threading.Event) -> None:
+    """A tracker's heartbeat thread (holding no reference to it between polls, so that a
+    tracker nothing refers to is collected and its heartbeat ends)."""
+    while True:
+        tracker = ref()
+        if tracker is None:
+            return
+        poll = tracker._beat_every / 20
+        del tracker
+        if stop.wait(poll):
+            return
+        tracker = ref()
+        if tracker is None or not tracker._beat_once():
+            return
+        del tracker
 
 
 def tracker(what: str, total: int, unit: str = "", start: int = 0,
             interval: float | None = None, first_line: bool = True,
             quiet_if_quick: bool = False) -> Tracker:
-    """A ``Tracker`` of ``total`` items (``start`` of them already done, e.g. on a resume);
-    ``first_line=False``: no line on the first update (only when it is time, and the last);
+    """A ``Tracker`` of ``total`` items (``start`` of them already done, e.g. on a resume), a
+    context manager that ends its heartbeat; ``first_line=False``: no line on the first update
+    (only when it is time, and the last);
     with ``quiet_if_quick`` too, no line at all for work done within one interval."""
     return Tracker(what, total, unit, start, interval, first_line, quiet_if_quick)
 
@@ -222,11 +235,11 @@ def tracker(what: str, total: int, unit: str = "", start: int = 0,
 def track(items, what: str, unit: str = "", total: int | None = None) -> Iterator:
     """Iterate ``items``, printing a progress line after each one when it is time."""
     items = list(items) if total is None and not hasattr(items, "__len__") else items
-    bar = tracker(what, len(items) if total is None else total, unit)
-    bar.update(0)
-    for done, item in enumerate(items, 1):
-        yield item
-        bar.update(done)
+    with tracker(what, len(items) if total is None else total, unit) as bar:
+        bar.update(0)
+        for done, item in enumerate(items, 1):
+            yield item
+            bar.update(done)
 
 
 @contextlib.contextmanager

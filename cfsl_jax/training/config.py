@@ -18,9 +18,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from cfsl_jax.data import DATASETS
 from cfsl_jax.datasets.preprocessing import with_preprocessing
-from cfsl_jax.runtime.errors import UserError
-from cfsl_jax.learners import COMPUTE_DTYPES
+from cfsl_jax.learners import COMPUTE_DTYPES, LEARNERS
+from cfsl_jax.runtime.options import check_limits, option
 from cfsl_jax.protocol.spec import TaskSpec
 
 PRETRAIN_DATA: tuple[str, ...] = ("tasks", "uniform")  # TrainConfig.pretrain_data
@@ -28,37 +29,66 @@ PRETRAIN_DATA: tuple[str, ...] = ("tasks", "uniform")  # TrainConfig.pretrain_da
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Everything that defines a run (written to workdir/config.json)."""
+    """Everything that defines a run (written to workdir/config.json).
 
-    learner: str = "protonets"
-    learner_options: dict = dataclasses.field(default_factory=dict)
-    dataset: str = "synthetic"
-    dataset_options: dict = dataclasses.field(default_factory=dict)
-    task: str = "B3"  # a paper cell, a type or type+NSS (TaskSpec.parse)
-    spec_overrides: dict = dataclasses.field(default_factory=dict)  # TaskSpec fields to replace
-    seed: int = 0
-    # the validation/test tasks' seed; None: ``seed`` (each training seed its own tasks)
-    eval_seed: int | None = 0
-    compute_dtype: str = "float32"  # learners.COMPUTE_DTYPES; params/optimiser stay float32
-    epochs: int = 10
-    iters_per_epoch: int = 100
-    meta_batch: int = 8
-    learning_rate: float = 1e-3
-    weight_decay: float = 1e-5
-    val_tasks: int = 600
-    test_tasks: int = 600
-    eval_batch: int = 50
-    keep_best: int = 5
-    checkpoint_every: int = 0  # steps between mid-epoch resume checkpoints (0: epoch ends)
-    log_every: int = 50
-    pretrain_steps: int = 2000
-    pretrain_batch: int = 64
-    pretrain_data: str = "tasks"  # PRETRAIN_DATA: "tasks" (the authors') or "uniform"
-    data_dir: str | None = None
-    manual_dir: str | None = None
-    download: bool = False  # fetch a dataset's archives when they are not in manual_dir
-    tensorboard: bool = False  # also write the metrics as TensorBoard event files (tracking)
-    wandb_project: str | None = None  # also log the metrics to this Weights & Biases project
+    Each field carries its help, choices and limits (``runtime.options.option``): ``check``
+    enforces them, and the commands make a flag of each field from them
+    (``cfsl_jax.launch.config_flags``; ``flag`` names a flag spelled otherwise, None: none).
+    """
+
+    learner: str = option("protonets", "Learner to train.", choices=LEARNERS)
+    learner_options: dict = option(
+        help="Learner option NAME=VALUE (repeatable), e.g. --learner_option=inner_steps=3; "
+        "--list_options lists them.", flag="learner_option", factory=dict)
+    dataset: str = option("synthetic", "Dataset.", choices=DATASETS)
+    dataset_options: dict = option(
+        help="Dataset option NAME=VALUE (repeatable), e.g. --dataset_option=num_classes=200 for "
+        "synthetic, resize=lanczos or class_split=authors for omniglot, normalisation=unit for "
+        "slimagenet64.", flag="dataset_option", factory=dict)
+    task: str = option("B3", "Paper cell (B3, D8, ...), type (A-D) or type+NSS (B7); any case.")
+    # TaskSpec fields to replace (their flags: TaskSpec's fields, --nss, --nc, ...)
+    spec_overrides: dict = option(help="TaskSpec fields to replace.", flag=None, factory=dict)
+    seed: int = option(0, "Seed of every random choice of training (initialisation, training "
+                       "tasks).")
+    eval_seed: int | None = option(
+        0, "Seed of the validation and test tasks: the same tasks for every --seed and learner, "
+        "as the authors' code (a non-negative integer), or 'seed': the run's --seed (each "
+        "training seed its own tasks).", minimum=0)
+    compute_dtype: str = option("float32", "Compute and carried-state dtype (params and "
+                                "optimiser state stay float32).", choices=tuple(COMPUTE_DTYPES))
+    epochs: int = option(10, "Meta-training epochs.", minimum=1)
+    iters_per_epoch: int = option(100, "Meta-steps per epoch.", minimum=1)
+    meta_batch: int = option(8, "Tasks per meta-step.", minimum=1)
+    learning_rate: float = option(1e-3, "Outer (Adam) learning rate.", above=0)
+    weight_decay: float = option(1e-5, "Weight decay of the outer (Adam) and pretraining "
+                                 "optimisers: L2 added to the gradient, as PyTorch's.", minimum=0)
+    val_tasks: int = option(600, "Validation tasks after each epoch.", minimum=1)
+    test_tasks: int = option(600, "Test tasks.", minimum=1)
+    eval_batch: int = option(50, "Tasks per device per evaluation program.", minimum=1)
+    keep_best: int = option(5, "Best epochs kept and ensembled.", minimum=1)
+    checkpoint_every: int = option(0, "Steps between resume checkpoints within an epoch (0: "
+                                   "epoch ends only).", minimum=0)
+    log_every: int = option(50, "Meta-steps between progress lines (a line is printed at least "
+                            "every 10 s anyway).", minimum=1)
+    pretrain_steps: int = option(2000, "Pretraining steps.", minimum=1)
+    pretrain_batch: int = option(64, "Images per pretraining step (--pretrain_data=uniform).",
+                                 minimum=1)
+    pretrain_data: str = option(
+        "tasks", "Pretrain+Tune / EWC-Pretrain pretraining: tasks (images of sampled training "
+        "tasks, the run's epochs, validation and ensemble; the authors') or uniform "
+        "(--pretrain_steps batches of uniformly drawn images).", choices=PRETRAIN_DATA)
+    data_dir: str | None = option(None, "Where prepared TFDS datasets live.")
+    manual_dir: str | None = option(None, "Folder with the official archives (Omniglot: "
+                                    "images_background.zip and images_evaluation.zip, or the "
+                                    "two *_small zips).")
+    download: bool = option(False, "Download a dataset's archives when they are not in "
+                            "--manual_dir (Omniglot only; otherwise a missing archive is an "
+                            "error).")
+    tensorboard: bool = option(
+        False, "Also write the run's metrics (its metrics.jsonl) as TensorBoard event files to "
+        "WORKDIR/tensorboard (needs the [tracking] extra: tensorboardX).")
+    wandb_project: str | None = option(None, "Also log the run's metrics to this Weights & "
+                                       "Biases project (needs wandb installed).")
 
     @property
     def task_seed(self) -> int:
@@ -71,27 +101,9 @@ class TrainConfig:
         return dataclasses.replace(base, **self.spec_overrides) if self.spec_overrides else base
 
     def check(self) -> None:
-        for name in ("epochs", "iters_per_epoch", "meta_batch", "val_tasks", "test_tasks",
-                     "eval_batch", "keep_best", "log_every", "pretrain_steps", "pretrain_batch"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise UserError(f"TrainConfig.{name} must be a positive integer, got {value!r}")
-        if self.eval_seed is not None and (isinstance(self.eval_seed, bool)
-                                           or not isinstance(self.eval_seed, int)
-                                           or self.eval_seed < 0):
-            raise UserError(f"TrainConfig.eval_seed must be a non-negative integer or None, "
-                            f"got {self.eval_seed!r}")
-        if self.checkpoint_every < 0:
-            raise UserError(f"TrainConfig.checkpoint_every must be >= 0, "
-                            f"got {self.checkpoint_every}")
-        if self.compute_dtype not in COMPUTE_DTYPES:
-            raise UserError(f"TrainConfig.compute_dtype={self.compute_dtype!r}; valid: "
-                            f"{tuple(COMPUTE_DTYPES)}")
-        if not self.learning_rate > 0:
-            raise UserError(f"TrainConfig.learning_rate must be > 0, got {self.learning_rate}")
-        if self.pretrain_data not in PRETRAIN_DATA:
-            raise UserError(f"TrainConfig.pretrain_data={self.pretrain_data!r}; valid: "
-                            f"{PRETRAIN_DATA}")
+        """UserError for the first field outside its choices or limits, or a task that does not
+        parse; fields named by ``naming.name`` (``TrainConfig.epochs``, or the command's flag)."""
+        check_limits(self)
         self.spec  # noqa: B018  (validates the task)
 
     def to_json(self) -> dict[str, Any]:

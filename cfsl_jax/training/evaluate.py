@@ -161,15 +161,15 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
         program = _evaluate_chunk.lower(learner, params, split, chunk_keys[0], ensemble,
                                         mesh).compile()
     start = time.perf_counter()
-    bar = progress.tracker(label, num_tasks, "tasks", first_line=False)
-    chunks = []
-    for i in range(num_chunks):
-        chunks.append(program(params, split, chunk_keys[i]))
-        if i:  # one chunk in flight while the previous one is counted
-            jax.block_until_ready(chunks[-2])
-            bar.update(i * batch_size)
-    jax.block_until_ready(chunks[-1])
-    bar.update(num_tasks)
+    with progress.tracker(label, num_tasks, "tasks", first_line=False) as bar:
+        chunks = []
+        for i in range(num_chunks):
+            chunks.append(program(params, split, chunk_keys[i]))
+            if i:  # one chunk in flight while the previous one is counted
+                jax.block_until_ready(chunks[-2])
+                bar.update(i * batch_size)
+        jax.block_until_ready(chunks[-1])
+        bar.update(num_tasks)
     values = {name: np.concatenate([parallel.to_host(c[name]) for c in chunks])[:num_tasks]
               for name in chunks[0]}
     seconds = time.perf_counter() - start

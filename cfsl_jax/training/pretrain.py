@@ -1,11 +1,11 @@
 """Supervised pretraining of a learner's backbone on all classes of a split.
 
-For learners with ``training == "pretrain"`` (Pretrain+Tune, EWC+Pretrain, and
-the FLUID methods): ``params["embed"]`` is trained with ordinary softmax
-cross-entropy through the recipe's ``embed_apply`` and a temporary linear head over
-all ``split.class_table.shape[0]`` classes; the head is then thrown away and
-every other entry of ``params`` (e.g. the learner's own head) is returned
-untouched. Two ways (``TrainConfig.pretrain_data``):
+For learners with ``training == "pretrain"`` (Pretrain+Tune, EWC+Pretrain):
+``params["embed"]`` is trained with ordinary softmax cross-entropy through the
+recipe's ``embed_apply`` (``backbone``) and a temporary linear head over all
+``split.class_table.shape[0]`` classes; the head is then thrown away and every
+other entry of ``params`` (e.g. the learner's own head) is returned untouched.
+Two ways (``TrainConfig.pretrain_data``):
 
 ``"tasks"`` (the default, as the authors' code: ``FineTuneFromPretrainedFewShotClassifier.
 run_train_iter``, commit 5b814ac, ``few_shot_learning_system.py``), ``pretrain_on_tasks``:
@@ -24,7 +24,9 @@ run_train_iter``, commit 5b814ac, ``few_shot_learning_system.py``), ``pretrain_o
 
 ``"uniform"``, ``pretrain``: ``steps`` batches of ``batch_size`` images drawn
 uniformly, with replacement, from the valid entries of the class table; no
-validation; the final backbone is used. Also used by the FLUID methods.
+validation; the final backbone is used. FLUID's supervised pretraining
+(``cfsl_jax.fluid.pretraining``) runs the same steps (``pretrained_state``) on the
+stream's pretraining classes and keeps the head.
 
 Rules shared by both:
 - Step ``s`` draws with ``fold_in(data_key, s)``; the temporary head is
@@ -178,6 +180,19 @@ def pretrain(learner: Learner, params: Params, split: data.Split, key: jax.Array
     _check("learning_rate", learning_rate, 0, strict=True)
     _check("weight_decay", weight_decay, 0)
 
+    state = pretrained_state(learner, params, split, key, steps=steps, batch_size=batch_size,
+                             learning_rate=learning_rate, weight_decay=weight_decay,
+                             log_every=log_every, mesh=mesh)
+    return {**params, "embed": state.params["embed"]}
+
+
+def pretrained_state(learner: Learner, params: Params, split: data.Split, key: jax.Array, *,
+                     steps: int, batch_size: int, learning_rate: float, weight_decay: float,
+                     log_every: int | None = None, mesh: Mesh | None = None,
+                     what: str = "pretrain") -> PretrainState:
+    """``pretrain``'s steps (unchecked; ``steps`` may be 0), its final state: the backbone and
+    the temporary head over the split's classes (which FLUID keeps); progress lines say
+    ``what``."""
     pool = entry_pool(split.class_table)
     num_classes = int(split.class_table.shape[0])
     head_key, data_key = jax.random.split(key)
@@ -192,9 +207,7 @@ def pretrain(learner: Learner, params: Params, split: data.Split, key: jax.Array
         state, loss, accuracy = train_step(state, split, pool, key, **hyper)
         return state, {"loss": loss, "acc": accuracy}
 
-    state = loop.run_steps("pretrain", "steps", steps, state, one, data_key, log_every)
-    return {**params, "embed": state.params["embed"]}
-
+    return loop.run_steps(what, "steps", steps, state, one, data_key, log_every)
 
 
 # ---- pretraining on the images of sampled training tasks (the authors' way) ----------------

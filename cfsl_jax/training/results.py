@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import io
 from typing import Any, Sequence
 
@@ -18,41 +17,13 @@ import jax
 import cfsl_jax
 from cfsl_jax.runtime import backend, files
 from cfsl_jax.runtime.errors import UserError
+# read_json: re-exported for training/'s readers of a workdir (loop, runs, experiments/)
+from cfsl_jax.runtime.json_files import is_primary, read_json, write_json  # noqa: F401
 from cfsl_jax.training.records import EvalRecord
 
 CSV_FIELDS = ("learner", "dataset", "spec", "seed", "acc_mean", "acc_std", "acc_ci95",
               "ce_mean", "ce_std", "atm", "macs_per_task", "macs_per_meta_step",
               "wall_seconds")
-
-
-def is_primary() -> bool:
-    """Whether this process writes files (the first host of a multi-host run)."""
-    return jax.process_index() == 0
-
-
-def write_json(path: str, payload: Any) -> None:
-    """Write JSON atomically (``files.write_atomic``: a temporary file renamed), so a kill never
-    leaves half a file, on a local disk or on gs://.
-
-    Only the primary process writes (every host of a multi-host run computes the same).
-    """
-    if not is_primary():
-        return
-    files.write_atomic(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
-
-
-def read_json(path: str, default: Any = None) -> Any:
-    """The JSON in ``path`` (``default`` when it does not exist and one is given); a file that is
-    not valid JSON (truncated, corrupt) is a UserError naming it and what to do."""
-    if not files.exists(path):
-        if default is not None:
-            return default
-        raise FileNotFoundError(f"{path} does not exist")
-    try:
-        return json.loads(files.read_text(path))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise UserError(f"{path} is not valid JSON (truncated or corrupt: {error}); delete it to "
-                        f"let the command write it again, or give another folder") from None
 
 
 def split_sizes(splits) -> dict[str, dict[str, int]]:

@@ -1,0 +1,46 @@
+"""JSON files of a run or an experiment: written atomically by the first host, read with a
+one-line error for a truncated or corrupt file (every workdir's results, configs, histories).
+
+    write_json(files.join(workdir, "results.json"), payload)
+    stored = read_json(files.join(workdir, "results.json"), default={})
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jax
+
+from cfsl_jax.runtime import files
+from cfsl_jax.runtime.errors import UserError
+
+
+def is_primary() -> bool:
+    """Whether this process writes files (the first host of a multi-host run)."""
+    return jax.process_index() == 0
+
+
+def write_json(path: str, payload: Any) -> None:
+    """Write JSON atomically (``files.write_atomic``: a temporary file renamed), so a kill never
+    leaves half a file, on a local disk or on gs://.
+
+    Only the primary process writes (every host of a multi-host run computes the same).
+    """
+    if not is_primary():
+        return
+    files.write_atomic(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: str, default: Any = None) -> Any:
+    """The JSON in ``path`` (``default`` when it does not exist and one is given); a file that is
+    not valid JSON (truncated, corrupt) is a UserError naming it and what to do."""
+    if not files.exists(path):
+        if default is not None:
+            return default
+        raise FileNotFoundError(f"{path} does not exist")
+    try:
+        return json.loads(files.read_text(path))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise UserError(f"{path} is not valid JSON (truncated or corrupt: {error}); delete it to "
+                        f"let the command write it again, or give another folder") from None

@@ -1,0 +1,69 @@
+"""A command's first line, printed by the command before it imports JAX.
+
+    if __name__ == "__main__":          # the top of launch/NAME.py, before its imports
+        from .starting import main
+        raise SystemExit(main("NAME", __package__))
+
+``main`` prints ``[NAME] starting`` within a second of the start (not with ``--help``, nor
+with ``CFSL_PROGRESS=0``), imports the command's module inside ``starting`` -- which prints
+``  still [NAME] starting (Ns: ...)`` every ``STARTING_HEARTBEAT_S`` seconds from a thread
+it owns, until its block ends (importing JAX takes seconds, more on a loaded machine) -- and
+runs the command. The ``cfsl-NAME`` scripts call ``main`` the same way (``script``).
+Importing this module (or any command's) prints nothing and starts no thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import sys
+import threading
+import time
+from typing import Iterator
+
+STARTING_HEARTBEAT_S = 9.5  # under the 10 s between two progress lines
+_HELP = ("--help", "-h", "-?", "--helpshort", "--helpfull")
+
+
+def announced(args: list[str]) -> bool:
+    """Whether a command given ``args`` says it started (not for help, nor CFSL_PROGRESS=0)."""
+    quiet = os.environ.get("CFSL_PROGRESS", "1") in ("0", "false", "False")
+    return not quiet and not any(a.split("=")[0] in _HELP for a in args)
+
+
+@contextlib.contextmanager
+def starting(name: str, period: float = STARTING_HEARTBEAT_S,
+             announce: bool = True) -> Iterator[None]:
+    """``[name] starting`` now (``announce``), then ``  still [name] starting (...)`` every
+    ``period`` s until the block ends; leaving it stops the thread."""
+    if not announce:
+        yield
+        return
+    print(f"[{name}] starting", flush=True)
+    began, stop = time.monotonic(), threading.Event()
+
+    def beat():
+        while not stop.wait(period):
+            print(f"  still [{name}] starting ({time.monotonic() - began:.1f}s: importing JAX "
+                  f"and the command's modules)", flush=True)
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def main(name: str, package: str | None = None) -> None:
+    """Run command ``name`` (``launch/NAME.py``'s ``run``), its first line first."""
+    with starting(name, announce=announced(sys.argv[1:])):
+        module = importlib.import_module(f"{package or 'cfsl_jax.launch'}.{name}")
+    module.run()
+
+
+def script() -> None:
+    """The ``cfsl-NAME`` scripts (setup.cfg): command NAME, from the script's name."""
+    main(os.path.basename(sys.argv[0]).removeprefix("cfsl-").replace("-", "_"))
