@@ -150,8 +150,8 @@ def run(phase: Phase, state: TrainState, step_for: Callable[[int, TrainState], S
         first = window.first
         if not window.outs:
             return None
+        read = window.read()  # waits for the device: the steps' time includes their work
         elapsed = time.perf_counter() - window.clock
-        read = window.read()
         bad = np.flatnonzero(~np.isfinite(read["loss"]))
         if bad.size:
             at = first + int(bad[0])

@@ -282,7 +282,8 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
                              compile_since=compiled)
         tracking.scalars("test", config.epochs * config.iters_per_epoch if ensemble else 0, {
             k: report[k] for k in (
-                "acc_mean", "acc_std", "acc_ci95", "ce_mean", "ce_std", "group_acc")
+                "acc_mean", "acc_std", "acc_ci95", "ce_mean", "ce_std", "group_acc", "atm",
+                "macs_adapt", "macs_predict", "macs_per_task", "macs_per_meta_step")
             if k in report})
     finally:
         tracking.close()
