@@ -225,3 +225,39 @@ def test_the_next_test_computes_at_the_suites_precision_again():
     command computed at ``default`` and missed its 1e-4 tolerances)."""
     assert backend.precision() == TEST_PRECISION
     assert jax.config.jax_compilation_cache_dir not in _SET_BY_A_COMMAND
+
+
+def test_a_workdir_of_another_run_is_refused_by_name(tmp_path):
+    """launch.train into a finished FLUID workdir (it printed 'holds this finished run', then a
+    KeyError traceback); launch.evaluate with a --learner that is not the run's (it re-tested
+    the run's own learner and rewrote its results), or with a mistyped --workdir (it said the
+    learner is meta-trained)."""
+    from cfsl_jax.training.config import TrainConfig
+    fluid, run = tmp_path / "fluid", tmp_path / "pn"
+    fluid.mkdir()
+    run.mkdir()
+    (fluid / "results.json").write_text('{"complete": true, "config": {"methods": ["ncm"]}, '
+                                        '"streams": [{}]}')
+    (run / "config.json").write_text(__import__("json").dumps(
+        TrainConfig(learner="protonets", task="B3").to_json()))
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    train = outcomes("train", {
+        "fluid": ["--learner=protonets", f"--workdir={fluid}"],
+        "fluid, checked": ["--learner=protonets", f"--workdir={fluid}", "--validate_only"]})
+    for outcome in train.values():
+        assert_error(outcome, f"--workdir={fluid} holds a FLUID run (its results.json has no "
+                              f"CFSL test results and there is no config.json): give a new "
+                              f"--workdir")
+    evaluate = outcomes("evaluate", {
+        "learner": [f"--workdir={run}", "--learner=init_tune"],
+        "task": [f"--workdir={run}", "--task=b3", "--seed=1", "--validate_only"],
+        "same": [f"--workdir={run}", "--learner=protonets", "--task=b3", "--validate_only"],
+        "typo": [f"--workdir={tmp_path / 'pm'}", "--learner=protonets"]})
+    assert_error(evaluate["learner"], f"--learner=init_tune contradicts the run in "
+                                      f"--workdir={run} (learner protonets): drop --learner to "
+                                      f"re-test that run, or give a new --workdir")
+    assert_error(evaluate["task"], f"--seed=1 contradicts the run in --workdir={run} (seed 0)")
+    assert evaluate["same"][0] == 0, evaluate["same"]
+    assert_error(evaluate["typo"], f"--workdir={tmp_path / 'pm'} does not exist, and "
+                                   f"--learner=protonets is meta-trained")
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before

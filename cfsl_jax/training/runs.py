@@ -114,6 +114,8 @@ def check_workdir_config(workdir: str, config: TrainConfig, create: bool = True)
     path = files.join(workdir, "config.json")
     if files.exists(workdir) and not files.isdir(workdir):
         raise UserError(f"--workdir={workdir} is a file, not a folder; give another path")
+    if not files.exists(path):
+        _check_no_other_results(workdir)
     if files.exists(path):
         differs = config_differences(results.read_json(path), config)
         if differs:
@@ -122,6 +124,16 @@ def check_workdir_config(workdir: str, config: TrainConfig, create: bool = True)
     elif create:
         files.makedirs(workdir)
         results.write_json(path, config.to_json())
+
+
+def _check_no_other_results(workdir: str) -> None:
+    """UserError when ``workdir`` holds another kind of run's results.json (a FLUID run's: no
+    config.json, no ``test`` entry), which a CFSL run must not resume, print or overwrite."""
+    stored = results.read_json(files.join(workdir, "results.json"), default={})
+    if stored and "test" not in stored:
+        kind = "a FLUID run" if "streams" in stored else "another kind of run"
+        raise UserError(f"--workdir={workdir} holds {kind} (its results.json has no CFSL test "
+                        f"results and there is no config.json): give a new --workdir")
 
 
 def finished_results(workdir: str, config: TrainConfig) -> dict[str, Any] | None:
