@@ -261,3 +261,29 @@ def test_a_workdir_of_another_run_is_refused_by_name(tmp_path):
     assert_error(evaluate["typo"], f"--workdir={tmp_path / 'pm'} does not exist, and "
                                    f"--learner=protonets is meta-trained")
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc (Linux)")
+def test_a_folder_that_cannot_be_created_is_named_and_a_cache_is_optional(tmp_path):
+    """--workdir=/proc/x (it gave a traceback) is refused naming the folder; a compilation cache
+    folder that cannot be created (an unwritable HOME) is a warning, and the run goes on
+    without a cache (it gave a traceback in train, verify, sweep and fluid)."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    out = outcomes("train", {
+        "workdir": ["--learner=protonets", "--workdir=/proc/cfsl_x"],
+        "cache": ["--learner=protonets", f"--workdir={tmp_path / 'w'}",
+                  f"--compilation_cache_dir={blocker}/xla", "--dataset=omniglot",
+                  f"--manual_dir={tmp_path / 'zips'}"]})  # refused after the backend settings
+    assert_error(out["workdir"], "--workdir=/proc/cfsl_x: the folder /proc/cfsl_x cannot be "
+                                 "created (No such file or directory); give a folder you can "
+                                 "write to")
+    code, _, stderr = out["cache"]
+    warning, error = stderr.strip().splitlines()
+    assert code == 2 and error.startswith(f"error: --manual_dir={tmp_path / 'zips'} does not")
+    assert warning == (f"warning: the compilation cache folder {blocker}/xla cannot be written "
+                       f"(Not a directory); going on without a cache (every program is compiled "
+                       f"afresh): give a writable --compilation_cache_dir (or XDG_CACHE_HOME), "
+                       f"or --compilation_cache_dir='' to turn it off")
+    assert jax.config.jax_compilation_cache_dir is None
+    assert sorted(os.listdir(tmp_path)) == ["a_file"]
