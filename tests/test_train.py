@@ -4,6 +4,7 @@ results/verify, the CLIs, and ProtoNets learning on mini-Omniglot."""
 import dataclasses
 import json
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -59,10 +60,16 @@ def test_same_seed_same_results_and_resume_is_exact(tmp_path):
     # Kill mid-epoch 1 (step 4 of 6, after a mid-epoch checkpoint at step 2), then resume.
     interrupted = TrainConfig(**{**TINY.to_json(), "checkpoint_every": 2})
     workdir = str(tmp_path / "resumed")
+    sessions = [time.perf_counter()]
     with pytest.raises(loop.Interrupted):
         train.train_and_evaluate(interrupted, workdir, stop_after_steps=5)
+    sessions.append(time.perf_counter())
     assert not os.path.exists(os.path.join(workdir, "results.json"))
     resumed = train.train_and_evaluate(interrupted, workdir)
+    sessions.append(time.perf_counter())
+    # wall_seconds counts both sessions (it counted the last one only)
+    first, second = sessions[1] - sessions[0], sessions[2] - sessions[1]
+    assert 0.95 * (first + second) <= resumed["wall_seconds"] <= first + second
     for name in ("acc_mean", "acc_std", "ce_mean", "ce_std", "group_acc", "task_fingerprint"):
         assert resumed["test"][name] == full["test"][name], name
     history = json.load(open(os.path.join(workdir, "val_history.json")))

@@ -43,7 +43,7 @@ from cfsl_jax.training.evaluate import evaluate
 from cfsl_jax.learners import get_learner
 from cfsl_jax.learners.base import Learner, with_running_bn
 from cfsl_jax.protocol.sampler import sample_task
-from cfsl_jax.training import checkpoints, loop
+from cfsl_jax.training import checkpoints, loop, runs
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.pretrain import pretrain, pretrain_on_tasks
 from cfsl_jax.training.runs import (build, check_workdir_config, evaluate_run, finished_results,
@@ -198,9 +198,11 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
         print(results.table(done), flush=True)
         return done
     new = not files.exists(workdir)
+    started, earlier = time.perf_counter(), runs.earlier_sessions(workdir)
     try:
         with stops.handled():
-            return _train_and_evaluate(config, workdir, stop_after_steps, mesh)
+            return _train_and_evaluate(config, workdir, stop_after_steps, mesh,
+                                       earlier["seconds"])
     except stops.StopRequested as stop:
         if files.exists(files.join(workdir, "results.json")):
             raise  # it landed as the finished run returned
@@ -215,6 +217,8 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
                 workdir):
             files.rmtree(workdir)
         raise
+    finally:  # wall_seconds of a resumed run counts every session
+        runs.end_session(workdir, earlier, time.perf_counter() - started)
 
 
 def _has_checkpoints(workdir: str) -> bool:
@@ -228,8 +232,8 @@ def _is_user_error(error: BaseException) -> bool:
 
 
 def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int | None,
-                        mesh: Mesh | None) -> dict[str, Any]:
-    started, compiled = time.perf_counter(), backend.compile_totals()
+                        mesh: Mesh | None, earlier_seconds: float = 0.0) -> dict[str, Any]:
+    started, compiled = time.perf_counter() - earlier_seconds, backend.compile_totals()
     mesh = mesh or parallel.make_mesh()
     learner, splits = build(config)
     check_workdir_config(workdir, config)
