@@ -50,7 +50,7 @@ from cfsl_jax.training import results as results_io
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.runtime.options import positive_int
 from cfsl_jax.fluid import methods as fluid_methods
-from cfsl_jax.fluid import new_class, report
+from cfsl_jax.fluid import new_class, report, run_progress
 from cfsl_jax.fluid.metrics import correctness, rolling_accuracy, stream_metrics
 from cfsl_jax.fluid.pretraining import pretrain_model, prepare_params
 from cfsl_jax.fluid.protocol import Schedule, run_stream
@@ -198,6 +198,7 @@ def run_methods(config: FluidConfig, split: data.Split, built: dict, index: int)
     pretrained, known, runs = {}, {}, {}
     for name, method in built.items():
         started = time.perf_counter()
+        run_progress.started(config.streams, index, name)
         if method.pretraining not in pretrained:  # one pretraining per strategy and stream
             pretrained[method.pretraining] = pretrain_model(
                 method, init, split, classes, pretrain_key,
@@ -213,6 +214,7 @@ def run_methods(config: FluidConfig, split: data.Split, built: dict, index: int)
         schedule = schedule_for(method, config)
         runs[name] = (run_stream(method, params, stream, split, train_key, schedule), schedule,
                       pretrain_seconds)
+        run_progress.finished(config.streams, index, name, time.perf_counter() - started)
     return stream, classes, runs
 
 
@@ -315,6 +317,14 @@ def run_experiment(config: FluidConfig, workdir: str) -> dict[str, Any]:
                      f"done; resuming")
     started = time.perf_counter()
     previous = stored.get("wall_seconds", 0.0)
+    with run_progress.tracking(config.streams, len(streams), config.num_streams, config.methods,
+                               path):
+        return _run_streams(config, workdir, path, streams, started, previous)
+
+
+def _run_streams(config: FluidConfig, workdir: str, path: str, streams: list, started: float,
+                 previous: float) -> dict[str, Any]:
+    """The streams not stored yet, ``results.json`` rewritten after each."""
     built: dict = {}
     for index in range(len(streams), config.num_streams):
         done = read_stream_file(config, workdir, index)  # written by a job of its own (SLURM)
