@@ -97,6 +97,11 @@ def test_results_record_reproducibility_facts_and_verify_matches(tmp_path):
     for field in ("wall_seconds", "compile_seconds", "compilation_cache_hits"):
         assert again[field] == saved[field], field
     assert again["test"]["retest_compile_seconds"] >= 0
+    # results.csv: the run's row, then the re-test's, marked; the same re-test again adds none
+    train.evaluate_run(workdir)
+    rows = open(os.path.join(workdir, "results.csv")).read().splitlines()
+    assert [row.split(",")[-1] for row in rows] == ["retest", "0", "1"]
+    assert rows[2].split(",")[:-1] == rows[1].split(",")[:-1]
     # A results.json that does not match its tasks is caught.
     saved["task_fingerprint"] = "0" * 64
     saved["test"]["acc_mean"] = 0.0

@@ -228,4 +228,5 @@ def evaluate_run(workdir: str, num_tasks: int | None = None,
         retest_compile_seconds=backend.compile_stats(compiled)["compile_seconds"])
     kept = {k: stored[k] for k in backend.compile_stats() if k in stored} or None
     return results.record(config, learner, splits, report, workdir, wall_seconds=wall,
-                          best_epochs=best, compile_since=compiled, run_stats=kept)
+                          best_epochs=best, compile_since=compiled, run_stats=kept,
+                          retest=True)
