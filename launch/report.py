@@ -62,7 +62,8 @@ def figure4(out_dir: str) -> str:
     print(f"Figure 4: {path} (numbers: {files.join(out_dir, 'figure4.csv')})")
     for key, what in (("atm", "ATM"), ("macs_per_task", "MACs")):
         for names in figures.coinciding(curves, key):
-            print(f"  {what}: {' = '.join(names)} at every NSS (their lines coincide)")
+            print(f"  {what}: {' = '.join(names)} within {figures.OVERLAP_RTOL:.0%} at every "
+                  f"NSS (their lines overlap)")
     return path
 
 

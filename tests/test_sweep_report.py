@@ -305,6 +305,10 @@ def test_figure4_says_which_learners_lines_coincide(tmp_path):
     assert figures.coinciding(curves, "macs_per_task") == [["init_tune", "pretrain_tune",
                                                             "ewc_init"]]
     assert os.path.getsize(figures.plot_cost_curves(curves, str(tmp_path / "f4.png"))) > 0
+    # within 1 % at every NSS: one line hides the other (init_tune and maml_low differ by 0.4 %)
+    close = {"init_tune": curve(2.0, 5.0), "maml_low": curve(2.0, 5.0 * 1.004),
+             "protonets": curve(2.0, 5.0 * 1.05)}
+    assert figures.coinciding(close, "macs_per_task") == [["init_tune", "maml_low"]]
 
 
 def test_paired_differences_compare_learners_task_by_task_on_shared_tasks():
