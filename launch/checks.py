@@ -20,11 +20,12 @@ FLAGS = flags.FLAGS
 
 
 def absolute(path: str | None) -> str | None:
-    """``path`` made absolute (``~`` expanded, symlinks resolved); None, '' and URLs
+    """``path`` made absolute (``~`` expanded; a symlink kept as typed, not resolved to its
+    target: what a run records and an error echoes is the user's path); None, '' and URLs
     (``gs://...``) as given."""
     if not path or "://" in path:
         return path
-    return os.path.realpath(os.path.expanduser(path))
+    return os.path.abspath(os.path.expanduser(path))
 
 
 def check_input_dir(flag: str, path: str, holding: str | None = None) -> None:

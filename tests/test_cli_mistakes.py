@@ -287,3 +287,14 @@ def test_a_folder_that_cannot_be_created_is_named_and_a_cache_is_optional(tmp_pa
                        f"or --compilation_cache_dir='' to turn it off")
     assert jax.config.jax_compilation_cache_dir is None
     assert sorted(os.listdir(tmp_path)) == ["a_file"]
+
+
+def test_a_symlinked_manual_dir_is_recorded_and_echoed_as_typed(tmp_path):
+    """(It was recorded, and named in errors, as the symlink's target.)"""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "zips").symlink_to(tmp_path / "real")
+    with command_module("train") as module:
+        flags.FLAGS(["cfsl-train", "--dataset=omniglot", f"--manual_dir={tmp_path}/zips",
+                     f"--workdir={tmp_path}/w", "--validate_only"])
+        assert module.config_from_flags().manual_dir == f"{tmp_path}/zips"
+        assert f"--manual_dir={tmp_path}/zips" in module.cli.flagfile_text()
