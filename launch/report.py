@@ -88,7 +88,8 @@ def check() -> None:
         raise cli.UserError(f"--image_shape={','.join(FLAGS.image_shape)}: give H,W,C")
     unknown = [name for name in FLAGS.learners if name not in LEARNERS]
     if unknown:
-        raise cli.UserError(f"--learners={','.join(FLAGS.learners)}: unknown {unknown}; valid: "
+        raise cli.UserError(f"--learners={','.join(FLAGS.learners)}: unknown "
+                            f"{', '.join(unknown)}; valid: "
                             f"{', '.join(LEARNERS)}")
 
 

@@ -109,7 +109,8 @@ def check_lists() -> None:
     for flag, valid in (("learners", LEARNERS), ("datasets", DATASETS)):
         unknown = [name for name in FLAGS[flag].value if name not in valid]
         if unknown:
-            raise cli.UserError(f"--{flag}={','.join(FLAGS[flag].value)}: unknown {unknown}; "
+            raise cli.UserError(f"--{flag}={','.join(FLAGS[flag].value)}: unknown "
+                                f"{', '.join(unknown)}; "
                                 f"valid: {', '.join(valid)}")
 
 
@@ -160,7 +161,7 @@ def main(argv) -> None:
         for run, state, detail in planned:
             print(f"{state:10s} {run.name:40s} {run.workdir}" + (f"  ({detail})" if detail else ""))
         counts = sweep.summary([sweep.Outcome(run, state, 0.0, "") for run, state, _ in planned])
-        print(f"{len(planned)} runs: {counts}")
+        print(f"{sweep.count(len(planned), 'run')}: {counts}")
         return
     if slurm_options is not None:
         cluster.run_on_slurm(

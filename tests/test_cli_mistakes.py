@@ -55,7 +55,7 @@ def test_report_refuses_a_missing_or_empty_sweep_dir_and_creates_nothing(tmp_pat
     assert_error(out["figure"], "flag --figure=atm_macs,accuracy: value should be one of "
                                 "<accuracy_nss|atm_macs>")
     assert_error(out["nss"], "--nss=1,ten: every value must be a positive integer")
-    assert_error(out["learners"], "--learners=protonets,protonet: unknown ['protonet']")
+    assert_error(out["learners"], "--learners=protonets,protonet: unknown protonet; valid: ")
     assert sorted(os.listdir(tmp_path)) == ["empty", "table.json"]
     assert os.listdir(empty) == []
 
@@ -71,7 +71,7 @@ def test_sweep_names_the_list_flag_of_a_bad_item(tmp_path):
     assert_error(out["cells"], "--cells=B3,X7: cannot parse task 'X7'")
     assert_error(out["cells repeated"], "--cells=B3,x7: cannot parse task 'X7'")
     assert_error(out["seeds"], "--seeds=0,one: ['one'] not integers")
-    assert_error(out["datasets"], "--datasets=synthetic,omniglott: unknown ['omniglott']")
+    assert_error(out["datasets"], "--datasets=synthetic,omniglott: unknown omniglott; valid: ")
     assert_error(out["manual_dir"], f"--manual_dir={tmp_path / 'zips'} does not exist")
     assert os.listdir(tmp_path) == []
 
@@ -122,7 +122,7 @@ def test_fluid_names_the_stream_flag_and_its_limit(tmp_path):
     assert_error(out["validation streams"], "--validation_streams must be a positive integer, "
                                             "got -1")
     assert_error(out["pretrain steps"], "--pretrain_steps must be an integer >= 0, got -5")
-    assert_error(out["method"], "--method=ncm,nmc: unknown ['nmc']; valid: ['ncm', ")
+    assert_error(out["method"], "--method=ncm,nmc: unknown nmc; valid: ncm, ")
     assert_error(out["option of a method not run"], "--method_option for methods not run: "
                                                     "['lwf']")
     assert os.listdir(tmp_path) == []

@@ -235,7 +235,7 @@ def test_a_changed_budget_is_a_conflict_and_is_not_run(killed_and_resumed):
     configs, _ = sweep.grid(longer, ["protonets"], ["B2"], [0])
     outcomes = sweep.run_sweep(configs, sweep_dir, workers=2, log=lambda line: None)
     assert [o.status for o in outcomes] == ["conflict"]
-    assert "fields ['epochs']" in outcomes[0].detail
+    assert "fields: epochs" in outcomes[0].detail
 
 
 def test_a_learner_that_does_not_build_is_skipped_with_its_reason():
@@ -344,4 +344,5 @@ def test_the_sweeps_status_lines_are_in_the_progress_format(tmp_path):
     outcomes = sweep.run_sweep([done, other], sweep_dir, workers=0, log=lines.append)
     assert [o.status for o in outcomes] == ["skipped", "conflict"]
     assert lines[0].startswith("[sweep] conflict: ")
-    assert lines[1:] == [f"[sweep] {sweep_dir}: 2 runs, 2 done or conflicting, 0 to run"]
+    assert lines[1:] == [f"[sweep] {sweep_dir}: 2 runs: 1 done before (skipped), 1 conflicting, "
+                         f"0 to run"]

@@ -56,8 +56,8 @@ from cfsl_jax.training import train
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.experiments.sweep_plan import (  # noqa: F401  (re-exported: planning a sweep)
-    STATUSES, Outcome, Run, check_learners, grid, impossible, parse_shard, plan, run_dir,
-    safe_name, shard, status, summary)
+    STATUSES, Outcome, Run, check_learners, count, grid, impossible, parse_shard, plan,
+    run_dir, safe_name, shard, status, summary)
 
 
 # jax options a worker copies from the process that starts the sweep.
@@ -189,8 +189,10 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
             log(f"[sweep] conflict: {detail}")
         else:
             todo.append(run)
-    log(f"[sweep] {sweep_dir}: {len(planned)} runs, {len(planned) - len(todo)} done or "
-        f"conflicting, {len(todo)} to run")
+    conflicts = sum(o.status == "conflict" for o in outcomes.values())
+    log(f"[sweep] {sweep_dir}: {count(len(planned), 'run')}: "
+        f"{len(outcomes) - conflicts} done before (skipped), {conflicts} conflicting, "
+        f"{len(todo)} to run")
 
     bar = progress.tracker("sweep", len(todo), "runs")
 

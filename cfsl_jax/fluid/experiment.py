@@ -104,8 +104,8 @@ class FluidConfig:
     def __post_init__(self):
         unknown = [m for m in self.methods if m not in fluid_methods.METHODS]
         if not self.methods or unknown:
-            raise UserError(f"methods {list(self.methods)}: unknown {unknown}; "
-                            f"valid: {list(fluid_methods.METHODS)}")
+            raise UserError(f"methods {list(self.methods)}: unknown {', '.join(unknown)}; "
+                            f"valid: {', '.join(fluid_methods.METHODS)}")
         extra = sorted(set(self.method_options) - set(self.methods))
         if extra:
             raise UserError(f"method_options for methods not run: {extra}")
@@ -237,8 +237,8 @@ def run_one_stream(config: FluidConfig, split: data.Split, built: dict, index: i
                             "train_steps": record.train_steps, "seconds": record.seconds,
                             "pretrain_seconds": pretrain_seconds}
         progress.say(f"[FLUID] {name}: accuracy {result['accuracy']:.4f} auroc "
-                     f"{report.auroc_text(result['auroc'])} ({record.seconds:.1f} s; schedule "
-                     f"{per_method[name]['schedule']})")
+                     f"{report.auroc_text(result['auroc'])} ({record.seconds:.1f} s; "
+                     f"{'schedule ' + schedule.describe() if schedule else 'no training'})")
     return describe(stream, classes), per_method, curves
 
 

@@ -120,7 +120,7 @@ def check_workdir_config(workdir: str, config: TrainConfig, create: bool = True)
         differs = config_differences(results.read_json(path), config)
         if differs:
             raise UserError(f"workdir {workdir!r} holds a run with a different config "
-                            f"(fields {differs}); use a new workdir")
+                            f"(fields: {', '.join(differs)}); use a new workdir")
     elif create:
         files.makedirs(workdir)
         results.write_json(path, config.to_json())
