@@ -114,3 +114,23 @@ def test_a_slow_start_is_covered_by_lines_until_the_command_begins(capsys):
                line.endswith("s: importing JAX and the command's modules)") for line in during)
     assert capsys.readouterr().out == ""
     assert launch.STARTING_HEARTBEAT_S < progress.INTERVAL_S
+
+
+def test_a_repeated_count_says_what_its_time_is_since(capsys, monkeypatch):
+    """(It said '... since the start' of nothing named, and 'since the last count' for a count
+    that the device had long passed.)"""
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.25)
+
+    def phase():
+        bar = progress.tracker("val", 100, "tasks", interval=0.25)
+        time.sleep(0.6)  # compiling: no count yet
+        bar.update(10)
+        time.sleep(0.6)
+
+    phase()
+    still = [line for line in capsys.readouterr().out.splitlines() if "still working" in line]
+    assert still[0].startswith("[val] 0/100 tasks, still working (")
+    assert still[0].endswith(" since [val] began)")
+    assert still[-1].startswith("[val] 10/100 tasks, still working (")
+    assert still[-1].endswith(" since this count was read; work dispatched since is not "
+                              "counted yet)")
