@@ -1,7 +1,6 @@
 """Peak resident memory of the README's main command, checked against the figure the README states.
 
     python benchmarks/peak_memory.py                 # the quickstart command, in a fresh folder
-    python benchmarks/peak_memory.py --command=evaluate
     python benchmarks/peak_memory.py --budget_mb=0   # measure only
 
 The command runs in a subprocess (a fresh workdir and compilation cache under a temporary
@@ -28,10 +27,11 @@ from absl import app, flags
 
 QUICKSTART = ["-m", "cfsl_jax.launch.train", "--learner=protonets", "--task=B3", "--epochs=3",
               "--iters_per_epoch=20", "--meta_batch=4", "--val_tasks=100"]
-COMMANDS = {"quickstart": QUICKSTART,
-            "evaluate": ["-m", "cfsl_jax.launch.evaluate", "--learner=init_tune", "--task=B3",
-                         "--test_tasks=100"]}
-BUDGET_MB = {"quickstart": 2600, "evaluate": 2600}  # the README's figures (measured)
+COMMANDS = {"quickstart": QUICKSTART}
+# The README's figures, measured (MiB of ru_maxrss): the quickstart peaks in its test, whose
+# 50-task evaluation program XLA gives 2.87 GB of temporary buffers (models.norm's running
+# batch-norm averages at test; 1.53 GB with --learner_option=bn_stats=batch).
+BUDGET_MB = {"quickstart": 4268}
 
 flags.DEFINE_enum("command", "quickstart", tuple(COMMANDS), "Which command to measure.")
 flags.DEFINE_integer("budget_mb", None, "Peak RSS the command may reach (MB; default: the "
