@@ -224,9 +224,10 @@ def run(phase: Phase, state: TrainState, step_for: Callable[[int, TrainState], S
                     raise Interrupted(f"stopped after step {done} as asked")
     except (KeyboardInterrupt, SystemExit) as stop:
         stops.clear()
-        if committed.step > saved and _alive(committed.state):
-            read_window(committed.step)  # checked finite before it is checkpointed
-            save(committed)
+        with stops.stopping():  # a second Ctrl-C does not cut this checkpoint short
+            if committed.step > saved and _alive(committed.state):
+                read_window(committed.step)  # checked finite before it is checkpointed
+                save(committed)
         where = (f"checkpointed at step {saved}" if saved else "nothing to checkpoint yet")
         cause = f" by {stops.name(stop.signum)}" if isinstance(stop, stops.StopRequested) else ""
         message = (f"interrupted{cause} at step {committed.step} of {total}; {where} in "
