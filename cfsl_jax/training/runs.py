@@ -147,10 +147,13 @@ def earlier_sessions(workdir: str) -> dict[str, float]:
             "sessions": int(stored.get("sessions", 0))}
 
 
-def end_session(workdir: str, earlier: dict[str, float], seconds: float) -> None:
-    """Add a session that ran ``seconds`` (finished, stopped or failed) to the run's total; a
-    workdir that holds no run (refused, or removed) gets nothing."""
-    if files.exists(files.join(workdir, "config.json")):
+def end_session(workdir: str, config: TrainConfig, earlier: dict[str, float],
+                seconds: float) -> None:
+    """Add a session of ``config``'s run that ran ``seconds`` (finished, stopped or failed) to
+    the run's total; a workdir that holds no run (refused, or removed) or another config's run
+    (refused) gets nothing."""
+    path = files.join(workdir, "config.json")
+    if files.exists(path) and not config_differences(results.read_json(path), config):
         results.write_json(files.join(workdir, SESSIONS_FILE), {
             "seconds": round(earlier["seconds"] + seconds, 3),
             "sessions": earlier["sessions"] + 1})

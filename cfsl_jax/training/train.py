@@ -218,7 +218,7 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
             files.rmtree(workdir)
         raise
     finally:  # wall_seconds of a resumed run counts every session
-        runs.end_session(workdir, earlier, time.perf_counter() - started)
+        runs.end_session(workdir, config, earlier, time.perf_counter() - started)
 
 
 def _has_checkpoints(workdir: str) -> bool:
