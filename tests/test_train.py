@@ -213,3 +213,16 @@ def test_protonets_learns_b3_on_mini_omniglot(omniglot_dir, data_dir, tmp_path, 
           f"init_tune {init_tune['acc_mean']:.3f}")
     assert protonets["acc_mean"] > 5 / 15  # five times chance (measured: 0.546)
     assert protonets["acc_mean"] > init_tune["acc_mean"] + 0.1
+
+
+def test_sessions_add_up_in_their_own_runs_workdir_only(tmp_path):
+    workdir = str(tmp_path / "run")
+    runs.check_workdir_config(workdir, TINY)
+    other = dataclasses.replace(TINY, seed=TINY.seed + 1)
+    runs.end_session(workdir, other, runs.earlier_sessions(workdir), 5.0)  # refused there
+    assert runs.earlier_sessions(workdir) == {"seconds": 0.0, "sessions": 0}
+    for seconds in (5.0, 2.5):
+        runs.end_session(workdir, TINY, runs.earlier_sessions(workdir), seconds)
+    assert runs.earlier_sessions(workdir) == {"seconds": 7.5, "sessions": 2}
+    runs.end_session(str(tmp_path / "refused"), TINY, runs.earlier_sessions(workdir), 1.0)
+    assert not os.path.exists(tmp_path / "refused")
