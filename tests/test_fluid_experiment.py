@@ -226,6 +226,7 @@ def test_a_run_shows_its_eta_and_a_stop_says_what_it_keeps_and_loses(tmp_path, m
     lines = [line for line in capsys.readouterr().out.splitlines()
              if line.startswith("[FLUID] ") and "method runs" in line]
     assert [line.split(" (")[0] for line in lines] == [
-        f"[FLUID] {k}/6 method runs" for k in range(1, 6)]
-    assert "finished test stream 0: ncm in " in lines[0]
-    assert all("ETA " in line for line in lines[1:])  # the whole run's, from the second on
+        f"[FLUID] {k}/6 method runs done" for k in range(1, 6)]
+    assert lines[0].startswith("[FLUID] 1/6 method runs done (test stream 0: ncm in ")
+    assert all(", ETA " in line and line.endswith("(the mean method run so far, pretraining "
+                                                  "included)") for line in lines)  # the run's

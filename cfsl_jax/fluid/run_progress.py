@@ -29,8 +29,8 @@ class RunProgress:
     def __init__(self, kind: str, first: int, streams: int, methods: Sequence[str], path: str):
         self.kind, self.first, self.streams = kind, first, streams
         self.methods, self.path = tuple(methods), path
-        self.bar = progress.tracker("FLUID", (streams - first) * len(self.methods),
-                                    "method runs", first_line=False)
+        self.total = (streams - first) * len(self.methods)
+        self.run_started = time.perf_counter()
         self.stream, self.method = first, None  # where the run is
         self.finished_here: list[str] = []  # methods finished on ``stream``
         self.stream_started = time.perf_counter()
@@ -45,8 +45,13 @@ class RunProgress:
     def finished(self, index: int, name: str, seconds: float) -> None:
         self.finished_here.append(name)
         self.method, self.done = None, self.done + 1
-        self.bar.update(self.done, force=True, finished=f"{self.kind} stream {index}: {name} "
-                        f"in {progress.duration(seconds)}")
+        elapsed = time.perf_counter() - self.run_started
+        eta = ("" if self.done >= self.total else
+               f", ETA {progress.duration(elapsed / self.done * (self.total - self.done))} "
+               f"(the mean method run so far, pretraining included)")
+        progress.say(f"[FLUID] {self.done}/{self.total} method runs done ({self.kind} stream "
+                     f"{index}: {name} in {progress.duration(seconds)}); elapsed "
+                     f"{progress.duration(elapsed)}{eta}")
 
     def stopped(self, stop: BaseException) -> stops.StopRequested:
         """The stop, with a message that says what is kept and what is lost."""
