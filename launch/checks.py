@@ -20,11 +20,12 @@ FLAGS = flags.FLAGS
 
 
 def absolute(path: str | None) -> str | None:
-    """``path`` made absolute (``~`` expanded, symlinks resolved); None, '' and URLs
+    """``path`` made absolute (``~`` expanded; a symlink kept as typed, not resolved to its
+    target: what a run records and an error echoes is the user's path); None, '' and URLs
     (``gs://...``) as given."""
     if not path or "://" in path:
         return path
-    return os.path.realpath(os.path.expanduser(path))
+    return os.path.abspath(os.path.expanduser(path))
 
 
 def check_input_dir(flag: str, path: str, holding: str | None = None) -> None:
@@ -75,12 +76,26 @@ def check_output_dir(flag: str, path: str | None) -> None:
         if files.isfile(path):
             raise UserError(f"--{flag}={path} is a file, not a folder")
         return
-    probe = os.path.abspath(os.path.expanduser(path))
+    probe, missing = os.path.abspath(os.path.expanduser(path)), None
     while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
+        probe, missing = os.path.dirname(probe), probe
     if not os.path.isdir(probe):
         where = "" if probe == os.path.abspath(os.path.expanduser(path)) else f": {probe}"
         raise UserError(f"--{flag}={path}{where} is a file, not a folder")
+    if missing is not None:
+        check_creatable(flag, path, missing)
+
+
+def check_creatable(flag: str, path: str, folder: str) -> None:
+    """``folder`` (the first missing folder of ``--flag=path``) can be created: it is created
+    and removed at once (permissions alone do not tell: root passes every access check, and
+    /proc or a read-only mount refuse anyway)."""
+    try:
+        os.mkdir(folder)
+        os.rmdir(folder)
+    except OSError as error:
+        raise UserError(f"--{flag}={path}: the folder {folder} cannot be created "
+                        f"({error.strerror or error}); give a folder you can write to") from None
 
 
 def check_data_flags() -> None:

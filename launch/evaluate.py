@@ -39,7 +39,7 @@ def check() -> TrainConfig | None:
     check_data_flags()
     files.check_url("workdir", workdir)
     if files.exists(files.join(workdir, "config.json")):
-        runs.load_config(workdir)
+        check_same_run(workdir, runs.load_config(workdir))
         return None
     if files.exists(workdir) and not files.isdir(workdir):
         raise cli.UserError(f"--workdir={workdir} is a file, not a folder")
@@ -54,9 +54,29 @@ def check() -> TrainConfig | None:
     with cli.user_input():
         learner = get_learner(config.learner, config.spec, **config.learner_options)
     if learner.recipe.training == "meta":
-        raise cli.UserError(f"--learner={config.learner} is meta-trained: run launch.train "
-                            f"first, or give the --workdir of a finished run")
+        missing = (f"--workdir={workdir} does not exist, and " if not files.exists(workdir)
+                   else "")
+        raise cli.UserError(f"{missing}--learner={config.learner} is meta-trained: run "
+                            f"launch.train first, or give the --workdir of a finished run")
     return config
+
+
+# Flags that say which run to test: given with a workdir that holds a run, they must be its.
+_IDENTITY_FLAGS = {"learner": "learner", "dataset": "dataset", "task": "task", "seed": "seed"}
+
+
+def check_same_run(workdir: str, stored: TrainConfig) -> None:
+    """A --learner, --dataset, --task or --seed given with a run's workdir must name that run
+    (the run is re-tested as it was trained; a contradicting flag would be ignored)."""
+    for flag, field in _IDENTITY_FLAGS.items():
+        if not FLAGS[flag].present:
+            continue
+        given, recorded = FLAGS[flag].value, getattr(stored, field)
+        if str(given).strip().upper() != str(recorded).upper():
+            raise cli.UserError(
+                f"--{flag}={given} contradicts the run in --workdir={workdir} ({field} "
+                f"{recorded}): drop --{flag} to re-test that run, or give a new --workdir to "
+                f"evaluate --{flag}={given}")
 
 
 def main(argv) -> None:

@@ -67,7 +67,8 @@ def figure4(out_dir: str) -> str:
     print(f"Figure 4: {path} (numbers: {files.join(out_dir, 'figure4.csv')})")
     for key, what in (("atm", "ATM"), ("macs_per_task", "MACs")):
         for names in figures.coinciding(curves, key):
-            print(f"  {what}: {' = '.join(names)} at every NSS (their lines coincide)")
+            print(f"  {what}: {' = '.join(names)} within {figures.OVERLAP_RTOL:.0%} at every "
+                  f"NSS (their lines overlap)")
     return path
 
 
@@ -92,7 +93,8 @@ def check() -> None:
         raise cli.UserError(f"--image_shape={','.join(FLAGS.image_shape)}: give H,W,C")
     unknown = [name for name in FLAGS.learners if name not in LEARNERS]
     if unknown:
-        raise cli.UserError(f"--learners={','.join(FLAGS.learners)}: unknown {unknown}; valid: "
+        raise cli.UserError(f"--learners={','.join(FLAGS.learners)}: unknown "
+                            f"{', '.join(unknown)}; valid: "
                             f"{', '.join(LEARNERS)}")
 
 

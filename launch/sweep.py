@@ -124,7 +124,8 @@ def check_lists() -> None:
     for flag, valid in (("learners", LEARNERS), ("datasets", DATASETS)):
         unknown = [name for name in FLAGS[flag].value if name not in valid]
         if unknown:
-            raise cli.UserError(f"--{flag}={','.join(FLAGS[flag].value)}: unknown {unknown}; "
+            raise cli.UserError(f"--{flag}={','.join(FLAGS[flag].value)}: unknown "
+                                f"{', '.join(unknown)}; "
                                 f"valid: {', '.join(valid)}")
 
 
@@ -172,7 +173,7 @@ def main(argv) -> None:
         for run, state, detail in planned:
             print(f"{state:10s} {run.name:40s} {run.workdir}" + (f"  ({detail})" if detail else ""))
         counts = sweep_plan.summary([sweep_plan.Outcome(run, state, 0.0, "") for run, state, _ in planned])
-        print(f"{len(planned)} runs: {counts}")
+        print(f"{sweep_plan.count(len(planned), 'run')}: {counts}")
         for group in sweep.packs([run for run, state, _ in planned
                                   if state not in ("done", "conflict", "impossible")],
                                  FLAGS.pack) if FLAGS.pack > 1 else []:

@@ -176,7 +176,7 @@ def test_train_mistakes_are_one_line_with_status_2(tmp_path, omniglot_dir, data_
     assert_error(out["no workdir"], "--workdir is required")
     assert_error(out["extra"], "unexpected arguments ['extra']")
     assert_error(out["workdir is a file"], f"--workdir={a_file} is a file")
-    assert_error(out["other config"], "holds a run with a different config (fields ['seed'])")
+    assert_error(out["other config"], "holds a run with a different config (fields: seed)")
     assert_error(out["truncated config"], f"{truncated}/config.json is not valid JSON (truncated "
                                           f"or corrupt: ")
     assert_error(out["val split too small"], "--task=B10 cannot be sampled from the val split of "

@@ -55,7 +55,7 @@ def test_report_refuses_a_missing_or_empty_sweep_dir_and_creates_nothing(tmp_pat
     assert_error(out["figure"], "flag --figure=atm_macs,accuracy: value should be one of "
                                 "<accuracy_nss|atm_macs>")
     assert_error(out["nss"], "--nss=1,ten: every value must be a positive integer")
-    assert_error(out["learners"], "--learners=protonets,protonet: unknown ['protonet']")
+    assert_error(out["learners"], "--learners=protonets,protonet: unknown protonet; valid: ")
     assert sorted(os.listdir(tmp_path)) == ["empty", "table.json"]
     assert os.listdir(empty) == []
 
@@ -71,7 +71,7 @@ def test_sweep_names_the_list_flag_of_a_bad_item(tmp_path):
     assert_error(out["cells"], "--cells=B3,X7: cannot parse task 'X7'")
     assert_error(out["cells repeated"], "--cells=B3,x7: cannot parse task 'X7'")
     assert_error(out["seeds"], "--seeds=0,one: ['one'] not integers")
-    assert_error(out["datasets"], "--datasets=synthetic,omniglott: unknown ['omniglott']")
+    assert_error(out["datasets"], "--datasets=synthetic,omniglott: unknown omniglott; valid: ")
     assert_error(out["manual_dir"], f"--manual_dir={tmp_path / 'zips'} does not exist")
     assert os.listdir(tmp_path) == []
 
@@ -122,7 +122,7 @@ def test_fluid_names_the_stream_flag_and_its_limit(tmp_path):
     assert_error(out["validation streams"], "--validation_streams must be a positive integer, "
                                             "got -1")
     assert_error(out["pretrain steps"], "--pretrain_steps must be an integer >= 0, got -5")
-    assert_error(out["method"], "--method=ncm,nmc: unknown ['nmc']; valid: ['ncm', ")
+    assert_error(out["method"], "--method=ncm,nmc: unknown nmc; valid: ncm, ")
     assert_error(out["option of a method not run"], "--method_option for methods not run: "
                                                     "['lwf']")
     assert os.listdir(tmp_path) == []
@@ -225,3 +225,76 @@ def test_the_next_test_computes_at_the_suites_precision_again():
     command computed at ``default`` and missed its 1e-4 tolerances)."""
     assert backend.precision() == TEST_PRECISION
     assert jax.config.jax_compilation_cache_dir not in _SET_BY_A_COMMAND
+
+
+def test_a_workdir_of_another_run_is_refused_by_name(tmp_path):
+    """launch.train into a finished FLUID workdir (it printed 'holds this finished run', then a
+    KeyError traceback); launch.evaluate with a --learner that is not the run's (it re-tested
+    the run's own learner and rewrote its results), or with a mistyped --workdir (it said the
+    learner is meta-trained)."""
+    from cfsl_jax.training.config import TrainConfig
+    fluid, run = tmp_path / "fluid", tmp_path / "pn"
+    fluid.mkdir()
+    run.mkdir()
+    (fluid / "results.json").write_text('{"complete": true, "config": {"methods": ["ncm"]}, '
+                                        '"streams": [{}]}')
+    (run / "config.json").write_text(__import__("json").dumps(
+        TrainConfig(learner="protonets", task="B3").to_json()))
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    train = outcomes("train", {
+        "fluid": ["--learner=protonets", f"--workdir={fluid}"],
+        "fluid, checked": ["--learner=protonets", f"--workdir={fluid}", "--validate_only"]})
+    for outcome in train.values():
+        assert_error(outcome, f"--workdir={fluid} holds a FLUID run (its results.json has no "
+                              f"CFSL test results and there is no config.json): give a new "
+                              f"--workdir")
+    evaluate = outcomes("evaluate", {
+        "learner": [f"--workdir={run}", "--learner=init_tune"],
+        "task": [f"--workdir={run}", "--task=b3", "--seed=1", "--validate_only"],
+        "same": [f"--workdir={run}", "--learner=protonets", "--task=b3", "--validate_only"],
+        "typo": [f"--workdir={tmp_path / 'pm'}", "--learner=protonets"]})
+    assert_error(evaluate["learner"], f"--learner=init_tune contradicts the run in "
+                                      f"--workdir={run} (learner protonets): drop --learner to "
+                                      f"re-test that run, or give a new --workdir")
+    assert_error(evaluate["task"], f"--seed=1 contradicts the run in --workdir={run} (seed 0)")
+    assert evaluate["same"][0] == 0, evaluate["same"]
+    assert_error(evaluate["typo"], f"--workdir={tmp_path / 'pm'} does not exist, and "
+                                   f"--learner=protonets is meta-trained")
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc (Linux)")
+def test_a_folder_that_cannot_be_created_is_named_and_a_cache_is_optional(tmp_path):
+    """--workdir=/proc/x (it gave a traceback) is refused naming the folder; a compilation cache
+    folder that cannot be created (an unwritable HOME) is a warning, and the run goes on
+    without a cache (it gave a traceback in train, verify, sweep and fluid)."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    out = outcomes("train", {
+        "workdir": ["--learner=protonets", "--workdir=/proc/cfsl_x"],
+        "cache": ["--learner=protonets", f"--workdir={tmp_path / 'w'}",
+                  f"--compilation_cache_dir={blocker}/xla", "--dataset=omniglot",
+                  f"--manual_dir={tmp_path / 'zips'}"]})  # refused after the backend settings
+    assert_error(out["workdir"], "--workdir=/proc/cfsl_x: the folder /proc/cfsl_x cannot be "
+                                 "created (No such file or directory); give a folder you can "
+                                 "write to")
+    code, _, stderr = out["cache"]
+    warning, error = stderr.strip().splitlines()
+    assert code == 2 and error.startswith(f"error: --manual_dir={tmp_path / 'zips'} does not")
+    assert warning == (f"warning: the compilation cache folder {blocker}/xla cannot be written "
+                       f"(Not a directory); going on without a cache (every program is compiled "
+                       f"afresh): give a writable --compilation_cache_dir (or XDG_CACHE_HOME), "
+                       f"or --compilation_cache_dir='' to turn it off")
+    assert jax.config.jax_compilation_cache_dir is None
+    assert sorted(os.listdir(tmp_path)) == ["a_file"]
+
+
+def test_a_symlinked_manual_dir_is_recorded_and_echoed_as_typed(tmp_path):
+    """(It was recorded, and named in errors, as the symlink's target.)"""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "zips").symlink_to(tmp_path / "real")
+    with command_module("train") as module:
+        flags.FLAGS(["cfsl-train", "--dataset=omniglot", f"--manual_dir={tmp_path}/zips",
+                     f"--workdir={tmp_path}/w", "--validate_only"])
+        assert module.config_from_flags().manual_dir == f"{tmp_path}/zips"
+        assert f"--manual_dir={tmp_path}/zips" in module.cli.flagfile_text()

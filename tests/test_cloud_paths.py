@@ -171,7 +171,8 @@ def test_train_verify_sweep_and_report_on_gs(gcs, tmp_path):
         evaluated = run_in_process(module, "evaluate", [f"--workdir={run_dir}", *backend])
     assert evaluated[0] == 0, evaluated[2][-3000:]
     rows = open(os.path.join(local, "results.csv")).read().splitlines()
-    assert len(rows) == 3 and rows[1] == rows[2]  # header, the run, its re-test (appended)
+    # header, the run, its re-test (appended, marked in the last column)
+    assert len(rows) == 3 and rows[2] == rows[1][:-1] + "1" and rows[1].endswith(",0")
     with command_module("verify") as module:
         verified = run_in_process(module, "verify", [f"--workdir={run_dir}", *backend])
     assert verified[0] == 0 and verified[1].strip().splitlines()[-1] == "MATCH", verified

@@ -227,3 +227,47 @@ def test_the_study_streams_the_experiments_stream_on_omniglot(omniglot_dir, data
     pretrain_alphabets = set(alphabet[sample_class[pretrain]])
     novel_alphabets = set(alphabet[sample_class[~pretrain]])
     assert pretrain_alphabets and novel_alphabets and not pretrain_alphabets & novel_alphabets
+
+
+def test_a_run_shows_its_eta_and_a_stop_says_what_it_keeps_and_loses(tmp_path, monkeypatch,
+                                                                     capsys):
+    import dataclasses
+    import signal
+
+    from cfsl_jax.runtime import stops
+    config = fluid.experiment.preset(
+        "small", methods=("ncm", "imprinting", "exemplar_tuning"), num_streams=2,
+        stream=dataclasses.replace(fluid.experiment.SMALL_STREAM, num_classes=6, length=90,
+                                   head_threshold=15, min_pretrain_samples=5,
+                                   pretrain_classes=6),
+        pretrain_steps=3, filters=8,
+        dataset_options={"num_classes": 20, "samples_per_class": 30, "image_size": 16})
+    run_stream = fluid.experiment.run_stream
+    calls = []
+
+    def stopped_at_the_third_method_of_stream_1(method, *args):
+        calls.append(method)
+        if len(calls) == 6:
+            raise stops.StopRequested(signal.SIGTERM)
+        return run_stream(method, *args)
+
+    monkeypatch.setattr(fluid.experiment, "run_stream", stopped_at_the_third_method_of_stream_1)
+    workdir = str(tmp_path / "fluid")
+    with pytest.raises(stops.StopRequested) as stop:
+        fluid.experiment.run_experiment(config, workdir)
+    path = os.path.join(workdir, "results.json")
+    assert str(stop.value).startswith(
+        f"interrupted by SIGTERM during test stream 1 of 2 (method 3 of 3, exemplar_tuning); "
+        f"kept: 1 finished stream(s) in {path}; lost: the 2 method(s) already run on stream 1 "
+        f"(ncm, imprinting; ")
+    assert str(stop.value).endswith("of work), as a stream is saved whole: re-run the same "
+                                    "command to resume at stream 1")
+    assert stop.value.exit_status == 143
+    assert len(json.loads(open(path).read())["streams"]) == 1
+    lines = [line for line in capsys.readouterr().out.splitlines()
+             if line.startswith("[FLUID] ") and "method runs" in line]
+    assert [line.split(" (")[0] for line in lines] == [
+        f"[FLUID] {k}/6 method runs done" for k in range(1, 6)]
+    assert lines[0].startswith("[FLUID] 1/6 method runs done (test stream 0: ncm in ")
+    assert all(", ETA " in line and line.endswith("(the mean method run so far, pretraining "
+                                                  "included)") for line in lines)  # the run's

@@ -149,3 +149,23 @@ def test_importing_any_module_prints_nothing_and_starts_no_thread(tmp_path):
     assert result.stdout == ""
     modules, threads = map(int, result.stderr.split()[-2:])
     assert modules > 80 and threads == 1, result.stderr[-3000:]
+
+
+def test_a_repeated_count_says_what_its_time_is_since(capsys, monkeypatch):
+    """(It said '... since the start' of nothing named, and 'since the last count' for a count
+    that the device had long passed.)"""
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.25)
+
+    def phase():
+        bar = progress.tracker("val", 100, "tasks", interval=0.25)
+        time.sleep(0.6)  # compiling: no count yet
+        bar.update(10)
+        time.sleep(0.6)
+
+    phase()
+    still = [line for line in capsys.readouterr().out.splitlines() if "still working" in line]
+    assert still[0].startswith("[val] 0/100 tasks, still working (")
+    assert still[0].endswith(" since [val] began)")
+    assert still[-1].startswith("[val] 10/100 tasks, still working (")
+    assert still[-1].endswith(" since this count was read; work dispatched since is not "
+                              "counted yet)")

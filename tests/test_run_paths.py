@@ -21,7 +21,7 @@ def test_a_run_records_its_data_folders_as_absolute_paths(tmp_path, monkeypatch)
                      "--data_dir=~/tfds", "--workdir=w"])
         config = module.config_from_flags()
     assert config.manual_dir == os.path.join(os.path.dirname(os.path.realpath(tmp_path)), "zips")
-    assert config.data_dir == os.path.join(os.path.realpath(os.path.expanduser("~")), "tfds")
+    assert config.data_dir == os.path.join(os.path.abspath(os.path.expanduser("~")), "tfds")
 
 
 def test_results_name_the_variant_a_plain_omniglot_resolved_to(omniglot_splits):

@@ -240,3 +240,51 @@ def test_a_stop_outside_every_phase_says_how_to_resume(monkeypatch, tmp_path):
     assert stops.name(SIGTERM) in str(stop.value)
     assert str(stop.value).endswith(f"in {workdir}: re-run the same command to resume")
     assert not os.path.exists(os.path.join(workdir, "results.json"))
+
+
+def test_a_second_press_while_the_stop_checkpoints_does_not_cut_it_short(monkeypatch,
+                                                                         tmp_path):
+    """Ctrl-C twice: the second press lands while the first one's checkpoint is written. It
+    ended in 'interrupted ... between training steps' and lost the steps since the last
+    checkpoint."""
+    import dataclasses
+
+    from cfsl_jax.training import checkpoints
+    from test_train import TINY
+    config = dataclasses.replace(TINY, epochs=1, iters_per_epoch=6, checkpoint_every=0)
+    save = checkpoints.Checkpoints.save_latest
+    pressed = []
+
+    def pressed_again_while_saving(self, step, *args):
+        pressed.append(step)
+        os.kill(os.getpid(), SIGINT)  # handled by the run: lands here, synchronously
+        return save(self, step, *args)
+
+    def first_press(step_fn):
+        def step(*args):
+            if int(args[-1] * 6) == 3:  # progress 3/6: the fourth step
+                os.kill(os.getpid(), SIGINT)
+            return step_fn(*args)
+        return step
+
+    original_run = loop.run
+
+    def run(phase, state, step_for, *args, **kwargs):
+        return original_run(phase, state, lambda e, s: first_press(step_for(e, s)), *args,
+                            **kwargs)
+
+    monkeypatch.setattr(loop, "run", run)
+    monkeypatch.setattr(checkpoints.Checkpoints, "save_latest", pressed_again_while_saving)
+    previous = signal.getsignal(SIGINT)
+    signal.signal(SIGINT, signal.default_int_handler)  # as in a terminal
+    workdir = str(tmp_path / "run")
+    try:
+        with pytest.raises(loop.Stopped) as stopped:
+            train.train_and_evaluate(config, workdir)
+    finally:
+        signal.signal(SIGINT, previous)
+    assert pressed == [4]
+    assert str(stopped.value) == (f"interrupted by SIGINT at step 4 of 6; checkpointed at step 4 "
+                                  f"in {workdir}: re-run the same command to resume")
+    assert stopped.value.exit_status == 130
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints", "latest"))) == ["4"]

@@ -4,6 +4,7 @@ results/verify, the CLIs, and ProtoNets learning on mini-Omniglot."""
 import dataclasses
 import json
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -59,10 +60,16 @@ def test_same_seed_same_results_and_resume_is_exact(tmp_path):
     # Kill mid-epoch 1 (step 4 of 6, after a mid-epoch checkpoint at step 2), then resume.
     interrupted = TrainConfig(**{**TINY.to_json(), "checkpoint_every": 2})
     workdir = str(tmp_path / "resumed")
+    sessions = [time.perf_counter()]
     with pytest.raises(loop.Interrupted):
         train.train_and_evaluate(interrupted, workdir, stop_after_steps=5)
+    sessions.append(time.perf_counter())
     assert not os.path.exists(os.path.join(workdir, "results.json"))
     resumed = train.train_and_evaluate(interrupted, workdir)
+    sessions.append(time.perf_counter())
+    # wall_seconds counts both sessions (it counted the last one only)
+    first, second = sessions[1] - sessions[0], sessions[2] - sessions[1]
+    assert 0.95 * (first + second) <= resumed["wall_seconds"] <= first + second
     for name in ("acc_mean", "acc_std", "ce_mean", "ce_std", "group_acc", "task_fingerprint"):
         assert resumed["test"][name] == full["test"][name], name
     history = json.load(open(os.path.join(workdir, "val_history.json")))
@@ -90,6 +97,11 @@ def test_results_record_reproducibility_facts_and_verify_matches(tmp_path):
     for field in ("wall_seconds", "compile_seconds", "compilation_cache_hits"):
         assert again[field] == saved[field], field
     assert again["test"]["retest_compile_seconds"] >= 0
+    # results.csv: the run's row, then the re-test's, marked; the same re-test again adds none
+    train.evaluate_run(workdir)
+    rows = open(os.path.join(workdir, "results.csv")).read().splitlines()
+    assert [row.split(",")[-1] for row in rows] == ["retest", "0", "1"]
+    assert rows[2].split(",")[:-1] == rows[1].split(",")[:-1]
     # A results.json that does not match its tasks is caught.
     saved["task_fingerprint"] = "0" * 64
     saved["test"]["acc_mean"] = 0.0
@@ -201,3 +213,16 @@ def test_protonets_learns_b3_on_mini_omniglot(omniglot_dir, data_dir, tmp_path, 
           f"init_tune {init_tune['acc_mean']:.3f}")
     assert protonets["acc_mean"] > 5 / 15  # five times chance (measured: 0.546)
     assert protonets["acc_mean"] > init_tune["acc_mean"] + 0.1
+
+
+def test_sessions_add_up_in_their_own_runs_workdir_only(tmp_path):
+    workdir = str(tmp_path / "run")
+    runs.check_workdir_config(workdir, TINY)
+    other = dataclasses.replace(TINY, seed=TINY.seed + 1)
+    runs.end_session(workdir, other, runs.earlier_sessions(workdir), 5.0)  # refused there
+    assert runs.earlier_sessions(workdir) == {"seconds": 0.0, "sessions": 0}
+    for seconds in (5.0, 2.5):
+        runs.end_session(workdir, TINY, runs.earlier_sessions(workdir), seconds)
+    assert runs.earlier_sessions(workdir) == {"seconds": 7.5, "sessions": 2}
+    runs.end_session(str(tmp_path / "refused"), TINY, runs.earlier_sessions(workdir), 1.0)
+    assert not os.path.exists(tmp_path / "refused")

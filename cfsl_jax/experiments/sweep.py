@@ -55,7 +55,7 @@ from cfsl_jax.runtime import backend, files, progress, stops
 from cfsl_jax.training import packing, train
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.runtime.errors import UserError
-from cfsl_jax.experiments.sweep_plan import Outcome, Run, plan
+from cfsl_jax.experiments.sweep_plan import Outcome, Run, count, plan, summary
 
 
 # jax options a worker copies from the process that starts the sweep.
@@ -206,8 +206,10 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
             log(f"[sweep] conflict: {detail}")
         else:
             todo.append(run)
-    log(f"[sweep] {sweep_dir}: {len(planned)} runs, {len(planned) - len(todo)} done or "
-        f"conflicting, {len(todo)} to run")
+    conflicts = sum(o.status == "conflict" for o in outcomes.values())
+    log(f"[sweep] {sweep_dir}: {count(len(planned), 'run')}: "
+        f"{len(outcomes) - conflicts} done before (skipped), {conflicts} conflicting, "
+        f"{len(todo)} to run")
 
     bar = progress.tracker("sweep", len(todo), "runs")
 

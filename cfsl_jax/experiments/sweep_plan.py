@@ -210,6 +210,11 @@ def shard(configs: Sequence[TrainConfig], k: int, n: int) -> list[TrainConfig]:
     return list(configs[k - 1::n])
 
 
+def count(n: int, noun: str) -> str:
+    """``1 run``, ``2 runs``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def summary(outcomes: Sequence[Outcome]) -> str:
     """One line with the count of each outcome status."""
     counts: dict[str, int] = {}

@@ -51,7 +51,7 @@ from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.runtime import naming
 from cfsl_jax.runtime.options import check_limits, option
 from cfsl_jax.fluid import methods as fluid_methods
-from cfsl_jax.fluid import new_class, report
+from cfsl_jax.fluid import new_class, report, run_progress
 from cfsl_jax.fluid.metrics import correctness, rolling_accuracy, stream_metrics
 from cfsl_jax.fluid.pretraining import pretrain_model, prepare_params
 from cfsl_jax.fluid.protocol import Schedule, run_stream
@@ -121,8 +121,8 @@ class FluidConfig:
             return naming.name("FluidConfig", field, qualified=False)
         unknown = [m for m in self.methods if m not in fluid_methods.METHODS]
         if not self.methods or unknown:
-            raise UserError(f"{name('methods')}={','.join(self.methods)}: unknown {unknown}; "
-                            f"valid: {list(fluid_methods.METHODS)}")
+            raise UserError(f"{name('methods')}={','.join(self.methods)}: unknown "
+                            f"{', '.join(unknown)}; valid: {', '.join(fluid_methods.METHODS)}")
         extra = sorted(set(self.method_options) - set(self.methods))
         if extra:
             raise UserError(f"{name('method_options')} for methods not run: {extra}")
@@ -227,6 +227,7 @@ def run_methods(config: FluidConfig, split: data.Split, built: dict, index: int)
     pretrained, known, runs = {}, {}, {}
     for name, method in built.items():
         started = time.perf_counter()
+        run_progress.started(config.streams, index, name)
         if method.pretraining not in pretrained:  # one pretraining per strategy and stream
             pretrained[method.pretraining] = pretrain_model(
                 method, init, split, classes, pretrain_key,
@@ -242,6 +243,7 @@ def run_methods(config: FluidConfig, split: data.Split, built: dict, index: int)
         schedule = schedule_for(method, config)
         runs[name] = (run_stream(method, params, stream, split, train_key, schedule), schedule,
                       pretrain_seconds)
+        run_progress.finished(config.streams, index, name, time.perf_counter() - started)
     return stream, classes, runs
 
 
@@ -264,8 +266,8 @@ def run_one_stream(config: FluidConfig, split: data.Split, built: dict, index: i
                             "train_steps": record.train_steps, "seconds": record.seconds,
                             "pretrain_seconds": pretrain_seconds}
         progress.say(f"[FLUID] {name}: accuracy {result['accuracy']:.4f} auroc "
-                     f"{report.auroc_text(result['auroc'])} ({record.seconds:.1f} s; schedule "
-                     f"{per_method[name]['schedule']})")
+                     f"{report.auroc_text(result['auroc'])} ({record.seconds:.1f} s; "
+                     f"{'schedule ' + schedule.describe() if schedule else 'no training'})")
     return describe(stream, classes), per_method, curves
 
 
@@ -344,6 +346,14 @@ def run_experiment(config: FluidConfig, workdir: str) -> dict[str, Any]:
                      f"done; resuming")
     started = time.perf_counter()
     previous = stored.get("wall_seconds", 0.0)
+    with run_progress.tracking(config.streams, len(streams), config.num_streams, config.methods,
+                               path):
+        return _run_streams(config, workdir, path, streams, started, previous)
+
+
+def _run_streams(config: FluidConfig, workdir: str, path: str, streams: list, started: float,
+                 previous: float) -> dict[str, Any]:
+    """The streams not stored yet, ``results.json`` rewritten after each."""
     built: dict = {}
     for index in range(len(streams), config.num_streams):
         done = read_stream_file(config, workdir, index)  # written by a job of its own (SLURM)

@@ -39,6 +39,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import sys
+import tempfile
 from typing import Any, Iterator
 
 import jax
@@ -171,11 +173,30 @@ def enable_compilation_cache(path: str | None) -> str | None:
         jax.config.update("jax_compilation_cache_dir", None)
         return None
     path = files.absolute(os.path.expanduser(path))
+    reason = None if files.is_url(path) else _unwritable(path)
+    if reason:  # a cache is an optimisation: go on without one, and say how to keep one
+        print(f"warning: the compilation cache folder {path} cannot be written ({reason}); "
+              f"going on without a cache (every program is compiled afresh): give a writable "
+              f"--compilation_cache_dir (or XDG_CACHE_HOME), or --compilation_cache_dir='' to "
+              f"turn it off", file=sys.stderr, flush=True)
+        jax.config.update("jax_compilation_cache_dir", None)
+        return None
     files.makedirs(path)
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return path
+
+
+def _unwritable(folder: str) -> str | None:
+    """Why ``folder`` cannot hold files (created when missing), or None when it can."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe"):
+            pass
+    except OSError as error:
+        return error.strerror or str(error)
+    return None
 
 
 def configure(precision_name: str = DEFAULT_PRECISION,

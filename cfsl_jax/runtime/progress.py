@@ -179,7 +179,8 @@ class Tracker:
             say(f"[{self.what}] {self.done}/{self.total}"
                 + (f" {self.unit}" if self.unit else "")
                 + f", still working ({duration(now - self._updated_at)} since "
-                  + ("the last count)" if self.warm else "the start)"))
+                  + ("this count was read; work dispatched since is not counted yet)"
+                     if self.warm else f"[{self.what}] began)"))
             self._line_at = now
         return True
 

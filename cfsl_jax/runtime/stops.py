@@ -138,6 +138,19 @@ def deferred() -> Iterator[None]:
     raise_pending()
 
 
+@contextlib.contextmanager
+def stopping() -> Iterator[None]:
+    """A stop under way (its checkpoint being written): a second stop signal inside (Ctrl-C
+    pressed twice) is noted and dropped at the end, so the first one's checkpoint and its
+    line are not cut short."""
+    _note.depth += 1
+    try:
+        yield
+    finally:
+        _note.depth -= 1
+        clear()
+
+
 def install(handler: Callable[[int, Any], None] = handle) -> dict[int, Any]:
     """Handle the stop signals with ``handler`` (it must call ``handle``) where their handler is
     Python's default; returns the replaced handlers. Also keeps a stop that Python drops in a

@@ -194,8 +194,8 @@ class Metrics(Hook):
         """Read the window's metrics (one transfer), check them and write their means."""
         if not self.outs:
             return
+        values = jax.device_get(self.outs)  # waits for the device: the time includes the work
         elapsed = time.perf_counter() - self.clock
-        values = jax.device_get(self.outs)
 
         def column(name: str) -> np.ndarray:  # the steps' values, in order
             rows = [np.asarray(v[name], np.float64) for v in values]
@@ -237,9 +237,10 @@ class Checkpoint(Hook):
             self.save(state)
 
     def on_stop(self, state: TrainState) -> None:
-        if state.step > self.saved and _alive(state):
-            self.metrics.read(state.step)
-            self.save(state)
+        with stops.stopping():  # a second Ctrl-C does not cut this checkpoint short
+            if state.step > self.saved and _alive(state):
+                self.metrics.read(state.step)
+                self.save(state)
 
     @property
     def where(self) -> str:

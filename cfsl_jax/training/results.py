@@ -23,7 +23,7 @@ from cfsl_jax.training.records import EvalRecord
 
 CSV_FIELDS = ("learner", "dataset", "spec", "seed", "acc_mean", "acc_std", "acc_ci95",
               "ce_mean", "ce_std", "atm", "macs_per_task", "macs_per_meta_step",
-              "wall_seconds")
+              "wall_seconds", "retest")  # retest: 1 for a re-test's row (launch.evaluate)
 
 
 def split_sizes(splits) -> dict[str, dict[str, int]]:
@@ -34,14 +34,14 @@ def split_sizes(splits) -> dict[str, dict[str, int]]:
 def record(config, learner, splits, report: EvalRecord, workdir: str,
            wall_seconds: float, best_epochs: list[int],
            compile_since: dict[str, float] | None = None,
-           run_stats: dict[str, Any] | None = None) -> dict[str, Any]:
+           run_stats: dict[str, Any] | None = None, retest: bool = False) -> dict[str, Any]:
     """Write workdir/results.json (``test``: ``report.to_json()``) and workdir/results.csv,
     print the table; return the results.json dict.
 
     ``dataset`` is the variant the splits came from (``omniglot/small``, not ``omniglot``);
     ``compile_since``: ``backend.compile_totals()`` at the run's start (its own compile
     statistics are recorded, not the process's); ``run_stats`` (a re-test: the training run's
-    compile statistics) replace them."""
+    compile statistics) replace them; ``retest``: the row is marked a re-test's."""
     spec = learner.spec
     out = {
         "learner": learner.name,
@@ -64,7 +64,7 @@ def record(config, learner, splits, report: EvalRecord, workdir: str,
     }
     if is_primary():
         write_json(files.join(workdir, "results.json"), out)
-        write_csv_row(files.join(workdir, "results.csv"), csv_row(out))
+        write_csv_row(files.join(workdir, "results.csv"), csv_row(out, retest))
         print(table(out))
     return out
 
@@ -74,11 +74,11 @@ def test_record(result: dict[str, Any]) -> EvalRecord:
     return EvalRecord.from_json(result["test"])
 
 
-def csv_row(result: dict[str, Any]) -> dict[str, Any]:
+def csv_row(result: dict[str, Any], retest: bool = False) -> dict[str, Any]:
     test = test_record(result)
     row = {"learner": result["learner"], "dataset": result["dataset"],
            "spec": result["spec_name"], "seed": result["seed"],
-           "wall_seconds": round(result["wall_seconds"], 2)}
+           "wall_seconds": round(result["wall_seconds"], 2), "retest": int(retest)}
     for field in CSV_FIELDS:
         if field not in row:
             row[field] = test.get(field, "")
@@ -86,13 +86,21 @@ def csv_row(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_csv_row(path: str, row: dict[str, Any]) -> None:
-    """Append a row (writing the header first if the file is new)."""
+    """Append a row (the header first if the file is new); a row the file holds already (a
+    second re-test with the same numbers) is not appended again. A file written before a
+    column was added is rewritten with it first (``retest`` 0 for its rows)."""
+    existing = files.read_text(path) if files.exists(path) else ""
+    if existing and existing.splitlines()[0] != ",".join(CSV_FIELDS):
+        rows = [{**dict.fromkeys(CSV_FIELDS, ""), "retest": 0, **old}
+                for old in csv.DictReader(io.StringIO(existing))]
+        existing = csv_text([{k: r[k] for k in CSV_FIELDS} for r in rows], CSV_FIELDS)
+        files.write_atomic(path, existing)
     text = io.StringIO(newline="")
     writer = csv.DictWriter(text, fieldnames=CSV_FIELDS)
-    if not files.exists(path):
-        writer.writeheader()
     writer.writerow(row)
-    files.append_text(path, text.getvalue())
+    if text.getvalue().rstrip("\r\n") in existing.splitlines()[1:]:
+        return
+    files.append_text(path, text.getvalue() if existing else csv_text([row], CSV_FIELDS))
 
 
 def csv_text(rows: Sequence[dict[str, Any]], fields: Sequence[str] | None = None) -> str:

@@ -115,14 +115,49 @@ def check_workdir_config(workdir: str, config: TrainConfig, create: bool = True)
     path = files.join(workdir, "config.json")
     if files.exists(workdir) and not files.isdir(workdir):
         raise UserError(f"--workdir={workdir} is a file, not a folder; give another path")
+    if not files.exists(path):
+        _check_no_other_results(workdir)
     if files.exists(path):
         differs = config_differences(results.read_json(path), config)
         if differs:
             raise UserError(f"workdir {workdir!r} holds a run with a different config "
-                            f"(fields {differs}); use a new workdir")
+                            f"(fields: {', '.join(differs)}); use a new workdir")
     elif create:
         files.makedirs(workdir)
         results.write_json(path, config.to_json())
+
+
+def _check_no_other_results(workdir: str) -> None:
+    """UserError when ``workdir`` holds another kind of run's results.json (a FLUID run's: no
+    config.json, no ``test`` entry), which a CFSL run must not resume, print or overwrite."""
+    stored = results.read_json(files.join(workdir, "results.json"), default={})
+    if stored and "test" not in stored:
+        kind = "a FLUID run" if "streams" in stored else "another kind of run"
+        raise UserError(f"--workdir={workdir} holds {kind} (its results.json has no CFSL test "
+                        f"results and there is no config.json): give a new --workdir")
+
+
+SESSIONS_FILE = "sessions.json"  # the seconds of a run's ended sessions (wall_seconds sums them)
+
+
+def earlier_sessions(workdir: str) -> dict[str, float]:
+    """``{"seconds": ..., "sessions": ...}`` of the run's sessions that ended before this one
+    (zeros for a new run)."""
+    stored = results.read_json(files.join(workdir, SESSIONS_FILE), default={})
+    return {"seconds": float(stored.get("seconds", 0.0)),
+            "sessions": int(stored.get("sessions", 0))}
+
+
+def end_session(workdir: str, config: TrainConfig, earlier: dict[str, float],
+                seconds: float) -> None:
+    """Add a session of ``config``'s run that ran ``seconds`` (finished, stopped or failed) to
+    the run's total; a workdir that holds no run (refused, or removed) or another config's run
+    (refused) gets nothing."""
+    path = files.join(workdir, "config.json")
+    if files.exists(path) and not config_differences(results.read_json(path), config):
+        results.write_json(files.join(workdir, SESSIONS_FILE), {
+            "seconds": round(earlier["seconds"] + seconds, 3),
+            "sessions": earlier["sessions"] + 1})
 
 
 def finished_results(workdir: str, config: TrainConfig) -> dict[str, Any] | None:
@@ -197,4 +232,5 @@ def evaluate_run(workdir: str, num_tasks: int | None = None,
         retest_compile_seconds=backend.compile_stats(compiled)["compile_seconds"])
     kept = {k: stored[k] for k in backend.compile_stats() if k in stored} or None
     return results.record(config, learner, splits, report, workdir, wall_seconds=wall,
-                          best_epochs=best, compile_since=compiled, run_stats=kept)
+                          best_epochs=best, compile_since=compiled, run_stats=kept,
+                          retest=True)

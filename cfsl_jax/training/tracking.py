@@ -11,7 +11,10 @@ interval), ``val`` (accuracy and cross-entropy after each epoch), ``test`` (the 
 per-group accuracy as ``group_acc_<g>``). A resumed run appends to the file.
 
 ``tensorboard=True`` also writes TensorBoard event files to ``workdir/tensorboard`` with
-tensorboardX (the ``[tracking]`` extra; no TensorFlow), tag ``<phase>/<name>``;
+tensorboardX (the ``[tracking]`` extra; no TensorFlow), tag ``<phase>/<name>`` (``epoch``, an
+index rather than a curve, only in the JSON lines), and the run's config: as text (tag
+``config``, its config.json) and as TensorBoard hyperparameters (the HParams tab, one column
+per config field, so runs can be compared by what they ran);
 ``wandb_project`` logs the same scalars to a Weights & Biases run of that project (``wandb``
 installed separately), named after the workdir.
 """
@@ -29,6 +32,8 @@ from cfsl_jax.training import results
 from cfsl_jax.runtime.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
+NOT_CURVES = ("epoch",)  # indices of a record, not plotted (they stay in the JSON lines)
+HPARAM_METRICS = ("test/acc_mean", "test/ce_mean", "val/acc")  # the HParams tab's columns
 
 
 def _optional(module: str, flag: str, package: str) -> Any:
@@ -50,6 +55,8 @@ class Tracking:
         if workdir and tensorboard and primary:
             writer = _optional("tensorboardX", "--tensorboard", "tensorboardX")
             self.writer = writer.SummaryWriter(logdir=files.join(workdir, "tensorboard"))
+            if config:
+                _write_config(self.writer, config)
         if workdir and wandb_project and primary:
             wandb = _optional("wandb", "--wandb_project", "wandb")
             self.wandb_run = wandb.init(project=wandb_project, name=files.basename(
@@ -72,6 +79,8 @@ class Tracking:
             files.append_text(self.path, json.dumps(line, sort_keys=True) + "\n")
         if self.writer is not None:
             for name, value in flat.items():
+                if name in NOT_CURVES:
+                    continue
                 self.writer.add_scalar(f"{phase}/{name}", value, int(step))
             self.writer.flush()
         if self.wandb_run is not None:
@@ -92,6 +101,33 @@ class Tracking:
         if self.wandb_run is not None:
             self.wandb_run.finish()
             self.wandb_run = None
+
+
+def hparams(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``config`` flattened to TensorBoard hyperparameters: nested mappings as ``a.b``, numbers,
+    strings and booleans kept, anything else (lists, None) as its JSON text."""
+    flat: dict[str, Any] = {}
+    for name, value in config.items():
+        if isinstance(value, Mapping):
+            flat.update(hparams(value, f"{prefix}{name}."))
+        elif isinstance(value, (bool, int, float, str)):
+            flat[f"{prefix}{name}"] = value
+        else:
+            flat[f"{prefix}{name}"] = json.dumps(value)
+    return flat
+
+
+def _write_config(writer: Any, config: Mapping[str, Any]) -> None:
+    """The run's config into ``writer``'s event file: text (tag ``config``) and hparams."""
+    from tensorboardX.summary import hparams as hparams_summaries
+
+    text = json.dumps(dict(config), indent=2, sort_keys=True)
+    writer.add_text("config", "    " + text.replace("\n", "\n    "), 0)  # Markdown code
+    experiment, session_start, _ = hparams_summaries(hparams(config),
+                                                     dict.fromkeys(HPARAM_METRICS, 0.0))
+    for summary in (experiment, session_start):  # the session's end: when the run's files end
+        writer._get_file_writer().add_summary(summary)
+    writer.flush()
 
 
 def read(path: str) -> list[dict[str, Any]]:

@@ -41,7 +41,7 @@ from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training.evaluate import evaluate
 from cfsl_jax.learners import get_learner
 from cfsl_jax.protocol.learner import Learner
-from cfsl_jax.training import checkpoints, loop
+from cfsl_jax.training import checkpoints, loop, runs
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.pretrain import pretrain, pretrain_on_tasks
 from cfsl_jax.training.runs import (build, check_workdir_config, evaluate_run, finished_results,
@@ -150,9 +150,11 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
         print(results.table(done), flush=True)
         return done
     new = not files.exists(workdir)
+    started, earlier = time.perf_counter(), runs.earlier_sessions(workdir)
     try:
         with stops.handled():
-            return _train_and_evaluate(config, workdir, stop_after_steps, mesh)
+            return _train_and_evaluate(config, workdir, stop_after_steps, mesh,
+                                       earlier["seconds"])
     except stops.StopRequested as stop:
         if files.exists(files.join(workdir, "results.json")):
             raise  # it landed as the finished run returned
@@ -166,6 +168,8 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
                 workdir):
             files.rmtree(workdir)
         raise
+    finally:  # wall_seconds of a resumed run counts every session
+        runs.end_session(workdir, config, earlier, time.perf_counter() - started)
 
 
 def _has_checkpoints(workdir: str) -> bool:
@@ -179,8 +183,8 @@ def _is_user_error(error: BaseException) -> bool:
 
 
 def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int | None,
-                        mesh: Mesh | None) -> dict[str, Any]:
-    started, compiled = time.perf_counter(), backend.compile_totals()
+                        mesh: Mesh | None, earlier_seconds: float = 0.0) -> dict[str, Any]:
+    started, compiled = time.perf_counter() - earlier_seconds, backend.compile_totals()
     mesh = mesh or parallel.make_mesh()
     learner, splits = build(config)
     check_workdir_config(workdir, config)
@@ -228,7 +232,8 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
                              compile_since=compiled)
         tracking.scalars("test", config.epochs * config.iters_per_epoch if ensemble else 0, {
             k: report[k] for k in (
-                "acc_mean", "acc_std", "acc_ci95", "ce_mean", "ce_std", "group_acc")
+                "acc_mean", "acc_std", "acc_ci95", "ce_mean", "ce_std", "group_acc", "atm",
+                "macs_adapt", "macs_predict", "macs_per_task", "macs_per_meta_step")
             if k in report})
     finally:
         tracking.close()
