@@ -175,8 +175,8 @@ def run(main: Callable[[list[str]], None], interrupted: str = "interrupted: re-r
 
         from . import STARTED
         STARTED.set()  # the command's own lines from here: no more "still ... starting"
-        stops.install()  # stop signals end the command cleanly, never lost in a callback
         with boundary(interrupted):
+            stops.install()  # stop signals end the command cleanly, never lost in a callback
             quiet_logs()
             from .options import apply_backend_flags, apply_deprecated_flags
             apply_deprecated_flags()

@@ -43,6 +43,7 @@ from absl import flags
 from cfsl_jax.training import as_published
 from cfsl_jax.experiments import report, slurm, sweep
 from cfsl_jax.learners import LEARNERS, options_class, parse_learner_options
+from cfsl_jax.runtime import locks
 from cfsl_jax.runtime.options import names as option_names
 from cfsl_jax.protocol.spec import PAPER_GRID
 
@@ -170,7 +171,8 @@ def main(argv) -> None:
         cli.write_flagfile(FLAGS.workdir)
         return
     try:
-        outcomes = sweep.run_sweep(configs, FLAGS.workdir, workers=FLAGS.workers)
+        with locks.held(*sweep_lock(FLAGS.workdir, shard)):
+            outcomes = sweep.run_sweep(configs, FLAGS.workdir, workers=FLAGS.workers)
     except KeyboardInterrupt:
         cli.write_flagfile(FLAGS.workdir)
         raise
@@ -184,6 +186,13 @@ def main(argv) -> None:
     if bad:
         raise SystemExit(f"{len(bad)} run(s) did not finish: "
                          + ", ".join(f"{o.run.name} ({o.status})" for o in bad))
+
+
+def sweep_lock(sweep_dir: str, shard: tuple[int, int] | None) -> tuple[str, str]:
+    """(lock file, what it locks) of a sweep (shard K/N): one command at a time runs it."""
+    suffix = f"-shard-{shard[0]}-of-{shard[1]}" if shard else ""
+    return (locks.path_in(sweep_dir, f".sweep{suffix}.lock"),
+            f"sweep {sweep_dir}" + (f" shard {shard[0]}/{shard[1]}" if shard else ""))
 
 
 def _report() -> None:

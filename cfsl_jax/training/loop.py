@@ -13,7 +13,8 @@ Rules:
   ``stops.deferred()``: a stop signal during a step waits for its end. A checkpoint always
   pairs a state with the step that produced it, so a resumed run repeats no step and skips none.
 - Metrics stay on the device between log steps: the host reads the losses of the steps since
-  its last read once per log interval (``log_every`` steps, or a progress line due, the end of
+  its last read once per log interval; a non-finite loss is ``NonFiniteLoss`` (one line naming
+  the step and the checkpoint the process resumed from) (``log_every`` steps, or a progress line due, the end of
   an epoch, a checkpoint or a stop); every loss since the last checkpoint is checked finite
   before the next one is written.
 - The end of epoch ``e`` checkpoints the state first, then validates it. A run stopped during
@@ -38,6 +39,7 @@ import numpy as np
 from absl import logging
 
 from cfsl_jax.runtime import files, progress, stops
+from cfsl_jax.runtime.errors import NonFiniteLoss
 from cfsl_jax.training import results
 from cfsl_jax.training import checkpoints
 from cfsl_jax.training.config import TrainConfig
@@ -136,6 +138,7 @@ def run(phase: Phase, state: TrainState, step_for: Callable[[int, TrainState], S
         start, params, opt_state = restored
         state = TrainState(params, opt_state)
         progress.say(f"[{phase.name}] resuming from step {start}")
+    tracking.rewind(phase.name, start)  # records of steps after the restored one are redone
     committed = Committed(start, place(state))
     history_path = files.join(workdir, "val_history.json")
     history = [h for h in results.read_json(history_path, default=[])
@@ -155,11 +158,13 @@ def run(phase: Phase, state: TrainState, step_for: Callable[[int, TrainState], S
         bad = np.flatnonzero(~np.isfinite(read["loss"]))
         if bad.size:
             at = first + int(bad[0])
-            raise FloatingPointError(
+            raise NonFiniteLoss(
                 f"{phase.what} loss is {read['loss'][bad[0]]} at epoch "
                 f"{at // phase.iters_per_epoch}, step {at} (global; step "
-                f"{at % phase.iters_per_epoch} of the epoch); the last good checkpoint is step "
-                f"{ckpt.latest.latest_step()} in {workdir}")
+                f"{at % phase.iters_per_epoch} of the epoch){resumed_from(start, workdir)}; the "
+                f"newest checkpoint, step {ckpt.latest.latest_step()}, is the state before it "
+                f"and re-running from it meets the same loss: change the settings (e.g. a lower "
+                f"--learning_rate, in a new workdir) or check the data")
         window.clock = time.perf_counter()
         window.last_loss = float(read["loss"][-1])
         window.last_acc = float(read["acc"][-1])
@@ -237,6 +242,13 @@ def run(phase: Phase, state: TrainState, step_for: Callable[[int, TrainState], S
         status = stop.exit_status if isinstance(stop, stops.StopRequested) else 130
         raise Stopped(message, status) from None
     return committed.state
+
+
+def resumed_from(start: int, workdir: str) -> str:
+    """How the process began the phase, for the non-finite loss message."""
+    if start:
+        return f"; this process resumed from the checkpoint of step {start} in {workdir}"
+    return f"; this process trained from step 0 (no checkpoint) in {workdir}"
 
 
 def _alive(state: TrainState) -> bool:

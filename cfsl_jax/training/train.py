@@ -34,7 +34,8 @@ import optax
 
 from jax.sharding import Mesh
 
-from cfsl_jax.runtime import backend, files, memory, parallel, progress, seeding, stops
+from cfsl_jax.runtime import (backend, disk, files, locks, memory, parallel, progress, seeding,
+                              stops)
 from cfsl_jax import data
 from cfsl_jax.protocol import episode, metrics
 from cfsl_jax.training import optimizers, results
@@ -49,6 +50,9 @@ from cfsl_jax.training.pretrain import pretrain, pretrain_on_tasks
 from cfsl_jax.training.runs import (build, check_workdir_config, evaluate_run, finished_results,
                                     init_params, selects_epochs)
 from cfsl_jax.training.tracking import Tracking
+
+
+START_BYTES = 1 << 20  # free space a new workdir needs before anything is created in it
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
@@ -187,19 +191,24 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
     Meta-training, pretraining and evaluation run over ``mesh`` (default: every device). A
     workdir that holds this config's finished run is not redone: its stored results are
     printed and returned, or with ``retest`` tested again (``evaluate_run``; the recorded wall
-    time stays the training run's). A user error (UserError, out of memory) before the run's
-    first checkpoint removes the workdir this call created, so a refused run leaves nothing.
+    time stays the training run's). A user error (UserError, out of memory, a full disk)
+    before the run's first checkpoint removes the workdir this call created, so a refused run
+    leaves nothing. The workdir is locked while it works (``locks``: a second command on it is
+    refused, ``locks.Busy``); a damaged best-epoch checkpoint is re-created by training again
+    (``Checkpoints.repair_best``) before it could enter the ensemble.
     """
-    done = finished_results(workdir, config)
-    if done is not None:
-        if retest:
-            return evaluate_run(workdir, mesh=mesh)
-        progress.say(f"{workdir} holds this finished run (re-test it with --retest):")
-        print(results.table(done), flush=True)
-        return done
     new = not files.exists(workdir)
     try:
-        with stops.handled():
+        if new:  # nothing is created on a disk without room for the run's first files
+            disk.require(files.dirname(workdir), START_BYTES)
+        with stops.handled(), locks.held(locks.path_in(workdir), f"workdir {workdir}"):
+            done = finished_results(workdir, config)
+            if done is not None:
+                if retest:
+                    return evaluate_run(workdir, mesh=mesh)
+                progress.say(f"{workdir} holds this finished run (re-test it with --retest):")
+                print(results.table(done), flush=True)
+                return done
             return _train_and_evaluate(config, workdir, stop_after_steps, mesh)
     except stops.StopRequested as stop:
         if files.exists(files.join(workdir, "results.json")):
@@ -211,8 +220,8 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
                            f"its checkpoints are in {workdir}: re-run the same command to "
                            f"resume", stop.exit_status) from None
     except Exception as error:
-        if new and files.isdir(workdir) and _is_user_error(error) and not _has_checkpoints(
-                workdir):
+        if new and files.isdir(workdir) and _is_user_error(error) and not isinstance(
+                error, locks.Busy) and not _has_checkpoints(workdir):
             files.rmtree(workdir)
         raise
 
@@ -224,7 +233,8 @@ def _has_checkpoints(workdir: str) -> bool:
 
 
 def _is_user_error(error: BaseException) -> bool:
-    return isinstance(error, UserError) or memory.is_out_of_memory(error)
+    return (isinstance(error, UserError) or disk.is_disk_full(error)
+            or memory.is_out_of_memory(error))
 
 
 def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int | None,
@@ -238,6 +248,8 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
     tracking = Tracking(workdir, config.tensorboard, config.wandb_project, config.to_json())
     try:
         ensemble = False
+        if selects_epochs(config, learner):  # a damaged best epoch is trained again, never used
+            ckpt.repair_best(config.iters_per_epoch)
         if learner.training == "meta":
             params = meta_train(config, learner, params, splits, workdir, ckpt, stop_after_steps,
                                 mesh, tracking)
@@ -248,7 +260,7 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
                                        stop_after_steps, mesh, tracking)
             ensemble = True
         elif learner.training == "pretrain":
-            pretrained = ckpt.restore_pretrained(params)
+            pretrained = ckpt.restore_pretrained(params, repair=True)
             if pretrained is None:
                 pretrained = pretrain(learner, params, splits["train"],
                                       seeding.purpose_key(config.seed, "pretrain"),
