@@ -39,9 +39,15 @@ def numbers(result: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The uninterrupted run's test numbers."""
-    return numbers(train.train_and_evaluate(CONFIG, str(tmp_path_factory.mktemp("ref") / "w")))
+def finished(tmp_path_factory):
+    """(the uninterrupted run's test numbers, its workdir)."""
+    workdir = str(tmp_path_factory.mktemp("ref") / "w")
+    return numbers(train.train_and_evaluate(CONFIG, workdir)), workdir
+
+
+@pytest.fixture(scope="module")
+def reference(finished):
+    return finished[0]
 
 
 def stopped(workdir, steps: int) -> str:
@@ -60,7 +66,10 @@ def data_file(checkpoint: str) -> str:
 
 def test_a_flipped_bit_in_the_newest_checkpoint_falls_back_to_the_one_before(
         tmp_path, capsys, reference):
-    workdir = stopped(tmp_path / "w", 9)  # latest: steps 6 and 8
+    """... and the metrics records of the steps done again are not kept twice."""
+    workdir = stopped(tmp_path / "w", 9)  # latest: steps 6 and 8; records up to step 9
+    metrics = os.path.join(workdir, tracking.METRICS_FILE)
+    assert max(r["step"] for r in tracking.read(metrics) if r["phase"] == "train") == 9
     latest = os.path.join(workdir, "checkpoints", "latest")
     assert sorted(os.listdir(latest), key=int) == ["6", "8"]
     path = data_file(os.path.join(latest, "8"))
@@ -72,38 +81,48 @@ def test_a_flipped_bit_in_the_newest_checkpoint_falls_back_to_the_one_before(
     assert f"{path} fails its checksum" in said and "falling back to the checkpoint of step 6" \
         in said and "resuming from step 6" in said
     assert out == reference
-    assert verify.verify(workdir) == []
+    steps = [r["step"] for r in tracking.read(metrics) if r["phase"] == "train"]
+    assert steps == list(range(1, 13))
+    assert [r["step"] for r in tracking.read(metrics) if r["phase"] == "val"] == [6, 12]
 
 
-@pytest.mark.parametrize("damage", ["garbled", "truncated"])
-def test_a_damaged_best_checkpoint_is_trained_again_never_ensembled(tmp_path, capsys,
-                                                                     reference, damage):
-    workdir = stopped(tmp_path / "w", 9)  # best: epoch 0
-    path = data_file(os.path.join(workdir, "checkpoints", "best", "0"))
-    data = open(path, "rb").read()
-    if damage == "garbled":
-        data = data[:64] + os.urandom(64) + data[128:]
-    else:
-        data = data[:len(data) // 2]
-    open(path, "wb").write(data)
+def copied(finished, tmp_path) -> str:
+    """A copy of the finished run's workdir."""
+    return shutil.copytree(finished[1], tmp_path / "w").as_posix()
+
+
+def test_damaged_best_checkpoints_are_trained_again_never_ensembled(tmp_path, capsys,
+                                                                    finished):
+    """The test (killed before, so its results.json missing) meets epoch 0's checkpoint garbled
+    (64 random bytes) and epoch 1's truncated: both are trained again, bit for bit."""
+    workdir = copied(finished, tmp_path)
+    os.remove(os.path.join(workdir, "results.json"))
+    garbled = data_file(os.path.join(workdir, "checkpoints", "best", "0"))
+    data = open(garbled, "rb").read()
+    open(garbled, "wb").write(data[:64] + os.urandom(64) + data[128:])
+    truncated = data_file(os.path.join(workdir, "checkpoints", "best", "1"))
+    data = open(truncated, "rb").read()
+    open(truncated, "wb").write(data[:len(data) // 2])
     out = numbers(train.train_and_evaluate(CONFIG, workdir))
     said = capsys.readouterr().out
-    assert f"{path} fails its checksum" in said and "re-creating best epoch(s) [0]" in said
-    assert out == reference  # the epoch re-created bit for bit, in the ensemble
+    assert f"{garbled} fails its checksum" in said and "re-creating best epoch(s) [0, 1]" in said
+    assert "resuming from step" not in said  # from step 0: latest holds steps 10 and 12 only
+    assert out == finished[0]  # the epochs re-created bit for bit, in the ensemble
 
 
-def test_a_damaged_checkpoint_is_refused_by_verify_naming_the_file(tmp_path, capsys):
-    workdir = str(tmp_path / "w")
-    train.train_and_evaluate(CONFIG, workdir)
-    assert verify.check_files(workdir)[:3] == ["config.json", "val_history.json", "results.json"]
+def test_a_damaged_file_is_refused_by_verify_and_train_naming_it(tmp_path, capsys, finished):
+    workdir = copied(finished, tmp_path)
+    assert verify.check_files(workdir) == [
+        "config.json", "val_history.json", "results.json", "checkpoints/latest/10",
+        "checkpoints/latest/12", "checkpoints/best/0", "checkpoints/best/1"]
     assert "[verify] checksums of 7 files and checkpoints match" in capsys.readouterr().out
     path = data_file(os.path.join(workdir, "checkpoints", "best", "1"))
     open(path, "r+b").write(b"\0" * 8)
     with pytest.raises(checksums.Corrupt, match=f"{path} fails its checksum"):
         verify.verify(workdir)
     results = os.path.join(workdir, "results.json")
-    text = open(results).read().replace('"acc_mean": 0.', '"acc_mean": 1.')
-    open(results, "w").write(text)
+    text = open(results).read()
+    open(results, "w").write(text.replace('"acc_mean": 0.', '"acc_mean": 1.'))
     with pytest.raises(UserError, match=f"{results} fails its checksum.*delete it and run"):
         train.train_and_evaluate(CONFIG, workdir)
 
@@ -222,16 +241,6 @@ def test_a_stop_while_jax_is_imported_is_one_line_and_130(tmp_path, after):
     assert process.returncode == 130, err
     assert err.strip().splitlines()[-1].startswith("interrupted") and "Traceback" not in err
     assert not workdir.exists()
-
-
-def test_a_resume_drops_the_metrics_records_of_the_redone_steps(tmp_path, reference):
-    workdir = stopped(tmp_path / "w", 11)  # records up to step 11, checkpoint 10
-    path = os.path.join(workdir, tracking.METRICS_FILE)
-    assert max(r["step"] for r in tracking.read(path) if r["phase"] == "train") == 11
-    assert numbers(train.train_and_evaluate(CONFIG, workdir)) == reference
-    steps = [r["step"] for r in tracking.read(path) if r["phase"] == "train"]
-    assert steps == list(range(1, 13))
-    assert [r["step"] for r in tracking.read(path) if r["phase"] == "val"] == [6, 12]
 
 
 def mounted_tmpfs(folder, size: str):
