@@ -67,7 +67,8 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
            manual_dir: str | None = None) -> list[str]:
     """Differences between ``workdir/results.json`` and a recomputation (empty list: MATCH).
 
-    Checks every checksum first (``check_files``). Recomputes the test tasks' fingerprint from (split, spec, seed) and, when
+    Checks every checksum first (``check_files``). Recomputes the test tasks' fingerprint
+    from (split, spec, seed) and, when
     ``metrics`` and the run has finished, the test metrics from its
     checkpoints (equal bit for bit on the same backend). ``data_dir`` / ``manual_dir``
     replace the recorded folders where given.

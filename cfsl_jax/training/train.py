@@ -39,7 +39,7 @@ from cfsl_jax.runtime import (backend, disk, files, locks, memory, parallel, pro
 from cfsl_jax import data
 from cfsl_jax.protocol import episode, metrics
 from cfsl_jax.training import optimizers, results
-from cfsl_jax.runtime.errors import UserError
+from cfsl_jax.runtime.errors import NonFiniteLoss, UserError
 from cfsl_jax.training.evaluate import evaluate
 from cfsl_jax.learners import get_learner
 from cfsl_jax.learners.base import Learner, with_running_bn
@@ -221,7 +221,7 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
                            f"resume", stop.exit_status) from None
     except Exception as error:
         if new and files.isdir(workdir) and _is_user_error(error) and not isinstance(
-                error, locks.Busy) and not _has_checkpoints(workdir):
+                error, (locks.Busy, NonFiniteLoss)) and not _has_checkpoints(workdir):
             files.rmtree(workdir)
         raise
 
