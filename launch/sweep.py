@@ -182,7 +182,7 @@ def main(argv) -> None:
           + f": {sweep.summary(outcomes)}")
     if any(o.status in ("skipped", "finished") for o in outcomes):
         _report()
-    bad = [o for o in outcomes if o.status in ("failed", "conflict")]
+    bad = [o for o in outcomes if o.status in ("failed", "conflict", "busy")]
     if bad:
         raise SystemExit(f"{len(bad)} run(s) did not finish: "
                          + ", ".join(f"{o.run.name} ({o.status})" for o in bad))

@@ -40,15 +40,14 @@ def load(workdir: str, **paths: str | None) -> tuple[TrainConfig, dict]:
 def check_files(workdir: str) -> list[str]:
     """Check the SHA-256 of every checked file of ``workdir`` (its JSON files and each
     checkpoint's files), saying which were checked; ``checksums.Corrupt`` (one line naming the
-    file) at the first that fails. Returns the names checked ([] for a workdir written before
-    checksums: said once)."""
+    file) at the first that fails. Returns the names checked (not the files of a workdir
+    written before checksums: said once)."""
     if not checksums.has_manifest(workdir):
         checksums.legacy(workdir)
-        return []
     checked = []
     for name in checksums.CHECKED:
         path = files.join(workdir, name)
-        if files.isfile(path):
+        if files.isfile(path) and name in checksums.recorded(workdir):
             checksums.read_checked(path)
             checked.append(name)
     if files.isdir(files.join(workdir, "checkpoints")):
@@ -58,8 +57,9 @@ def check_files(workdir: str) -> list[str]:
                         for folder in ckpt.check_all()]
         finally:
             ckpt.close()
-    progress.say(f"[verify] checksums of {len(checked)} files and checkpoints match: "
-                 f"{', '.join(checked)}")
+    if checked:
+        progress.say(f"[verify] checksums of {len(checked)} files and checkpoints match: "
+                     f"{', '.join(checked)}")
     return checked
 
 

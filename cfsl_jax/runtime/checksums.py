@@ -15,8 +15,9 @@ Two kinds of manifest:
   wrote, written atomically once the checkpoint is complete.
 
 A workdir written before checksums existed has no ``checksums.json``: its files are read
-unchecked and a note says so once (``legacy``); its new writes add their checksums. In a
-workdir that has one, a checkpoint without its manifest (its write was cut short) counts as
+unchecked and a note says so once (``legacy``); its new writes add their checksums (and are
+checked from then on). In a workdir written with checksums from its start
+(``from_the_start``), a checkpoint without its manifest (its write was cut short) counts as
 damaged.
 """
 
@@ -56,6 +57,18 @@ def file_sha256(path: str) -> str:
 
 def has_manifest(folder: str) -> bool:
     return files.exists(files.join(folder, MANIFEST))
+
+
+def recorded(folder: str) -> list[str]:
+    """The names in ``folder`` whose checksums are recorded."""
+    return sorted((_manifest(folder) or {}).keys())
+
+
+def from_the_start(workdir: str) -> bool:
+    """Whether ``workdir`` was written with checksums from its start (its ``config.json``'s
+    is recorded): then every checkpoint in it must have its manifest. A workdir written before
+    checksums and resumed since has a manifest without it."""
+    return "config.json" in recorded(workdir)
 
 
 def _manifest(folder: str) -> dict | None:

@@ -9,13 +9,15 @@ out of space (``ENOSPC``, or tensorstore's ``RESOURCE_EXHAUSTED`` while orbax wr
 checkpoint) into ``DiskFull``: a ``UserError`` (``error: ...``, exit status 2) naming the
 folder and the space needed. The writers clean up after it (a temporary file or an orbax
 temporary folder is removed), so nothing is left half-written; a run resumes from its last
-checkpoint once space is freed.
+checkpoint once space is freed. ``quiet_disk_full_logs`` keeps orbax's and asyncio's
+tracebacks of the failed write threads off stderr.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import shutil
 from typing import Iterator
@@ -44,6 +46,24 @@ def is_disk_full(error: BaseException | None, checkpoint: bool = False) -> bool:
             return True
         error = error.__cause__ or error.__context__
     return False
+
+
+class _DiskFullRecords(logging.Filter):
+    """Drops the log records of a full disk (orbax logs each failed write thread's traceback,
+    asyncio each unretrieved task's): the ``DiskFull`` line says it once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not (is_disk_full(error, checkpoint=True) or any(
+            text in record.getMessage() for text in (*_TEXTS, "RESOURCE_EXHAUSTED")))
+
+
+def quiet_disk_full_logs(loggers: tuple[str, ...] = ("absl", "asyncio")) -> None:
+    """Keep the libraries' log records of a full disk off stderr (idempotent)."""
+    for name in loggers:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DiskFullRecords) for f in logger.filters):
+            logger.addFilter(_DiskFullRecords())
 
 
 def free_bytes(folder: str) -> int | None:

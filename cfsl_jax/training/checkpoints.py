@@ -30,6 +30,7 @@ from cfsl_jax.runtime import checksums, disk, files, progress
 from cfsl_jax.runtime.errors import UserError
 
 KEEP_LATEST = 2  # resume checkpoints kept: a damaged newest one falls back to the one before
+disk.quiet_disk_full_logs()  # orbax's threads log a full disk's tracebacks: DiskFull says it
 
 
 def _manager(directory: str, max_to_keep: int | None, best: bool = False
@@ -49,8 +50,8 @@ class Checkpoints:
         if read_only and not files.isdir(root):
             raise FileNotFoundError(f"no checkpoints in {workdir!r} (looked for {root})")
         # checked: a workdir of this version (its JSON files have checksums); else legacy
-        self.checked = checksums.has_manifest(workdir)
-        if not self.checked and files.isdir(root):
+        self.checked = checksums.from_the_start(workdir)
+        if not checksums.has_manifest(workdir) and files.isdir(root):
             checksums.legacy(workdir)
         self.resume_limit: int | None = None  # restore_latest: no step after it (repair_best)
         self.latest = _manager(files.join(root, "latest"), KEEP_LATEST)
@@ -146,16 +147,16 @@ class Checkpoints:
 
     def check_all(self) -> list[str]:
         """Check every checkpoint's checksums (``Corrupt`` at the first that fails); returns
-        the folders checked."""
+        the folders checked (not those of a legacy workdir, which have none)."""
         checked = []
         for manager in (self.latest, self.best, self.pretrained):
             for step in manager.all_steps():
-                self._check(manager, step)
-                checked.append(_folder(manager, step))
+                if self._check(manager, step):
+                    checked.append(_folder(manager, step))
         return checked
 
-    def _check(self, manager: ocp.CheckpointManager, step: int) -> None:
-        checksums.check_folder(_folder(manager, step), required=self.checked)
+    def _check(self, manager: ocp.CheckpointManager, step: int) -> bool:
+        return checksums.check_folder(_folder(manager, step), required=self.checked)
 
     def _restore(self, manager: ocp.CheckpointManager, step: int, target: Any) -> Any:
         try:
@@ -190,7 +191,8 @@ def _save(manager: ocp.CheckpointManager, step: int, tree: Any, **options) -> No
         with disk.space_checked(folder, needed, checkpoint=True):
             manager.save(step, args=ocp.args.StandardSave(tree), **options)
             manager.wait_until_finished()
-            checksums.seal(_folder(manager, step))
+            if jax.process_index() == 0:  # one host writes (orbax's files are shared)
+                checksums.seal(_folder(manager, step))
     except disk.DiskFull:
         for name in files.listdir(folder):
             if "orbax-checkpoint-tmp" in name:

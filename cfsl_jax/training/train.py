@@ -24,6 +24,7 @@ epoch loop (resume, stops, checkpoints, validation) is ``cfsl_jax.training.loop`
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import Any
@@ -201,7 +202,7 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
     try:
         if new:  # nothing is created on a disk without room for the run's first files
             disk.require(files.dirname(workdir), START_BYTES)
-        with stops.handled(), locks.held(locks.path_in(workdir), f"workdir {workdir}"):
+        with stops.handled(), _workdir_locked(workdir):
             done = finished_results(workdir, config)
             if done is not None:
                 if retest:
@@ -224,6 +225,14 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
                 error, (locks.Busy, NonFiniteLoss)) and not _has_checkpoints(workdir):
             files.rmtree(workdir)
         raise
+
+
+def _workdir_locked(workdir: str):
+    """The workdir's lock (``locks.held``), taken by the first host of a multi-host run (every
+    host runs the same command on one workdir)."""
+    if not results.is_primary():
+        return contextlib.nullcontext()
+    return locks.held(locks.path_in(workdir), f"workdir {workdir}")
 
 
 def _has_checkpoints(workdir: str) -> bool:
