@@ -191,7 +191,9 @@ def _save(manager: ocp.CheckpointManager, step: int, tree: Any, **options) -> No
         with disk.space_checked(folder, needed, checkpoint=True):
             manager.save(step, args=ocp.args.StandardSave(tree), **options)
             manager.wait_until_finished()
-            if jax.process_index() == 0:  # one host writes (orbax's files are shared)
+            # one host writes (orbax's files are shared); a best epoch worse than the kept ones
+            # is deleted by orbax at once: nothing to seal
+            if jax.process_index() == 0 and files.isdir(_folder(manager, step)):
                 checksums.seal(_folder(manager, step))
     except disk.DiskFull:
         for name in files.listdir(folder):
