@@ -50,11 +50,19 @@ def reference(finished):
     return finished[0]
 
 
-def stopped(workdir, steps: int) -> str:
-    """``workdir`` with the run stopped after ``steps`` (its newest steps not checkpointed)."""
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """The run stopped after step 9 (step 9 not checkpointed: what a SIGKILL leaves); latest
+    holds steps 6 and 8, best epoch 0, metrics.jsonl records up to step 9."""
+    workdir = str(tmp_path_factory.mktemp("stopped") / "w")
     with pytest.raises(loop.Interrupted):
-        train.train_and_evaluate(CONFIG, str(workdir), stop_after_steps=steps)
-    return str(workdir)
+        train.train_and_evaluate(CONFIG, workdir, stop_after_steps=9)
+    return workdir
+
+
+def stopped(stopped_run, workdir) -> str:
+    """A copy of the stopped run in ``workdir``."""
+    return shutil.copytree(stopped_run, workdir).as_posix()
 
 
 def data_file(checkpoint: str) -> str:
@@ -65,9 +73,9 @@ def data_file(checkpoint: str) -> str:
 
 
 def test_a_flipped_bit_in_the_newest_checkpoint_falls_back_to_the_one_before(
-        tmp_path, capsys, reference):
+        tmp_path, capsys, reference, stopped_run):
     """... and the metrics records of the steps done again are not kept twice."""
-    workdir = stopped(tmp_path / "w", 9)  # latest: steps 6 and 8; records up to step 9
+    workdir = stopped(stopped_run, tmp_path / "w")
     metrics = os.path.join(workdir, tracking.METRICS_FILE)
     assert max(r["step"] for r in tracking.read(metrics) if r["phase"] == "train") == 9
     latest = os.path.join(workdir, "checkpoints", "latest")
@@ -139,8 +147,9 @@ def test_a_workdir_written_before_checksums_still_verifies(tmp_path, capsys, fin
     assert "[verify] checksums" not in said
 
 
-def test_a_nan_names_its_step_and_the_checkpoint_it_resumed_from(tmp_path, monkeypatch):
-    workdir = stopped(tmp_path / "w", 9)
+def test_a_nan_names_its_step_and_the_checkpoint_it_resumed_from(tmp_path, monkeypatch,
+                                                                 stopped_run):
+    workdir = stopped(stopped_run, tmp_path / "w")
     real = loop.run
 
     def exploding(phase, state, step_for, *args, **kwargs):
@@ -275,7 +284,7 @@ def fill(folder, leave: int) -> str:
 
 
 def test_a_full_disk_is_one_line_leaves_nothing_half_written_and_resumes_exactly(
-        tmp_path, reference, caplog):
+        tmp_path, reference, stopped_run, caplog):
     mount = mounted_tmpfs(tmp_path / "mnt", "4m")
     try:
         # at start: nothing is created
@@ -286,7 +295,7 @@ def test_a_full_disk_is_one_line_leaves_nothing_half_written_and_resumes_exactly
         os.remove(filler)
         # mid-run: a checkpoint that does not fit, refused up front (48 kB free) or failing
         # as orbax writes it (120 kB free: more than its arrays, less than its files)
-        workdir = stopped(mount / "w", 5)
+        workdir = stopped(stopped_run, mount / "w")
         for leave in (48 << 10, 120 << 10):
             filler = fill(mount, leave)
             with pytest.raises(disk.DiskFull, match=r"checkpoints/latest: the write needed "):
@@ -294,7 +303,7 @@ def test_a_full_disk_is_one_line_leaves_nothing_half_written_and_resumes_exactly
             leftovers = [name for root, dirs, names in os.walk(workdir) for name in dirs + names
                          if "tmp" in name]
             assert leftovers == [] and sorted(os.listdir(f"{workdir}/checkpoints/latest")) == [
-                "2", "4"]
+                "6", "8"]
             os.remove(filler)
         assert not [r for r in caplog.records if "RESOURCE_EXHAUSTED" in r.getMessage()]
         assert numbers(train.train_and_evaluate(CONFIG, workdir)) == reference
