@@ -13,10 +13,11 @@ Rules:
   ``stops.deferred()``: a stop signal during a step waits for its end. A checkpoint always
   pairs a state with the step that produced it, so a resumed run repeats no step and skips none.
 - Metrics stay on the device between log steps: the host reads the losses of the steps since
-  its last read once per log interval; a non-finite loss is ``NonFiniteLoss`` (one line naming
-  the step and the checkpoint the process resumed from) (``log_every`` steps, or a progress line due, the end of
+  its last read once per log interval (``log_every`` steps, or a progress line due, the end of
   an epoch, a checkpoint or a stop); every loss since the last checkpoint is checked finite
-  before the next one is written.
+  before the next one is written (``NonFiniteLoss``: one line naming the step and the
+  checkpoint the process resumed from). A resume first drops the metrics records of the steps
+  after the restored one (``Tracking.rewind``).
 - The end of epoch ``e`` checkpoints the state first, then validates it. A run stopped during
   validation resumes by validating the restored state (an epoch end without its entry in
   ``val_history.json``).
