@@ -20,6 +20,7 @@ import errno
 import logging
 import os
 import shutil
+import sys
 from typing import Iterator
 
 from cfsl_jax.runtime.errors import UserError
@@ -64,6 +65,22 @@ def quiet_disk_full_logs(loggers: tuple[str, ...] = ("absl", "asyncio")) -> None
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DiskFullRecords) for f in logger.filters):
             logger.addFilter(_DiskFullRecords())
+
+
+def quiet_closed_event_loops() -> None:
+    """After a failed checkpoint write, orbax's abandoned callbacks report "Event loop is
+    closed" as exceptions Python cannot raise ("Exception ignored in ..."): kept off stderr."""
+    previous = sys.unraisablehook
+    if getattr(previous, "disk_full_hook", False):
+        return
+
+    def hook(unraisable):
+        if not (isinstance(unraisable.exc_value, RuntimeError)
+                and "Event loop is closed" in str(unraisable.exc_value)):
+            previous(unraisable)
+
+    hook.disk_full_hook = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
 
 
 def free_bytes(folder: str) -> int | None:

@@ -196,6 +196,7 @@ def _save(manager: ocp.CheckpointManager, step: int, tree: Any, **options) -> No
             if jax.process_index() == 0 and files.isdir(_folder(manager, step)):
                 checksums.seal(_folder(manager, step))
     except disk.DiskFull:
+        disk.quiet_closed_event_loops()
         for name in files.listdir(folder):
             if "orbax-checkpoint-tmp" in name:
                 files.rmtree(files.join(folder, name))
