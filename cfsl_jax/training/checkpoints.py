@@ -151,9 +151,23 @@ class Checkpoints:
         checked = []
         for manager in (self.latest, self.best, self.pretrained):
             for step in manager.all_steps():
-                if self._check(manager, step):
-                    checked.append(_folder(manager, step))
+                try:
+                    if self._check(manager, step):
+                        checked.append(_folder(manager, step))
+                except UserError as error:
+                    raise checksums.Corrupt(f"{error}; {self._advice(manager)}", getattr(
+                        error, "path", _folder(manager, step))) from None
         return checked
+
+    def _advice(self, manager: ocp.CheckpointManager) -> str:
+        """What to do about a damaged checkpoint of ``manager``'s series."""
+        if manager is self.latest:
+            return ("running the training command again falls back to the checkpoint before it "
+                    "(the same numbers)")
+        again = ("re-creates that epoch by training again" if manager is self.best
+                 else "pretrains again")
+        return (f"delete the run's results.json (if any) and run its training command again "
+                f"(--flagfile=WORKDIR/flags.txt): it {again}, with the same numbers")
 
     def _check(self, manager: ocp.CheckpointManager, step: int) -> bool:
         return checksums.check_folder(_folder(manager, step), required=self.checked)
@@ -165,11 +179,7 @@ class Checkpoints:
         except UserError as error:
             if manager is self.latest:
                 raise
-            again = ("re-creates that epoch by training again" if manager is self.best
-                     else "pretrains again")
-            raise UserError(f"{error}; delete the run's results.json (if any) and run its "
-                            f"training command again (--flagfile=WORKDIR/flags.txt): it "
-                            f"{again}, with the same numbers") from None
+            raise UserError(f"{error}; {self._advice(manager)}") from None
 
     def close(self) -> None:
         for manager in (self.latest, self.best, self.pretrained):
