@@ -181,8 +181,8 @@ def run(main: Callable[[list[str]], None], interrupted: str = "interrupted: re-r
 
     def guarded(argv):
         from cfsl_jax.runtime import stops
-        stops.install()  # stop signals end the command cleanly, never lost in a callback
         with boundary(interrupted):
+            stops.install()  # stop signals end the command cleanly, never lost in a callback
             quiet_logs()
             from .options import apply_backend_flags, apply_deprecated_flags
             apply_deprecated_flags()

@@ -10,6 +10,11 @@ with ``CFSL_PROGRESS=0``), imports the command's module inside ``starting`` -- w
 it owns, until its block ends (importing JAX takes seconds, more on a loaded machine) -- and
 runs the command. The ``cfsl-NAME`` scripts call ``main`` the same way (``script``).
 Importing this module (or any command's) prints nothing and starts no thread.
+
+A command's stop signals (SIGINT, SIGTERM, SIGUSR1, SIGUSR2) are handled from ``main``'s first
+line, before JAX is imported: until ``cli.run`` installs the real handlers
+(``cfsl_jax.runtime.stops``, which replaces these), a stop prints one line (nothing was run or
+written) and exits with 128 + the signal's number at once.
 """
 
 from __future__ import annotations
@@ -57,8 +62,29 @@ def starting(name: str, period: float = STARTING_HEARTBEAT_S,
         thread.join()
 
 
+def _stop_while_starting(signum, frame):  # a command's first instants: keep it light
+    import signal
+    os.write(2, f"\ninterrupted by {signal.Signals(signum).name} while starting: nothing was run "
+                f"or written; run the same command again\n".encode())
+    os._exit(128 + signum)
+
+
+_stop_while_starting.stops_early = True  # stops.install replaces it
+
+
+def install_early_stops() -> None:
+    """``_stop_while_starting`` for each stop signal still at Python's default (one ignored by
+    the parent stays ignored)."""
+    import signal
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+        if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
+            signal.signal(signum, _stop_while_starting)
+
+
 def main(name: str, package: str | None = None) -> None:
     """Run command ``name`` (``launch/NAME.py``'s ``run``), its first line first."""
+    if threading.current_thread() is threading.main_thread():
+        install_early_stops()
     with starting(name, announce=announced(sys.argv[1:])):
         module = importlib.import_module(f"{package or 'cfsl_jax.launch'}.{name}")
     module.run()

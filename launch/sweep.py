@@ -47,6 +47,7 @@ from absl import flags
 from cfsl_jax.training import as_published
 from cfsl_jax.experiments import report, slurm, sweep, sweep_plan
 from cfsl_jax.learners import LEARNERS, options_class, parse_learner_options
+from cfsl_jax.runtime import locks
 from cfsl_jax.runtime.options import names as option_names
 from cfsl_jax.protocol.spec import PAPER_GRID
 
@@ -187,8 +188,9 @@ def main(argv) -> None:
         cli.write_flagfile(FLAGS.workdir)
         return
     try:
-        outcomes = sweep.run_sweep(configs, FLAGS.workdir, workers=FLAGS.workers,
-                                   pack=FLAGS.pack)
+        with locks.held(*sweep_lock(FLAGS.workdir, shard)):
+            outcomes = sweep.run_sweep(configs, FLAGS.workdir, workers=FLAGS.workers,
+                                       pack=FLAGS.pack)
     except KeyboardInterrupt:
         cli.write_flagfile(FLAGS.workdir)
         raise
@@ -198,10 +200,17 @@ def main(argv) -> None:
           + f": {sweep_plan.summary(outcomes)}")
     if any(o.status in ("skipped", "finished") for o in outcomes):
         _report()
-    bad = [o for o in outcomes if o.status in ("failed", "conflict")]
+    bad = [o for o in outcomes if o.status in ("failed", "conflict", "busy")]
     if bad:
         raise SystemExit(f"{len(bad)} run(s) did not finish: "
                          + ", ".join(f"{o.run.name} ({o.status})" for o in bad))
+
+
+def sweep_lock(sweep_dir: str, shard: tuple[int, int] | None) -> tuple[str, str]:
+    """(lock file, what it locks) of a sweep (shard K/N): one command at a time runs it."""
+    suffix = f"-shard-{shard[0]}-of-{shard[1]}" if shard else ""
+    return (locks.path_in(sweep_dir, f".sweep{suffix}.lock"),
+            f"sweep {sweep_dir}" + (f" shard {shard[0]}/{shard[1]}" if shard else ""))
 
 
 def _report() -> None:

@@ -127,7 +127,8 @@ def interruptible_module(module: str, *args: str) -> list[str]:
 # The order modules are handed to the workers (``--no-loadscope-reorder``): the longest
 # first, so that no long module starts last while the other worker idles, and the notebooks
 # after the sweep tests, whose programs (same settings, one persistent cache) they then load.
-MODULES_FIRST = ("test_sweep_report.py", "test_slurm.py", "test_stops.py", "test_maml.py", "test_parallel.py",
+MODULES_FIRST = ("test_sweep_report.py", "test_slurm.py", "test_stops.py", "test_integrity.py",
+                 "test_maml.py", "test_parallel.py",
                  "test_train.py", "test_finetune.py", "test_fluid_methods.py", "test_sampler.py", "test_cloud_paths.py",
                  "test_cli.py", "test_metrics.py", "test_pretrain.py", "test_conv.py")
 MODULES_LAST = ("test_notebooks.py",)

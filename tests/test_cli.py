@@ -291,7 +291,7 @@ def test_sigterm_checkpoints_training_and_says_how_to_resume(tmp_path):
     step = int(last.split()[5])
     assert last.startswith("interrupted by SIGTERM at step ") and last.endswith(
         f"checkpointed at step {step} in {workdir}: re-run the same command to resume"), last
-    assert os.listdir(os.path.join(workdir, "checkpoints", "latest")) == [str(step)]
+    assert max(map(int, os.listdir(os.path.join(workdir, "checkpoints", "latest")))) == step
     with open(os.path.join(workdir, "flags.txt")) as f:  # --flagfile=W/flags.txt resumes it
         written = f.read().splitlines()
     assert f"--workdir={os.path.realpath(workdir)}" in written

@@ -161,8 +161,8 @@ def test_nan_loss_stops_with_epoch_and_step_and_keeps_last_checkpoint(tmp_path, 
 
     monkeypatch.setattr(runs, "get_learner", exploding)  # what runs.build calls
     workdir = str(tmp_path / "nan")
-    with pytest.raises(FloatingPointError, match=r"loss is nan at epoch 1, step 3 .* checkpoint "
-                                                 r"is step 3"):
+    with pytest.raises(FloatingPointError, match=r"loss is nan at epoch 1, step 3 .* newest "
+                                                 r"checkpoint, step 3, is the state before it"):
         train.train_and_evaluate(TINY, workdir)
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints", "latest"))) == ["3"]
 

@@ -23,6 +23,10 @@ Rules:
   threading.
   ``workers=0`` runs everything in this process (tests, notebooks,
   debugging), with this process's jax configuration.
+- Each run is claimed before it is trained (its workdir's lock, ``locks``): a run that another
+  sweep, shard or requeued task is training is not run (status ``busy``), never twice at once.
+- A worker ends when the sweep's process dies (``orphans``: a SIGKILL, the OOM killer): its run
+  checkpoints and stops; no orphan trains on.
 - A run that raises is recorded as failed (its traceback goes to the log and
   to ``<workdir>/error.log``; a user error, such as a spec a split cannot
   supply, is one line); the sweep goes on with the others.
@@ -44,6 +48,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Callable, Mapping, Sequence
@@ -51,7 +56,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 
 from cfsl_jax import data
-from cfsl_jax.runtime import backend, files, progress, stops
+from cfsl_jax.runtime import backend, files, locks, orphans, progress, stops
 from cfsl_jax.training import packing, train
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.runtime.errors import UserError
@@ -97,6 +102,7 @@ def worker_env(platform: str, slot: int, devices: int) -> dict[str, str]:
 
 
 _stopping = False  # a worker that saw Ctrl-C starts no further run
+_busy = threading.Event()  # set while a worker runs a run (``orphans``: a stop then waits)
 
 
 @stops.aware
@@ -109,9 +115,12 @@ def _on_interrupt(signum, frame) -> None:
         stops.handle(signum, frame)
 
 
-def _init_worker(slots, platform: str, devices: int, jax_options: dict) -> None:
+def _init_worker(slots, platform: str, devices: int, jax_options: dict,
+                 parent: int | None = None) -> None:
     """Runs first in every worker process, before its jax backend starts."""
     stops.install(_on_interrupt)
+    if parent is not None:
+        orphans.end_with_parent(parent, lambda: _busy.is_set())
     os.environ.update(worker_env(platform, slots.get(), devices))  # read at backend start
     for name, value in jax_options.items():
         jax.config.update(name, value)
@@ -140,8 +149,11 @@ def execute(config_json: dict, workdir: str) -> tuple[str, float, str]:
         return "interrupted", 0.0, "not started"
     prefix = f"{config_json['learner']}/{config_json['task']}/seed{config_json['seed']}: "
     try:
+        _busy.set()
         with progress.prefixed(prefix):
             out = train.train_and_evaluate(TrainConfig(**config_json), workdir)
+    except locks.Busy as error:  # claimed by another sweep, shard or requeued task
+        return "busy", time.perf_counter() - started, f"not run: {error}"
     except KeyboardInterrupt as error:
         return "interrupted", time.perf_counter() - started, str(error) or "interrupted"
     except UserError as error:  # one line: the run cannot be done as configured
@@ -150,6 +162,8 @@ def execute(config_json: dict, workdir: str) -> tuple[str, float, str]:
         detail = traceback.format_exc()
         files.write_atomic(files.join(workdir, "error.log"), detail)
         return "failed", time.perf_counter() - started, detail
+    finally:
+        _busy.clear()
     files.remove(files.join(workdir, "error.log"))
     return "finished", time.perf_counter() - started, f"test acc {out['test']['acc_mean']:.4f}"
 
@@ -248,7 +262,7 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
         pool = concurrent.futures.ProcessPoolExecutor(
             workers, mp_context=context, initializer=_init_worker,
             initargs=(slots, platform, devices,
-                      {**worker_jax_options(sweep_dir), **(jax_options or {})}))
+                      {**worker_jax_options(sweep_dir), **(jax_options or {})}, os.getpid()))
         try:
             sources = {(c.dataset, c.data_dir, c.manual_dir, json.dumps(c.dataset_options,
                                                                         sort_keys=True)): c

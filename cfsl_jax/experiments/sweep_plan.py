@@ -64,7 +64,8 @@ class Outcome(NamedTuple):
     """What running (or not running) one run did."""
 
     run: Run
-    status: str  # "skipped" (done before), "finished", "failed", "conflict", "interrupted"
+    status: str  # "skipped" (done before), "finished", "failed", "conflict", "interrupted",
+    # "busy" (another process is training it: not run)
     seconds: float
     detail: str  # test accuracy, the error, or the reason
 

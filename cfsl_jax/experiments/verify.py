@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from cfsl_jax.runtime import files, progress
-from cfsl_jax.training import results
+from cfsl_jax.runtime import checksums, files, progress
+from cfsl_jax.training import checkpoints, results
 from cfsl_jax.training import runs
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.runtime.errors import UserError
@@ -37,15 +37,43 @@ def load(workdir: str, **paths: str | None) -> tuple[TrainConfig, dict]:
     return dataclasses.replace(config, **given), results.read_json(path)
 
 
+def check_files(workdir: str) -> list[str]:
+    """Check the SHA-256 of every checked file of ``workdir`` (its JSON files and each
+    checkpoint's files), saying which were checked; ``checksums.Corrupt`` (one line naming the
+    file) at the first that fails. Returns the names checked (not the files of a workdir
+    written before checksums: said once)."""
+    if not checksums.has_manifest(workdir):
+        checksums.legacy(workdir)
+    checked = []
+    for name in checksums.CHECKED:
+        path = files.join(workdir, name)
+        if files.isfile(path) and name in checksums.recorded(workdir):
+            checksums.read_checked(path)
+            checked.append(name)
+    if files.isdir(files.join(workdir, "checkpoints")):
+        ckpt = checkpoints.Checkpoints(workdir, read_only=True)
+        try:
+            checked += [folder[len(files.absolute(workdir)):].lstrip("/")
+                        for folder in ckpt.check_all()]
+        finally:
+            ckpt.close()
+    if checked:
+        progress.say(f"[verify] checksums of {len(checked)} files and checkpoints match: "
+                     f"{', '.join(checked)}")
+    return checked
+
+
 def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
            manual_dir: str | None = None) -> list[str]:
     """Differences between ``workdir/results.json`` and a recomputation (empty list: MATCH).
 
-    Recomputes the test tasks' fingerprint from (split, spec, seed) and, when
+    Checks every checksum first (``check_files``). Recomputes the test tasks' fingerprint
+    from (split, spec, seed) and, when
     ``metrics`` and the run has finished, the test metrics from its
     checkpoints (equal bit for bit on the same backend). ``data_dir`` / ``manual_dir``
     replace the recorded folders where given.
     """
+    check_files(workdir)
     config, recorded = load(workdir, data_dir=data_dir, manual_dir=manual_dir)
     learner, splits = runs.build(config)
     differences = []

@@ -13,3 +13,8 @@ from __future__ import annotations
 
 class UserError(ValueError):
     """A mistake in the user's input, explained in one line."""
+
+
+class NonFiniteLoss(UserError, FloatingPointError):
+    """A training loss that is NaN or infinite (the message names the step and the checkpoint
+    the run resumed from); one line, as a user error: the settings or the data produce it."""

@@ -20,6 +20,9 @@ Rules:
   then a delete: the copy replaces the target object in one step (an object is never seen
   half-written), and a kill between the two leaves a stray temporary object.
   Two writers at once (two sweep shards writing the report): the last one's file wins, whole.
+- A full disk is ``disk.DiskFull`` (one line naming the folder and the bytes the write needed),
+  checked before the write where the free space is known; ``write_atomic`` then leaves no
+  temporary behind.
 - ``append_text`` appends (``O_APPEND``) on a local disk; an object store cannot append, so
   there the file is read and written again whole, atomically (fine for the small files it is
   used for: a run's ``results.csv`` and ``metrics.jsonl``).
@@ -34,6 +37,7 @@ from typing import Iterator, Sequence
 
 from etils import epath
 
+from cfsl_jax.runtime import disk
 from cfsl_jax.runtime.errors import UserError
 
 
@@ -116,12 +120,13 @@ def write_atomic(name: str, data: str | bytes) -> None:
     """Write ``data`` to ``name`` through a temporary file in the same folder, then a rename
     (what a reader and a kill see: the module's rules); the folder is created if missing."""
     target = path(absolute(name))
-    target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.parent / f".{target.name}.{uuid.uuid4().hex[:12]}.tmp"
     try:
-        with temporary.open("wb" if isinstance(data, bytes) else "w") as f:
-            f.write(data)
-        temporary.replace(target)
+        with disk.space_checked(str(target.parent), len(data)):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with temporary.open("wb" if isinstance(data, bytes) else "w") as f:
+                f.write(data)
+            temporary.replace(target)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
@@ -130,9 +135,10 @@ def write_atomic(name: str, data: str | bytes) -> None:
 def append_text(name: str, text: str) -> None:
     """Append ``text`` to ``name`` (created if missing; see the module's rules)."""
     if not is_url(name):
-        makedirs(dirname(name))
-        with open(name, "a", encoding="utf-8") as f:
-            f.write(text)
+        with disk.space_checked(dirname(name), len(text)):
+            makedirs(dirname(name))
+            with open(name, "a", encoding="utf-8") as f:
+                f.write(text)
         return
     write_atomic(name, (read_text(name) if exists(name) else "") + text)
 

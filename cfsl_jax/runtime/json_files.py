@@ -12,7 +12,7 @@ from typing import Any
 
 import jax
 
-from cfsl_jax.runtime import files
+from cfsl_jax.runtime import checksums, files
 from cfsl_jax.runtime.errors import UserError
 
 
@@ -23,24 +23,26 @@ def is_primary() -> bool:
 
 def write_json(path: str, payload: Any) -> None:
     """Write JSON atomically (``files.write_atomic``: a temporary file renamed), so a kill never
-    leaves half a file, on a local disk or on gs://.
+    leaves half a file, on a local disk or on gs://; a run's config.json, val_history.json and
+    results.json with their SHA-256 (``checksums``: checked by ``read_json``).
 
     Only the primary process writes (every host of a multi-host run computes the same).
     """
     if not is_primary():
         return
-    files.write_atomic(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    checksums.write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
 def read_json(path: str, default: Any = None) -> Any:
     """The JSON in ``path`` (``default`` when it does not exist and one is given); a file that is
-    not valid JSON (truncated, corrupt) is a UserError naming it and what to do."""
+    not valid JSON (truncated, corrupt), or that fails its recorded checksum
+    (``checksums.Corrupt``), is a UserError naming it and what to do."""
     if not files.exists(path):
         if default is not None:
             return default
         raise FileNotFoundError(f"{path} does not exist")
     try:
-        return json.loads(files.read_text(path))
+        return json.loads(checksums.read_checked(path))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise UserError(f"{path} is not valid JSON (truncated or corrupt: {error}); delete it to "
                         f"let the command write it again, or give another folder") from None

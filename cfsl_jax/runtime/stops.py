@@ -15,7 +15,8 @@ step and records its result inside one, so a checkpoint always pairs a state wit
 produced it.
 
 ``install()`` handles only the signals whose handler is still Python's default (``SIG_DFL``, or
-``default_int_handler`` for SIGINT): a signal ignored by the parent (a background job's SIGINT)
+``default_int_handler`` for SIGINT), or the launch package's handler of a command's first
+instants (marked ``stops_early``: one line and an exit while JAX is imported): a signal ignored by the parent (a background job's SIGINT)
 stays ignored, and a scheduler library's own handler (e.g. submitit's SIGUSR2 handler, which
 raises ``SystemExit``) is left in place; ``deferred()`` holds its signal to the block's end
 too (then calls it), and the training loop checkpoints on that ``SystemExit``. A handler that
@@ -161,7 +162,8 @@ def install(handler: Callable[[int, Any], None] = handle) -> dict[int, Any]:
     replaced = {}
     for signum in SIGNALS:
         current = signal.getsignal(signum)
-        if current in (signal.SIG_DFL, signal.default_int_handler):
+        if current in (signal.SIG_DFL, signal.default_int_handler) or getattr(
+                current, "stops_early", False):
             replaced[signum] = signal.signal(signum, handler)
     if not getattr(sys.unraisablehook, "stops_hook", False):
         previous = sys.unraisablehook

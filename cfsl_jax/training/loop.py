@@ -17,7 +17,9 @@ Rules:
 - Metrics stay on the device between log steps: the host reads the losses of the steps since
   its last read once per log interval (``log_every`` steps, or a progress line due, the end of
   an epoch, a checkpoint or a stop); every loss since the last checkpoint is checked finite
-  before the next one is written.
+  before the next one is written (``NonFiniteLoss``: one line naming the step and the
+  checkpoint the process resumed from). A resume first drops the metrics records of the steps
+  after the restored one (``Tracking.rewind``).
 - The end of epoch ``e`` checkpoints the state first, then validates it. A run stopped during
   validation resumes by validating the restored state (an epoch end without its entry in
   ``val_history.json``).
@@ -39,6 +41,7 @@ import numpy as np
 from absl import logging
 
 from cfsl_jax.runtime import files, progress, stops
+from cfsl_jax.runtime.errors import NonFiniteLoss
 from cfsl_jax.training import results
 from cfsl_jax.training import checkpoints
 from cfsl_jax.training.config import TrainConfig
@@ -158,11 +161,13 @@ class Hook:
 class Metrics(Hook):
     """Keeps the steps' metrics on the device and reads them once per log interval (or a
     progress line due, a checkpoint, the end of an epoch or of the phase): checks every loss
-    finite (FloatingPointError naming the first non-finite step), writes their means to
+    finite (``NonFiniteLoss``, a FloatingPointError naming the first non-finite step and the
+    checkpoint this process resumed from), writes their means to
     ``tracking`` and updates the progress line."""
 
     def __init__(self, phase: Phase, start: int, outputs: Outputs, run: int | None = None):
         self.phase, self.outputs, self.run = phase, outputs, run  # run: its row in a pack
+        self.start = start  # the step this process began the phase at (0, or a resume)
         self.outs: list[dict[str, jax.Array]] = []
         self.first = start  # the step of outs[0]
         self.clock = time.perf_counter()
@@ -207,11 +212,13 @@ class Metrics(Hook):
         bad = np.flatnonzero(~np.isfinite(loss))
         if bad.size:
             at, phase = first + int(bad[0]), self.phase
-            raise FloatingPointError(
+            raise NonFiniteLoss(
                 f"{phase.what} loss is {loss[bad[0]]} at epoch {at // phase.iters_per_epoch}, "
-                f"step {at} (global; step {at % phase.iters_per_epoch} of the epoch); the last "
-                f"good checkpoint is step {self.outputs.ckpt.latest.latest_step()} in "
-                f"{self.outputs.workdir}")
+                f"step {at} (global; step {at % phase.iters_per_epoch} of the epoch)"
+                f"{resumed_from(self.start, self.outputs.workdir)}; the newest checkpoint, step "
+                f"{self.outputs.ckpt.latest.latest_step()}, is the state before it and "
+                f"re-running from it meets the same loss: change the settings (e.g. a lower "
+                f"--learning_rate, in a new workdir) or check the data")
         self.clock = time.perf_counter()
         self.last_loss, self.last_acc = float(loss[-1]), float(acc[-1])
         self.outputs.tracking.scalars(self.phase.name, step, {
@@ -311,6 +318,7 @@ def run(phase: Phase, state: TrainState, step_for: Callable[[int, TrainState], S
     if restored is not None:
         state = TrainState(*restored[1:], step=restored[0])
         progress.say(f"[{phase.name}] resuming from step {state.step}")
+    outputs.tracking.rewind(phase.name, state.step)  # records after the restored step: redone
     state = TrainState(*place(tuple(state[:2])), step=state.step)  # the step: a host int
     metrics = Metrics(phase, state.step, outputs)
     checkpoint = Checkpoint(phase, state.step, outputs, metrics)
@@ -351,6 +359,13 @@ def run_hooks(phase: Phase, state: TrainState, step_for: Callable[[int, TrainSta
             hook.on_stop(state)
         raise stopped(stop, state) from None
     return state
+
+
+def resumed_from(start: int, workdir: str) -> str:
+    """How the process began the phase, for the non-finite loss message."""
+    if start:
+        return f"; this process resumed from the checkpoint of step {start} in {workdir}"
+    return f"; this process trained from step 0 (no checkpoint) in {workdir}"
 
 
 def _alive(state: TrainState) -> bool:

@@ -150,6 +150,7 @@ def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
         state = (loop.TrainState(*restored[1:], step=restored[0]) if restored
                  else loop.TrainState(params, optimizer.init(params)))
         restored_at.add(state.step)
+        outputs.tracking.rewind("train", state.step)  # records after the restored step: redone
         states.append(state)
         members.append((outputs, _hooks(phase, state.step, outputs, learner, splits, c, k)))
     (start,) = restored_at

@@ -8,7 +8,9 @@ Every record is one line of ``workdir/metrics.jsonl``: ``{"phase": ..., "step": 
 unix seconds, <name>: <value>, ...}``. Phases: ``train`` / ``pretrain`` (the mean loss and
 accuracy of the steps since the last record, the last step's loss, steps/s; a record per log
 interval), ``val`` (accuracy and cross-entropy after each epoch), ``test`` (the test metrics,
-per-group accuracy as ``group_acc_<g>``). A resumed run appends to the file.
+per-group accuracy as ``group_acc_<g>``). A resumed run first drops the records of the steps
+after the one it resumed from (``rewind``: a kill between two checkpoints left them, and they
+are redone), then appends: no step is recorded twice.
 
 ``tensorboard=True`` also writes TensorBoard event files to ``workdir/tensorboard`` with
 tensorboardX (the ``[tracking]`` extra; no TensorFlow), tag ``<phase>/<name>`` (``epoch``, an
@@ -86,6 +88,22 @@ class Tracking:
         if self.wandb_run is not None:
             self.wandb_run.log({f"{phase}/{name}": v for name, v in flat.items()}, step=int(step))
 
+    def rewind(self, phase: str, step: int) -> None:
+        """A resume of ``phase`` at ``step``: its records (and its ``val`` records) of later
+        steps, written before a kill, are dropped (they are redone), in metrics.jsonl and in
+        TensorBoard (``purge_step``); W&B starts a new run per process anyway."""
+        if not self.path or not files.isfile(self.path):
+            return
+        lines = files.read_text(self.path).splitlines(keepends=True)
+        kept = [line for line in lines if not _after(line, phase, step)]
+        if len(kept) == len(lines):
+            return
+        files.write_atomic(self.path, "".join(kept))
+        if self.writer is not None:  # TensorBoard hides the events of the purged steps
+            logdir = self.writer.logdir
+            self.writer.close()
+            self.writer = type(self.writer)(logdir=logdir, purge_step=step + 1)
+
     def recorded(self, phase: str, step: int, name: str) -> Any:
         """The value of ``name`` in the last ``phase`` record at ``step``, or None."""
         found = None
@@ -128,6 +146,16 @@ def _write_config(writer: Any, config: Mapping[str, Any]) -> None:
     for summary in (experiment, session_start):  # the session's end: when the run's files end
         writer._get_file_writer().add_summary(summary)
     writer.flush()
+
+
+def _after(line: str, phase: str, step: int) -> bool:
+    """Whether ``line`` is a record of ``phase`` (or its validation) after ``step``, or a line
+    cut short by a kill."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return True
+    return record.get("phase") in (phase, "val") and record.get("step", 0) > step
 
 
 def read(path: str) -> list[dict[str, Any]]:

@@ -24,6 +24,8 @@ epoch loop (resume, stops, checkpoints, validation) is ``cfsl_jax.training.loop`
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
 from typing import Any
 
@@ -33,11 +35,12 @@ import optax
 
 from jax.sharding import Mesh
 
-from cfsl_jax.runtime import backend, files, memory, parallel, progress, seeding, stops
+from cfsl_jax.runtime import (backend, disk, files, locks, memory, parallel, progress, seeding,
+                              stops)
 from cfsl_jax import data
 from cfsl_jax.protocol import episode
 from cfsl_jax.training import optimizers, results
-from cfsl_jax.runtime.errors import UserError
+from cfsl_jax.runtime.errors import NonFiniteLoss, UserError
 from cfsl_jax.training.evaluate import evaluate
 from cfsl_jax.learners import get_learner
 from cfsl_jax.protocol.learner import Learner
@@ -48,6 +51,9 @@ from cfsl_jax.training.runs import (build, check_workdir_config, evaluate_run, f
                                     init_params, selects_epochs)
 from cfsl_jax.training.steps import make_train_step, train_step_fn  # noqa: F401 (API)
 from cfsl_jax.training.tracking import Tracking
+
+
+START_BYTES = 1 << 20  # free space a new workdir needs before anything is created in it
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
@@ -139,22 +145,30 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
     Meta-training, pretraining and evaluation run over ``mesh`` (default: every device). A
     workdir that holds this config's finished run is not redone: its stored results are
     printed and returned, or with ``retest`` tested again (``evaluate_run``; the recorded wall
-    time stays the training run's). A user error (UserError, out of memory) before the run's
-    first checkpoint removes the workdir this call created, so a refused run leaves nothing.
+    time stays the training run's). A user error (UserError, out of memory, a full disk)
+    before the run's first checkpoint removes the workdir this call created, so a refused run
+    leaves nothing. The workdir is locked while it works (``locks``: a second command on it is
+    refused, ``locks.Busy``); a damaged best-epoch checkpoint is re-created by training again
+    (``Checkpoints.repair_best``) before it could enter the ensemble.
     """
-    done = finished_results(workdir, config)
-    if done is not None:
-        if retest:
-            return evaluate_run(workdir, mesh=mesh)
-        progress.say(f"{workdir} holds this finished run (re-test it with --retest):")
-        print(results.table(done), flush=True)
-        return done
     new = not files.exists(workdir)
-    started, earlier = time.perf_counter(), runs.earlier_sessions(workdir)
     try:
-        with stops.handled():
-            return _train_and_evaluate(config, workdir, stop_after_steps, mesh,
-                                       earlier["seconds"])
+        if new:  # nothing is created on a disk without room for the run's first files
+            disk.require(files.dirname(workdir), START_BYTES)
+        with stops.handled(), _workdir_locked(workdir):
+            done = finished_results(workdir, config)
+            if done is not None:
+                if retest:
+                    return evaluate_run(workdir, mesh=mesh)
+                progress.say(f"{workdir} holds this finished run (re-test it with --retest):")
+                print(results.table(done), flush=True)
+                return done
+            started, earlier = time.perf_counter(), runs.earlier_sessions(workdir)
+            try:
+                return _train_and_evaluate(config, workdir, stop_after_steps, mesh,
+                                           earlier["seconds"])
+            finally:  # wall_seconds of a resumed run counts every session
+                runs.end_session(workdir, config, earlier, time.perf_counter() - started)
     except stops.StopRequested as stop:
         if files.exists(files.join(workdir, "results.json")):
             raise  # it landed as the finished run returned
@@ -164,12 +178,18 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
         raise loop.interrupted(stop, "between training steps", "its checkpoints are",
                                workdir) from None
     except Exception as error:
-        if new and files.isdir(workdir) and _is_user_error(error) and not _has_checkpoints(
-                workdir):
+        if new and files.isdir(workdir) and _is_user_error(error) and not isinstance(
+                error, (locks.Busy, NonFiniteLoss)) and not _has_checkpoints(workdir):
             files.rmtree(workdir)
         raise
-    finally:  # wall_seconds of a resumed run counts every session
-        runs.end_session(workdir, config, earlier, time.perf_counter() - started)
+
+
+def _workdir_locked(workdir: str):
+    """The workdir's lock (``locks.held``), taken by the first host of a multi-host run (every
+    host runs the same command on one workdir)."""
+    if not results.is_primary():
+        return contextlib.nullcontext()
+    return locks.held(locks.path_in(workdir), f"workdir {workdir}")
 
 
 def _has_checkpoints(workdir: str) -> bool:
@@ -179,7 +199,8 @@ def _has_checkpoints(workdir: str) -> bool:
 
 
 def _is_user_error(error: BaseException) -> bool:
-    return isinstance(error, UserError) or memory.is_out_of_memory(error)
+    return (isinstance(error, UserError) or disk.is_disk_full(error)
+            or memory.is_out_of_memory(error))
 
 
 def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int | None,
@@ -193,6 +214,8 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
     tracking = Tracking(workdir, config.tensorboard, config.wandb_project, config.to_json())
     try:
         ensemble = False
+        if selects_epochs(config, learner):  # a damaged best epoch is trained again, never used
+            ckpt.repair_best(config.iters_per_epoch)
         if learner.recipe.training == "meta":
             params = meta_train(config, learner, params, splits, workdir, ckpt, stop_after_steps,
                                 mesh, tracking)
@@ -203,7 +226,7 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
                                        stop_after_steps, mesh, tracking)
             ensemble = True
         elif learner.recipe.training == "pretrain":
-            pretrained = ckpt.restore_pretrained(params)
+            pretrained = ckpt.restore_pretrained(params, repair=True)
             if pretrained is None:
                 pretrained = pretrain(learner, params, splits["train"],
                                       seeding.purpose_key(config.seed, "pretrain"),

@@ -1,0 +1,189 @@
+"""SHA-256 checksums of a run's files, checked on every read: a damaged file is never used.
+
+    checksums.write_text(files.join(workdir, "results.json"), text)  # data, then its checksum
+    checksums.check_text(path, text)          # Corrupt (one line naming the file) on a mismatch
+    checksums.seal(step_folder)               # after orbax wrote a checkpoint
+    checksums.check_folder(step_folder)       # Corrupt naming the first damaged file
+
+Two kinds of manifest:
+
+- ``<folder>/checksums.json`` for a run's JSON files (``CHECKED``: config.json,
+  val_history.json, results.json): ``{name: [sha256, ...]}``. A write records the new
+  checksum next to the current one, replaces the file atomically, then keeps only the new one:
+  a kill at any instant leaves a file whose checksum is recorded (never a false alarm).
+- ``<checkpoint folder>/cfsl_checksums.json``: ``{relative path: sha256}`` of every file orbax
+  wrote, written atomically once the checkpoint is complete.
+
+A workdir written before checksums existed has no ``checksums.json``: its files are read
+unchecked and a note says so once (``legacy``); its new writes add their checksums (and are
+checked from then on). In a workdir written with checksums from its start
+(``from_the_start``), a checkpoint without its manifest (its write was cut short) counts as
+damaged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from cfsl_jax.runtime import files, progress
+from cfsl_jax.runtime.errors import UserError
+
+MANIFEST = "checksums.json"
+SEAL = "cfsl_checksums.json"
+CHECKED = ("config.json", "val_history.json", "results.json")
+_noted: set[str] = set()  # legacy folders already noted in this process
+
+
+class Corrupt(UserError):
+    """A file does not match its recorded checksum (or cannot be read): the message names it."""
+
+    def __init__(self, message: str, path: str):
+        super().__init__(message)
+        self.path = path
+
+
+def sha256(data: str | bytes) -> str:
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with files.path(path).open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def has_manifest(folder: str) -> bool:
+    return files.exists(files.join(folder, MANIFEST))
+
+
+def recorded(folder: str) -> list[str]:
+    """The names in ``folder`` whose checksums are recorded."""
+    return sorted((_manifest(folder) or {}).keys())
+
+
+def from_the_start(workdir: str) -> bool:
+    """Whether ``workdir`` was written with checksums from its start (its ``config.json``'s
+    is recorded): then every checkpoint in it must have its manifest. A workdir written before
+    checksums and resumed since has a manifest without it."""
+    return "config.json" in recorded(workdir)
+
+
+def _manifest(folder: str) -> dict | None:
+    path = files.join(folder, MANIFEST)
+    if not files.exists(path):
+        return None
+    try:
+        manifest = json.loads(files.read_text(path))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise Corrupt(f"{path} is not valid JSON (damaged); delete it to read the folder's "
+                      f"files unchecked, as a folder written before checksums", path) from None
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def write_text(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically; for the ``CHECKED`` names, with its checksum."""
+    folder, name = files.dirname(path), files.basename(path)
+    if name not in CHECKED:
+        files.write_atomic(path, text)
+        return
+    manifest = _manifest(folder) or {}
+    new = sha256(text)
+    current = [h for h in manifest.get(name, [])[-1:] if h != new]
+    manifest[name] = current + [new]  # the file there now, or the new one, while replacing it
+    _write_manifest(folder, manifest)
+    files.write_atomic(path, text)
+    manifest[name] = [new]
+    _write_manifest(folder, manifest)
+
+
+def _write_manifest(folder: str, manifest: dict) -> None:
+    files.write_atomic(files.join(folder, MANIFEST), json.dumps(manifest, indent=1,
+                                                                sort_keys=True) + "\n")
+
+
+def legacy(folder: str) -> None:
+    """Say once per process that ``folder`` was written before checksums."""
+    if folder not in _noted:
+        _noted.add(folder)
+        progress.say(f"note: {folder} was written before checksums (no {MANIFEST}): its files "
+                     f"are read unchecked")
+
+
+def check_text(path: str, text: str | bytes) -> None:
+    """``Corrupt`` when ``path`` (read as ``text``) is a ``CHECKED`` file whose checksum is
+    recorded and differs."""
+    folder, name = files.dirname(path), files.basename(path)
+    if name not in CHECKED:
+        return
+    manifest = _manifest(folder)
+    if manifest is None:
+        legacy(folder)
+        return
+    recorded = manifest.get(name)
+    if recorded and sha256(text) not in recorded:
+        raise Corrupt(f"{path} fails its checksum (SHA-256 {sha256(text)[:12]}, recorded "
+                      f"{recorded[-1][:12]} in {MANIFEST}): it was changed or damaged after it "
+                      f"was written; {_ADVICE.get(name, 'restore it or give another folder')}",
+                      path)
+
+
+_ADVICE = {
+    "config.json": "if the run's flags are unchanged, delete it and run the same command again "
+                   "(it is written again from the flags)",
+    "val_history.json": "delete it and the folder checkpoints/latest, then run the same "
+                        "command again: training restarts from step 0 and gives the same numbers",
+    "results.json": "delete it and run the same command again: the run is tested again from "
+                    "its checkpoints",
+}
+
+
+def read_checked(path: str) -> str:
+    """The text of ``path``, checked (``check_text``)."""
+    raw = files.read_bytes(path)
+    check_text(path, raw)
+    return raw.decode()
+
+
+# -- checkpoint folders --------------------------------------------------------------------
+def digests(folder: str) -> dict[str, str]:
+    """{path relative to ``folder``: sha256} of every file under it but the manifest."""
+    out = {}
+    for root, _, names in files.walk(folder):
+        for name in names:
+            path = files.join(root, name)
+            relative = path[len(folder):].lstrip("/")
+            if relative != SEAL:
+                out[relative] = file_sha256(path)
+    return out
+
+
+def seal(folder: str) -> None:
+    """Write ``folder``'s manifest (after the checkpoint in it is complete)."""
+    files.write_atomic(files.join(folder, SEAL), json.dumps(digests(folder), indent=1,
+                                                            sort_keys=True) + "\n")
+
+
+def check_folder(folder: str, required: bool = True) -> bool:
+    """Whether ``folder``'s files match its manifest: True; False when it has none and
+    ``required`` is False (a legacy workdir); ``Corrupt`` naming the first file that differs
+    or is missing (or the missing manifest, when ``required``)."""
+    path = files.join(folder, SEAL)
+    if not files.exists(path):
+        if required:
+            raise Corrupt(f"{folder} has no checksums ({SEAL}; its write was cut short)", folder)
+        return False
+    try:
+        recorded = json.loads(files.read_text(path))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise Corrupt(f"{path} is damaged (not valid JSON)", path) from None
+    for relative, expected in sorted(recorded.items()):
+        name = files.join(folder, relative)
+        if not files.isfile(name):
+            raise Corrupt(f"{name} is missing (its checkpoint's checksums list it)", name)
+        if file_sha256(name) != expected:
+            raise Corrupt(f"{name} fails its checksum (the checkpoint was damaged after it "
+                          f"was written)", name)
+    return True

@@ -1,0 +1,187 @@
+"""Locks on folders: one command at a time in a run's workdir, one sweep (shard) at a time.
+
+    with locks.held(locks.path_in(workdir), f"workdir {workdir}"):
+        ...  # train: a second command on the workdir is refused (``Busy``) while this runs
+
+A lock is a file created atomically (``O_CREAT | O_EXCL`` on a local disk or NFS; on an object
+store (``gs://``) written when missing and read back) that holds its holder: host, pid, the
+process's start time and when the lock was taken. While held, a thread refreshes the file's
+modification time every ``HEARTBEAT_S`` seconds, so that a lock of another host can be judged:
+
+- held by this host: stale when its pid is gone (or is another process now: its start time
+  differs), whatever its age;
+- held by another host (a SLURM requeue on another node, a second machine on a shared
+  filesystem): stale when not refreshed for ``STALE_AFTER_S`` seconds.
+
+A command that finds a live lock is refused (``Busy``, a ``UserError``: one line naming the
+holder, exit status 2). A stale lock is taken over (renamed aside atomically, so of two
+commands taking it over at once one wins) with a line saying so. A lock is removed when its
+holder ends, also by an exception or a stop signal; a SIGKILL leaves it behind, stale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Iterator
+
+from cfsl_jax.runtime import files, progress
+from cfsl_jax.runtime.errors import UserError
+
+LOCK_FILE = ".lock"  # a workdir's lock (hidden: it exists only while a command works there)
+HEARTBEAT_S = 20.0  # how often a holder refreshes its lock's modification time
+STALE_AFTER_S = 120.0  # a lock of another host not refreshed for this long is stale
+
+
+class Busy(UserError):
+    """The folder is locked by a live holder (the message names it)."""
+
+
+def path_in(folder: str, name: str = LOCK_FILE) -> str:
+    return files.join(folder, name)
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot; None where unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int, started: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    now = _start_time(pid)
+    return started is None or now is None or now == started
+
+
+def describe(holder: dict) -> str:
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since", 0)))
+    return f"host {holder.get('host', '?')} pid {holder.get('pid', '?')} since {since}"
+
+
+def stale(holder: dict, age_s: float) -> bool:
+    """Whether a lock with ``holder`` that was refreshed ``age_s`` seconds ago is abandoned."""
+    if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
+        return not _alive(holder["pid"], holder.get("started"))
+    return age_s > STALE_AFTER_S
+
+
+def _read(lock: str) -> tuple[dict, float] | None:
+    """(holder, seconds since refreshed) of the lock file, or None when there is none."""
+    try:
+        text = files.read_text(lock)
+        age = time.time() - (files.path(lock).stat().mtime if files.is_url(lock)
+                             else os.stat(lock).st_mtime)
+    except (FileNotFoundError, OSError):
+        return None
+    try:
+        holder = json.loads(text)
+    except json.JSONDecodeError:  # being written this instant, or cut short by a kill
+        holder = {}
+    return (holder if isinstance(holder, dict) else {}), age
+
+
+def _create(lock: str, text: str) -> bool:
+    """Create the lock file holding ``text``; False when it exists."""
+    if files.is_url(lock):  # an object store: no exclusive create; write, then read back
+        if files.exists(lock):
+            return False
+        files.write_atomic(lock, text)
+        time.sleep(0.5)
+        return files.read_text(lock) == text
+    files.makedirs(files.dirname(lock))
+    try:
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(lock)
+        raise
+    os.close(fd)
+    return True
+
+
+def _take_over(lock: str) -> None:
+    """Move a stale lock aside (one of two processes doing it at once succeeds)."""
+    aside = f"{lock}.stale-{uuid.uuid4().hex[:8]}"
+    try:
+        files.path(lock).rename(aside)
+    except (FileNotFoundError, OSError):
+        return
+    files.remove(aside)
+
+
+def acquire(lock: str, what: str) -> dict:
+    """Take ``lock`` (of ``what``: "workdir /x") and return the holder record written;
+    ``Busy`` when a live holder has it."""
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "started": _start_time(os.getpid()),
+          "since": round(time.time(), 3), "token": uuid.uuid4().hex}
+    text = json.dumps(me, sort_keys=True)
+    for _ in range(5):
+        if _create(lock, text):
+            return me
+        found = _read(lock)
+        if found is None:
+            continue  # released this instant: try again
+        holder, age = found
+        if holder.get("token") == me["token"]:
+            return me
+        if not holder and age < 5:
+            time.sleep(0.2)
+            continue  # being written: read it again
+        if not stale(holder, age):
+            raise Busy(f"{what} is in use by {describe(holder)} (lock file {lock}); wait for "
+                       f"it to end or stop it, then run the command again")
+        progress.say(f"note: taking over the stale lock of {what} (held by {describe(holder)}, "
+                     f"which is gone)")
+        _take_over(lock)
+    raise Busy(f"{what}: could not take its lock {lock} (another command keeps taking it)")
+
+
+def release(lock: str, me: dict) -> None:
+    """Remove ``lock`` if it is still ``me``'s."""
+    found = _read(lock)
+    if found is not None and found[0].get("token") == me["token"]:
+        files.remove(lock)
+
+
+def _heartbeat(lock: str, stop: threading.Event) -> None:
+    while not stop.wait(HEARTBEAT_S):
+        try:
+            if files.is_url(lock):
+                files.write_atomic(lock, files.read_text(lock))
+            else:
+                os.utime(lock)
+        except OSError:
+            pass  # removed or unreachable for a moment: the holder learns nothing new
+
+
+@contextlib.contextmanager
+def held(lock: str, what: str) -> Iterator[dict]:
+    """Inside, ``lock`` is this process's (refreshed every ``HEARTBEAT_S``); removed after."""
+    me = acquire(lock, what)
+    stop = threading.Event()
+    beat = threading.Thread(target=_heartbeat, args=(lock, stop), daemon=True,
+                            name=f"lock heartbeat {lock}")
+    beat.start()
+    try:
+        yield me
+    finally:
+        stop.set()
+        release(lock, me)

@@ -1,0 +1,351 @@
+"""Nothing silently wrong (issue 30): damaged files, concurrent commands, full disks, orphaned
+workers, early stops and redone steps each end in one line, or in the uninterrupted numbers.
+
+One uninterrupted run (``reference``) gives the numbers every damaged-then-resumed run must
+end with, bit for bit; runs are stopped with ``stop_after_steps`` (no checkpoint of the last
+steps: what a SIGKILL leaves).
+"""
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cfsl_jax.experiments import sweep, verify
+from cfsl_jax.runtime import checksums, disk, locks
+from cfsl_jax.runtime.errors import UserError
+from cfsl_jax.training import loop, train, tracking
+from cfsl_jax.training.config import TrainConfig
+from launch_inprocess import command_module, run_in_process
+
+CONFIG = TrainConfig(
+    learner="protonets", learner_options={"filters": 8}, dataset="synthetic",
+    dataset_options={"num_classes": 60, "samples_per_class": 8}, task="B2",
+    spec_overrides={"nc": 3, "kt": 2}, epochs=2, iters_per_epoch=6, meta_batch=2,
+    val_tasks=6, test_tasks=7, eval_batch=4, keep_best=2, log_every=1, checkpoint_every=2)
+COMPARED = ("acc_mean", "acc_std", "ce_mean", "ce_std", "task_fingerprint")
+
+
+def numbers(result: dict) -> dict:
+    return {k: result["test"].get(k, result.get(k)) for k in COMPARED}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """(the uninterrupted run's test numbers, its workdir)."""
+    workdir = str(tmp_path_factory.mktemp("ref") / "w")
+    return numbers(train.train_and_evaluate(CONFIG, workdir)), workdir
+
+
+@pytest.fixture(scope="module")
+def reference(finished):
+    return finished[0]
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """The run stopped after step 9 (step 9 not checkpointed: what a SIGKILL leaves); latest
+    holds steps 6 and 8, best epoch 0, metrics.jsonl records up to step 9."""
+    workdir = str(tmp_path_factory.mktemp("stopped") / "w")
+    with pytest.raises(loop.Interrupted):
+        train.train_and_evaluate(CONFIG, workdir, stop_after_steps=9)
+    return workdir
+
+
+def stopped(stopped_run, workdir) -> str:
+    """A copy of the stopped run in ``workdir``."""
+    return shutil.copytree(stopped_run, workdir).as_posix()
+
+
+def data_file(checkpoint: str) -> str:
+    """The largest array data file of an orbax checkpoint folder."""
+    found = [os.path.join(root, name) for root, _, names in os.walk(checkpoint)
+             for name in names if os.sep + "d" + os.sep in os.path.join(root, name) + os.sep]
+    return max(found, key=os.path.getsize)
+
+
+def test_a_flipped_bit_in_the_newest_checkpoint_falls_back_to_the_one_before(
+        tmp_path, capsys, reference, stopped_run):
+    """... and the metrics records of the steps done again are not kept twice."""
+    workdir = stopped(stopped_run, tmp_path / "w")
+    metrics = os.path.join(workdir, tracking.METRICS_FILE)
+    assert max(r["step"] for r in tracking.read(metrics) if r["phase"] == "train") == 9
+    latest = os.path.join(workdir, "checkpoints", "latest")
+    assert sorted(os.listdir(latest), key=int) == ["6", "8"]
+    path = data_file(os.path.join(latest, "8"))
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0x40
+    open(path, "wb").write(bytes(data))
+    out = numbers(train.train_and_evaluate(CONFIG, workdir))
+    said = capsys.readouterr().out
+    assert f"{path} fails its checksum" in said and "falling back to the checkpoint of step 6" \
+        in said and "resuming from step 6" in said
+    assert out == reference
+    steps = [r["step"] for r in tracking.read(metrics) if r["phase"] == "train"]
+    assert steps == list(range(1, 13))
+    assert [r["step"] for r in tracking.read(metrics) if r["phase"] == "val"] == [6, 12]
+
+
+def copied(finished, tmp_path) -> str:
+    """A copy of the finished run's workdir."""
+    return shutil.copytree(finished[1], tmp_path / "w").as_posix()
+
+
+def test_damaged_best_checkpoints_are_trained_again_never_ensembled(tmp_path, capsys,
+                                                                    finished):
+    """The test (killed before, so its results.json missing) meets epoch 0's checkpoint garbled
+    (64 random bytes) and epoch 1's truncated: both are trained again, bit for bit."""
+    workdir = copied(finished, tmp_path)
+    os.remove(os.path.join(workdir, "results.json"))
+    garbled = data_file(os.path.join(workdir, "checkpoints", "best", "0"))
+    data = open(garbled, "rb").read()
+    open(garbled, "wb").write(data[:64] + os.urandom(64) + data[128:])
+    truncated = data_file(os.path.join(workdir, "checkpoints", "best", "1"))
+    data = open(truncated, "rb").read()
+    open(truncated, "wb").write(data[:len(data) // 2])
+    out = numbers(train.train_and_evaluate(CONFIG, workdir))
+    said = capsys.readouterr().out
+    assert f"{garbled} fails its checksum" in said and "re-creating best epoch(s) [0, 1]" in said
+    assert "resuming from step" not in said  # from step 0: latest holds steps 10 and 12 only
+    assert out == finished[0]  # the epochs re-created bit for bit, in the ensemble
+
+
+def test_a_damaged_file_is_refused_by_verify_and_train_naming_it(tmp_path, capsys, finished):
+    workdir = copied(finished, tmp_path)
+    assert verify.check_files(workdir) == [
+        "config.json", "val_history.json", "results.json", "checkpoints/latest/10",
+        "checkpoints/latest/12", "checkpoints/best/0", "checkpoints/best/1"]
+    assert "[verify] checksums of 7 files and checkpoints match" in capsys.readouterr().out
+    path = data_file(os.path.join(workdir, "checkpoints", "best", "1"))
+    open(path, "r+b").write(b"\0" * 8)
+    with pytest.raises(checksums.Corrupt, match=f"{path} fails its checksum .*delete the run's "
+                                                f"results.json .* re-creates that epoch"):
+        verify.verify(workdir)
+    results = os.path.join(workdir, "results.json")
+    text = open(results).read()
+    open(results, "w").write(text.replace('"acc_mean": 0.', '"acc_mean": 1.'))
+    with pytest.raises(UserError, match=f"{results} fails its checksum.*delete it and run"):
+        train.train_and_evaluate(CONFIG, workdir)
+
+
+def test_a_workdir_written_before_checksums_still_verifies(tmp_path, capsys, finished):
+    workdir = copied(finished, tmp_path)
+    os.remove(os.path.join(workdir, checksums.MANIFEST))
+    for root, _, names in os.walk(workdir):
+        if checksums.SEAL in names:
+            os.remove(os.path.join(root, checksums.SEAL))
+    assert verify.verify(workdir) == []
+    said = capsys.readouterr().out
+    assert said.count(f"note: {workdir} was written before checksums") == 1
+    assert "[verify] checksums" not in said
+
+
+def test_a_nan_names_its_step_and_the_checkpoint_it_resumed_from(tmp_path, monkeypatch,
+                                                                 stopped_run):
+    workdir = stopped(stopped_run, tmp_path / "w")
+    real = loop.run
+
+    def exploding(phase, state, step_for, *args, **kwargs):
+        def nan_after_8(epoch, state):
+            step = step_for(epoch, state)
+
+            def run(state, key, progress):
+                new, out = step(state, key, progress)
+                return new, {**out, "loss": out["loss"] * float("nan")}
+            return run
+        return real(phase, state, nan_after_8, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "run", exploding)
+    with pytest.raises(UserError) as error:
+        train.train_and_evaluate(CONFIG, workdir)
+    message = str(error.value)
+    assert isinstance(error.value, FloatingPointError) and "good" not in message
+    assert message.startswith("meta-training loss is nan at epoch 1, step 8 ")
+    assert f"resumed from the checkpoint of step 8 in {workdir}" in message
+
+
+def holder(lock: str) -> subprocess.Popen:
+    """Another process holding ``lock`` until killed."""
+    code = ("import sys, time; from cfsl_jax.runtime import locks\n"
+            f"with locks.held({lock!r}, 'x'):\n    print('held', flush=True); time.sleep(600)")
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "held"
+    return process
+
+
+def test_a_second_trainer_on_a_workdir_is_refused_naming_the_holder(tmp_path, capsys):
+    workdir = str(tmp_path / "w")
+    os.makedirs(workdir)
+    other = holder(locks.path_in(workdir))
+    try:
+        busy = (f"workdir {workdir} is in use by host {socket.gethostname()} pid {other.pid} "
+                f"since ")
+        with pytest.raises(locks.Busy, match=re.escape(busy)):
+            train.train_and_evaluate(CONFIG, workdir)
+        with command_module("train") as module:  # the command: one line, status 2
+            code, _, err = run_in_process(module, "train", [
+                "--dataset=synthetic", f"--workdir={workdir}", "--task=B2"])
+        assert code == 2 and err.startswith(f"error: {busy}") and len(err.splitlines()) == 1
+        assert os.listdir(workdir) == [".lock"]  # nothing written, nothing removed
+    finally:
+        other.kill()
+        other.wait()
+    # the holder was SIGKILLed: its lock is stale, taken over with a line
+    assert locks.acquire(locks.path_in(workdir), "w")["pid"] == os.getpid()
+    assert f"taking over the stale lock of w (held by host {socket.gethostname()} pid " \
+           f"{other.pid}" in capsys.readouterr().out
+    # another host's lock: live while refreshed, stale after STALE_AFTER_S
+    lock = locks.path_in(str(tmp_path / "elsewhere"))
+    os.makedirs(os.path.dirname(lock))
+    open(lock, "w").write(json.dumps({"host": "node-b", "pid": 1, "since": 0, "token": "t"}))
+    with pytest.raises(locks.Busy, match="in use by host node-b pid 1"):
+        locks.acquire(lock, "w")
+    os.utime(lock, (time.time() - locks.STALE_AFTER_S - 5,) * 2)
+    assert locks.acquire(lock, "w")["host"] == socket.gethostname()
+
+
+def test_a_sweep_never_trains_a_run_another_process_is_training(tmp_path):
+    run = sweep.plan([CONFIG], str(tmp_path))[0][0]
+    os.makedirs(run.workdir)
+    other = holder(locks.path_in(run.workdir))
+    try:
+        [outcome] = sweep.run_sweep([CONFIG], str(tmp_path), workers=0, log=lambda line: None)
+        assert outcome.status == "busy" and f"pid {other.pid}" in outcome.detail
+        assert os.listdir(run.workdir) == [".lock"]
+    finally:
+        other.kill()
+        other.wait()
+    # a second sweep command on the same sweep dir (and shard) is refused up front
+    with command_module("sweep") as module:
+        lock, what = module.sweep_lock(str(tmp_path), (1, 2))
+        assert lock.endswith(".sweep-shard-1-of-2.lock") and what.endswith("shard 1/2")
+        other = holder(module.sweep_lock(str(tmp_path), None)[0])
+        try:
+            code, _, err = run_in_process(module, "sweep", [
+                f"--workdir={tmp_path}", "--learners=protonets", "--cells=B2",
+                "--dataset=synthetic", "--workers=0"])
+        finally:
+            other.kill()
+            other.wait()
+    assert code == 2 and err.startswith(f"error: sweep {tmp_path} is in use by host ")
+
+
+def _commandline(module: str, *args: str) -> list[str]:
+    """``python -m module args`` as a terminal starts it: SIGINT not ignored (a background
+    pytest's children inherit it ignored) and the launch package seeing the command line."""
+    code = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+            f"sys.orig_argv = [sys.executable, '-m', {module!r}, *sys.argv[1:]]; "
+            f"sys.argv[0] = {module!r}; "
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+    return [sys.executable, "-c", code, *args]
+
+
+@pytest.mark.parametrize("after", [0.0, 0.4, 1.2])
+def test_a_stop_while_jax_is_imported_is_one_line_and_130(tmp_path, after):
+    """Ctrl-C from the command's first line ("[train] starting", printed as the launch
+    package is imported) on, while JAX and the command's modules are imported."""
+    workdir = tmp_path / "w"
+    process = subprocess.Popen(
+        _commandline("cfsl_jax.launch.train", "--dataset=synthetic", f"--workdir={workdir}"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "[train] starting"
+    time.sleep(after)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert err.strip().splitlines()[-1].startswith("interrupted") and "Traceback" not in err
+    assert not workdir.exists()
+
+
+def mounted_tmpfs(folder, size: str):
+    folder.mkdir()
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                       check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as error:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {error}")
+    return folder
+
+
+def fill(folder, leave: int) -> str:
+    """A file taking all but ``leave`` bytes of ``folder``'s filesystem."""
+    path = os.path.join(folder, "filler")
+    free = shutil.disk_usage(folder).free
+    with open(path, "wb") as f:
+        f.write(b"\0" * max(free - leave, 0))
+    return path
+
+
+def test_a_full_disk_is_one_line_leaves_nothing_half_written_and_resumes_exactly(
+        tmp_path, reference, stopped_run, caplog):
+    mount = mounted_tmpfs(tmp_path / "mnt", "4m")
+    try:
+        # at start: nothing is created
+        filler = fill(mount, 64 << 10)
+        with pytest.raises(disk.DiskFull, match=rf"no space left on the disk of {mount}"):
+            train.train_and_evaluate(CONFIG, str(mount / "new"))
+        assert os.listdir(mount) == ["filler"]
+        os.remove(filler)
+        # mid-run: a checkpoint that does not fit, refused up front (48 kB free) or failing
+        # as orbax writes it (120 kB free: more than its arrays, less than its files)
+        workdir = stopped(stopped_run, mount / "w")
+        for leave in (48 << 10, 120 << 10):
+            filler = fill(mount, leave)
+            with pytest.raises(disk.DiskFull, match=r"checkpoints/latest: the write needed "):
+                train.train_and_evaluate(CONFIG, workdir)
+            leftovers = [name for root, dirs, names in os.walk(workdir) for name in dirs + names
+                         if "tmp" in name]
+            assert leftovers == [] and sorted(os.listdir(f"{workdir}/checkpoints/latest")) == [
+                "6", "8"]
+            os.remove(filler)
+        assert not [r for r in caplog.records if "RESOURCE_EXHAUSTED" in r.getMessage()]
+        assert numbers(train.train_and_evaluate(CONFIG, workdir)) == reference
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_sweep_workers_end_when_the_sweep_process_is_killed(tmp_path):
+    long = dataclasses.replace(CONFIG, epochs=100, iters_per_epoch=50)
+    code = ("import os, sys; from cfsl_jax.experiments import sweep\n"
+            "from cfsl_jax.training.config import TrainConfig\n"
+            f"config = TrainConfig(**{long.to_json()!r})\n"
+            f"sweep.run_sweep([config], {str(tmp_path)!r}, workers=1)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in parent.stdout:  # the worker trains
+            if "[train]" in line and "step" in line:
+                break
+        workers = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) ==
+                   parent.pid]
+        assert workers
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 90
+    while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(_running(pid) for pid in workers)
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
