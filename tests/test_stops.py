@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from cfsl_jax.runtime import progress, stops
@@ -262,7 +263,7 @@ def test_a_second_press_while_the_stop_checkpoints_does_not_cut_it_short(monkeyp
 
     def first_press(step_fn):
         def step(*args):
-            if int(args[-1] * 6) == 3:  # progress 3/6: the fourth step
+            if int(np.asarray(args[-1])[0] * 6) == 3:  # progress 3/6: the fourth step
                 os.kill(os.getpid(), SIGINT)
             return step_fn(*args)
         return step

@@ -80,22 +80,28 @@ def test_steps_per_s_is_the_rate_of_the_devices_work(tmp_path):
     counts the time until the device's results are read, so it agrees with the steps between
     two records over the wall time between them (JSON lines and TensorBoard alike)."""
     @jax.jit
-    def work(state, key, progress):
+    def work(params, key, progress):
         del progress
-        w = state.params + 1e-3 * jax.random.normal(key, state.params.shape)
+        w = params + 1e-3 * jax.random.normal(key, params.shape)
         w = jax.lax.fori_loop(0, 16, lambda _, m: jnp.tanh(m @ w), w)
-        return loop.TrainState(w, state.opt_state), {"loss": w.mean(), "acc": jnp.abs(w).mean()}
+        return w, {"loss": w.mean(), "acc": jnp.abs(w).mean()}
 
-    state = loop.TrainState(jnp.eye(384) * 0.5, ())
-    compiled = work.lower(state, jax.random.key(0), jnp.float32(0)).compile()
+    params = jnp.eye(384) * 0.5
+    compiled = work.lower(params, jax.random.key(0), jnp.float32(0)).compile()
+
+    def step(state, key, progress):
+        w, out = compiled(state.params, key, progress)
+        return loop.TrainState(w, state.opt_state), out
+
     phase = loop.Phase("train", "meta-training", epochs=1, iters_per_epoch=24,
                        checkpoint_every=0, log_every=6, key=jax.random.key(1))
     sink = tracking.Tracking(str(tmp_path), tensorboard=True)
     ckpt = checkpoints.Checkpoints(str(tmp_path), keep_best=1)
+    step_fn = loop.per_step(phase.key, step)
     try:
-        loop.run(phase, state, lambda epoch, s: compiled,
-                 lambda epoch, s: ({"acc_mean": 0.5, "ce_mean": 1.0}, s.params), ckpt,
-                 str(tmp_path), tracking=sink)
+        loop.run(phase, loop.TrainState(params, ()), lambda epoch, s: step_fn,
+                 lambda epoch, s: ({"acc_mean": 0.5, "ce_mean": 1.0}, s.params),
+                 loop.Outputs(str(tmp_path), ckpt, sink))
     finally:
         sink.close()
         ckpt.close()

@@ -14,6 +14,7 @@ import pytest
 from cfsl_jax import data
 from cfsl_jax.protocol import episode, metrics
 from cfsl_jax.runtime import backend, parallel
+from cfsl_jax.runtime import checksums, json_files
 from cfsl_jax.training import loop, runs, tracking, train
 from cfsl_jax.training.config import TrainConfig, from_json
 from cfsl_jax.training.evaluate import dataset_identity, evaluate, task_fingerprint
@@ -102,10 +103,14 @@ def test_results_record_reproducibility_facts_and_verify_matches(tmp_path):
     rows = open(os.path.join(workdir, "results.csv")).read().splitlines()
     assert [row.split(",")[-1] for row in rows] == ["retest", "0", "1"]
     assert rows[2].split(",")[:-1] == rows[1].split(",")[:-1]
-    # A results.json that does not match its tasks is caught.
+    # A results.json changed behind the run's back fails its checksum; one written with its
+    # checksum that does not match its tasks is caught by the re-test.
     saved["task_fingerprint"] = "0" * 64
     saved["test"]["acc_mean"] = 0.0
     json.dump(saved, open(os.path.join(workdir, "results.json"), "w"))
+    with pytest.raises(checksums.Corrupt, match="results.json fails its checksum"):
+        verify(workdir)
+    json_files.write_json(os.path.join(workdir, "results.json"), saved)
     differences = verify(workdir)
     assert len(differences) == 1 and differences[0].startswith("task_fingerprint")
     # The restored ensemble gives the recorded metrics again.
@@ -177,7 +182,7 @@ def test_a_config_saved_before_pretrain_data_reads_as_uniform_everywhere(tmp_pat
     workdir.mkdir()
     (workdir / "config.json").write_text(json.dumps(saved))
     assert runs.load_config(str(workdir)).pretrain_data == "uniform"
-    with pytest.raises(ValueError, match=r"different config \(fields \['pretrain_data'\]\)"):
+    with pytest.raises(ValueError, match=r"different config \(fields: pretrain_data\)"):
         runs.check_workdir_config(str(workdir), TINY)
 
 
@@ -185,7 +190,7 @@ def test_changed_config_in_an_old_workdir_is_refused(tmp_path):
     workdir = str(tmp_path / "run")
     runs.check_workdir_config(workdir, TINY)
     changed = TrainConfig(**{**TINY.to_json(), "seed": 1})
-    with pytest.raises(ValueError, match=r"different config \(fields \['seed'\]\)"):
+    with pytest.raises(ValueError, match=r"different config \(fields: seed\)"):
         runs.check_workdir_config(workdir, changed)
 
 
