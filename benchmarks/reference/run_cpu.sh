@@ -9,20 +9,21 @@
 # SWEEP_DIR: the sweep folder (keep it outside the repository); MANUAL_DIR: the
 # folder with images_background.zip and images_evaluation.zip (full Omniglot);
 # DATA_DIR: where the prepared TFDS dataset lives (default: the sweep's own).
-# Run from the repository root. Budgets: cpu_3200.flags (ProtoNets, MAML++ L,
+# Runs the cfsl_jax of the active Python environment (python -m cfsl_jax.launch.sweep).
+# Budgets: cpu_3200.flags (ProtoNets, MAML++ L,
 # the fine-tuners) and cpu_800.flags (SCA, MAML++ H); README.md beside this file.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
 if [[ $# -lt 2 ]]; then
   echo "usage: $0 SWEEP_DIR MANUAL_DIR [DATA_DIR]" >&2
   exit 2
 fi
-sweep_dir=$1
-manual_dir=$2
-data_dir=${3:-$sweep_dir/tensorflow_datasets}
-here=benchmarks/reference
+sweep_dir=$(realpath -m "$1")
+manual_dir=$(realpath -m "$2")
+data_dir=$(realpath -m "${3:-$sweep_dir/tensorflow_datasets}")
 mkdir -p "$sweep_dir"
+cd "$sweep_dir"  # no cfsl_jax folder in the working directory to shadow the installed package
 # The code's commit, from git or (a `git archive` copy) the file COMMIT in the root;
 # "+dirty" when the checkout has uncommitted changes.
 commit=$(git -C "$root" rev-parse HEAD 2>/dev/null || cat "$root/COMMIT")
@@ -37,7 +38,7 @@ sweep() {  # sweep FLAGFILE LEARNERS CELL SEEDS
   # provenance.jsonl: which commit ran which runs, from when (the export reads it)
   printf '{"start": "%s", "commit": "%s", "flagfile": "%s", "learners": "%s", "cell": "%s", "seeds": "%s"}\n' \
     "$(date -u +%FT%TZ)" "$commit" "$1" "$2" "$3" "$4" >> "$sweep_dir/provenance.jsonl"
-  python -m cfsl_jax.launch.sweep --flagfile="$here/$1" --workdir="$sweep_dir" --learners="$2" \
+  python -m cfsl_jax.launch.sweep --flagfile="$here/common.flags" --flagfile="$here/$1" --workdir="$sweep_dir" --learners="$2" \
     --cells="$3" --seeds="$4" --workers=1 --manual_dir="$manual_dir" --data_dir="$data_dir" \
     || status=$?
   if [[ ${status:-0} -ge 128 ]]; then  # stopped by a signal: every run checkpointed; stop here
