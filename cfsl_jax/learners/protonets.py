@@ -41,7 +41,7 @@ import jax.numpy as jnp
 
 from cfsl_jax.protocol import metrics
 from cfsl_jax.learners.base import Learner, RunningBN, check_image_shape, embedding_dim
-from cfsl_jax.models.conv4 import ACTIVATIONS, Conv4
+from cfsl_jax.models.conv4 import ACTIVATIONS, BLOCK_ORDERS, Conv4
 from cfsl_jax.models.init import WEIGHT_INITS, reinitialize
 from cfsl_jax.models.norm import collect_moments
 from cfsl_jax.runtime.options import build, check_fields, option
@@ -71,6 +71,9 @@ class ProtoNetsOptions:
 
     filters: int = option(64, "Conv-4 channels.", minimum=1)
     activation: str = option("relu", "Conv-4 activation.", choices=tuple(ACTIVATIONS))
+    block_order: str = option("conv_norm_act", "Conv-4 block: conv, batch norm, activation "
+                              "(Snell et al.) or conv, activation, batch norm (the authors' "
+                              "ConvReLUBatchNorm: a signed embedding).", choices=BLOCK_ORDERS)
     last_sample_prototype: bool = option(False, "A label's prototype is its last support "
                                          "embedding / (NSS*KS), as the paper-era code.")
     distance: str = option("squared_euclidean", "Logits: negative squared Euclidean "
@@ -96,7 +99,7 @@ def protonets(spec: TaskSpec, image_shape: tuple[int, int, int] = (28, 28, 1),
     last_sample_prototype, distance = opts.last_sample_prototype, opts.distance
     running = opts.bn_stats == "running"
     embed = Conv4(filters=opts.filters, activation=opts.activation,
-                  norm="train" if running else "batch")
+                  norm="train" if running else "batch", block_order=opts.block_order)
 
     def init_params(key, example_x, spec):
         check_image_shape(example_x, image_shape)
