@@ -11,7 +11,8 @@ Rules:
   validation curve so far (its test columns are empty). ``COLUMNS`` lists the columns.
 - Each run's ``results.json`` (with its per-task test accuracy and cross-entropy, what
   paired differences need), ``val_history.json`` and ``config.json`` are copied as they
-  are to ``runs/<budget>/<dataset>/<learner>/<cell>/seed<k>/`` (never a checkpoint), so
+  are to ``runs/<budget>/<dataset as the sweep names it>/<learner>/<cell>/seed<k>/`` (never
+  a checkpoint; a partial run keeps its folder and row when it completes), so
   the numbers of a row are the bytes ``launch.verify --workdir=W`` checks:
   ``launch.verify --workdir=W --reference_csv=docs/reference/results.csv`` also checks
   that the row of W equals W's results.json (``row_differences``).
@@ -137,7 +138,8 @@ def run_row(workdir: str, invocations: Sequence[dict] = (),
         row.update(task_fingerprint=result["task_fingerprint"],
                    device=f"{result['backend']} x{result['devices']}",
                    wall_seconds=round(result["wall_seconds"], 1))
-    row["run"] = "/".join(["runs", safe_name(budget), safe_name(row["dataset"]),
+    # the sweep's own layout (config.dataset), so a run keeps its folder when it completes
+    row["run"] = "/".join(["runs", safe_name(budget), safe_name(config.dataset),
                            safe_name(config.learner), safe_name(config.task),
                            f"seed{config.seed}"])
     return {column: row.get(column, "") for column in COLUMNS}
