@@ -129,8 +129,10 @@ def test_paper_era_cells_follow_only_the_last_support_set_counts():
         27.34, 14.30]
     assert paper_era.predicted("maml_low", "B3") == pytest.approx(100 * (0.9938 / 3 + 2 / 45))
     assert paper_era.note("protonets", "B3") is None and paper_era.predicted("sca", "C3") is None
-    assert paper_era.note("protonets", "D4") is None  # ProtoNets' D cells: the 1/CCI cap
     assert "last support" in paper_era.note("maml_low", "D8")
+    # a learner that carries its state on a D cell: the 1/CCI cap, p/CCI (ProtoNets A3 98.73)
+    assert paper_era.predicted("protonets", "D4") == pytest.approx(98.73 / 2)
+    assert "1/CCI" in paper_era.note("sca", "D8") and paper_era.note("init_tune", "D4") is None
 
 
 def test_report_reference_from_the_command_line(tmp_path):
