@@ -22,7 +22,7 @@ if __name__ == "__main__":  # the command: its first line before the imports bel
 
 from absl import app, flags
 
-from cfsl_jax.experiments import figures, report
+from cfsl_jax.experiments import figures, reference_report, report
 from cfsl_jax.runtime import files
 from cfsl_jax.learners import LEARNERS
 
@@ -46,6 +46,11 @@ define_list("image_shape", ["28", "28", "1"], "Figure 4 image shape H,W,C.", mod
 flags.DEFINE_string("compilation_cache_dir", None, "Persistent XLA cache for Figure 4 "
                     "(default: OUT_DIR/xla_cache; '' for none).")
 define_deprecated_flag("compilation_cache")
+flags.DEFINE_bool("reference", False, "The reference results (docs/reference) beside Table 1, "
+                  "their paired differences, a convergence figure, and --sweep_dir's runs "
+                  "beside them (experiments.reference_report).")
+flags.DEFINE_string("reference_dir", None, "Reference results (default: the checkout's "
+                    "docs/reference).")
 
 FLAGS = flags.FLAGS
 
@@ -74,8 +79,13 @@ def figure4(out_dir: str) -> str:
 
 def check() -> None:
     """What to write is given, every input exists and parses, --out_dir can be created."""
-    if not FLAGS.sweep_dir and "atm_macs" not in FLAGS.figure:
-        raise app.UsageError("give --sweep_dir (tables, Figure 3) or --figure=atm_macs")
+    if not FLAGS.sweep_dir and "atm_macs" not in FLAGS.figure and not FLAGS.reference:
+        raise app.UsageError("give --sweep_dir (tables, Figure 3), --reference or "
+                             "--figure=atm_macs")
+    reference_dir = FLAGS.reference_dir or reference_report.default_dir()
+    if FLAGS.reference and not files.isfile(files.join(reference_dir, "results.csv")):
+        raise cli.UserError(f"--reference_dir={reference_dir}: holds no results.csv (the "
+                            f"reference data: a checkout's docs/reference)")
     if FLAGS.sweep_dir:
         check_input_dir("sweep_dir", FLAGS.sweep_dir, holding="results.json")
     if FLAGS.paper_results:
@@ -105,7 +115,12 @@ def main(argv) -> None:
     default = files.join(FLAGS.sweep_dir, "report") if FLAGS.sweep_dir else "cfsl_report"
     out_dir = FLAGS.out_dir or default
     files.makedirs(out_dir)
-    if FLAGS.sweep_dir:
+    if FLAGS.reference:
+        paths = reference_report.write(FLAGS.reference_dir or reference_report.default_dir(),
+                                       out_dir, FLAGS.sweep_dir, report.load_paper_table(
+                                           FLAGS.paper_results))
+        print(files.read_text(paths["markdown"]) + f"written: {paths['markdown']}")
+    elif FLAGS.sweep_dir:
         try:
             paper = report.load_paper_table(FLAGS.paper_results)
             paths = report.write_report(FLAGS.sweep_dir, out_dir, paper,

@@ -18,11 +18,11 @@ import sys
 
 from absl import flags
 
-from cfsl_jax.experiments.verify import load, verify
+from cfsl_jax.experiments.verify import load, reference_row_differences, verify
 from cfsl_jax.runtime import files
 
 from . import cli
-from .checks import check_data_flags
+from .checks import check_data_flags, check_input_file
 from .options import define_backend_flags
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A finished run's directory (local or gs://).",
@@ -32,6 +32,8 @@ _DATA_DIR = flags.DEFINE_string("data_dir", None, "Where the run's dataset is pr
                                 "(default: the folder the run recorded).")
 _MANUAL_DIR = flags.DEFINE_string("manual_dir", None, "Folder with the dataset's archives "
                                   "(default: the folder the run recorded).")
+_REFERENCE_CSV = flags.DEFINE_string("reference_csv", None, "Also check that this reference "
+                                     "results.csv's row of the run equals its results.json.")
 define_backend_flags()
 
 
@@ -40,6 +42,8 @@ def check() -> None:
     check_data_flags()
     files.check_url("workdir", _WORKDIR.value)
     load(_WORKDIR.value, data_dir=_DATA_DIR.value, manual_dir=_MANUAL_DIR.value)
+    if _REFERENCE_CSV.value:
+        check_input_file("reference_csv", _REFERENCE_CSV.value)
 
 
 def main(argv) -> None:
@@ -47,6 +51,8 @@ def main(argv) -> None:
     check()
     differences = verify(_WORKDIR.value, metrics=_METRICS.value, data_dir=_DATA_DIR.value,
                          manual_dir=_MANUAL_DIR.value)
+    if _REFERENCE_CSV.value:
+        differences += reference_row_differences(_WORKDIR.value, _REFERENCE_CSV.value)
     if differences:
         print("DIFFERS")
         for line in differences:

@@ -23,7 +23,8 @@ def test_presets_are_bundles_of_options_and_explicit_options_win():
     apr = as_published.apply(TrainConfig(learner="protonets", task="D4"), "apr2020")
     assert apr.spec.draws == "per_group" and apr.spec.num_outputs == 20
     assert apr.learner_options == {"last_sample_prototype": True, "distance": "dot",
-                                   "bn_stats": "running"}
+                                   "bn_stats": "running", "activation": "leaky_relu",
+                                   "block_order": "conv_act_norm"}
     mine = TrainConfig(learner="protonets", task="B3", spec_overrides={"draws": "distinct"},
                        learner_options={"distance": "squared_euclidean"})
     kept = as_published.apply(mine, "feb2020")
@@ -48,7 +49,8 @@ def test_feb2020_protonets_logits_are_dot_products_with_the_last_sample_prototyp
     target_x = data.gather_normalised(split, task.target_idx)
     logits = episode.run_task(learner, params, support_x, task.support_labels, target_x,
                               jax.random.key(0))
-    embed = Conv4(filters=8, norm="eval")  # running averages, as at test
+    # running averages, as at test; the authors' block: conv, LeakyReLU, batch norm
+    embed = Conv4(filters=8, norm="eval", activation="leaky_relu", block_order="conv_act_norm")
     prototypes = np.zeros((spec.num_outputs, 8 * 1 * 1))
     for n in range(spec.nss):  # each label's last support sample
         features = np.asarray(embed.apply(params, support_x[n]))
@@ -59,3 +61,21 @@ def test_feb2020_protonets_logits_are_dot_products_with_the_last_sample_prototyp
     # and the target set is KT per class per support set, as the paper-era code
     assert logits.shape == (spec.nss * spec.nc * spec.kt, spec.num_outputs)
     assert dataclasses.replace(spec, draws="distinct").target_mode == "per_support_set"
+
+
+def test_the_authors_protonets_block_is_conv_leaky_relu_batch_norm():
+    """``block_order=conv_act_norm``: each block is BN(LeakyReLU(conv(x))), then the pool, so
+    the embedding is signed (the authors' ConvReLUBatchNorm); the default is ReLU after BN."""
+    x = jax.random.uniform(jax.random.key(0), (6, 28, 28, 1))
+    authors = Conv4(filters=4, num_blocks=1, activation="leaky_relu", block_order="conv_act_norm")
+    default = Conv4(filters=4, num_blocks=1)
+    params = authors.init(jax.random.key(1), x)
+    assert jax.tree.structure(params) == jax.tree.structure(default.init(jax.random.key(1), x))
+    kernel = params["params"]["Conv_0"]["kernel"]
+    conv = jax.lax.conv_general_dilated(x, kernel, (1, 1), "SAME",
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    act = jax.nn.leaky_relu(conv, 0.01)
+    normed = (act - act.mean((0, 1, 2))) / jnp.sqrt(act.var((0, 1, 2)) + 1e-5)
+    pooled = normed.reshape(6, 14, 2, 14, 2, 4).max((2, 4)).reshape(6, -1)
+    np.testing.assert_allclose(authors.apply(params, x), pooled, rtol=1e-4, atol=1e-4)
+    assert float(jnp.min(authors.apply(params, x))) < 0 <= float(jnp.min(default.apply(params, x)))

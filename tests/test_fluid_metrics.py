@@ -45,6 +45,31 @@ def test_auroc_known_values_and_infinite_scores():
         fluid.auroc([np.nan, 1.0], [True, False])
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-3, 3), st.booleans()), min_size=1, max_size=25))
+def test_best_f1_equals_brute_force_over_thresholds(pairs):
+    """Table 10's F1 at the best threshold: flag score >= t, every t among the scores."""
+    scores = np.array([s for s, _ in pairs], np.float64)
+    positives = np.array([p for _, p in pairs])
+    if not positives.any():
+        assert fluid.metrics.best_f1(scores, positives) is None
+        return
+    def f1(t):
+        flagged = scores >= t
+        tp = int((flagged & positives).sum())
+        return 2 * tp / (flagged.sum() + positives.sum())
+    assert fluid.metrics.best_f1(scores, positives) == pytest.approx(
+        max(f1(t) for t in scores), abs=1e-12)
+
+
+def test_best_f1_known_values():
+    positives = np.array([True, True, False, False, False])
+    assert fluid.metrics.best_f1([5, 4, 3, 2, 1], positives) == 1.0
+    # t=5: TP 1 of 1 flagged -> 2/3; t=1: TP 2 of 5 flagged -> 4/7; the others lower
+    assert fluid.metrics.best_f1([5, 1, 3, 4, 2], positives) == pytest.approx(2 / 3)
+    assert fluid.metrics.best_f1([1, 1, 1, 1, 1], positives) == pytest.approx(4 / 7)
+
+
 def test_rolling_accuracy_known_values():
     correct = np.array([1, 0, 1, 1, 0, 0], bool)
     np.testing.assert_allclose(fluid.rolling_accuracy(correct, 3),

@@ -102,3 +102,14 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
                 differences.append(f"{name}: recorded {getattr(stored, name)!r}, "
                                    f"now {getattr(report, name)!r}")
     return differences
+
+
+def reference_row_differences(workdir: str, csv_path: str) -> list[str]:
+    """How the row of ``workdir``'s run in a reference results.csv (``experiments.reference``)
+    differs from its results.json; a missing row is a difference."""
+    from cfsl_jax.experiments import reference
+    recorded = results.read_json(files.join(workdir, "results.json"))
+    row = reference.find_row(reference.read_rows(csv_path), recorded)
+    if row is None:
+        return [f"{csv_path} has no complete row of this run"]
+    return [f"{csv_path} {line}" for line in reference.row_differences(row, recorded)]

@@ -26,6 +26,12 @@ With a ``new_class_threshold`` the predictions are the paper's K+1-way ones
   P(P+1)/2) / (P N)``. It equals the fraction of (positive, negative) pairs
   where the positive scores higher, plus half the ties. None if either set is
   empty.
+- ``best_f1``: Table 10's F1 of unseen-class detection "at the best possible
+  threshold": the positives as for ``auroc``, a sample flagged when its
+  unseen-class score is >= t, the largest F1 = 2TP / (2TP + FP + FN) over every
+  t (each distinct score). The threshold is chosen on the stream it scores, as
+  the paper's, so it is an upper bound, not a deployable detector. None without
+  positives.
 """
 
 from __future__ import annotations
@@ -67,6 +73,25 @@ def auroc(scores, positives) -> float | None:
         return None
     ranks = average_ranks(scores)
     return float((ranks[positives].sum() - num_pos * (num_pos + 1) / 2) / (num_pos * num_neg))
+
+
+def best_f1(scores, positives) -> float | None:
+    """The largest F1 of ``scores >= t`` against the boolean ``positives`` over every
+    threshold t (module doc); None without positives."""
+    scores = np.asarray(scores, np.float64)
+    positives = np.asarray(positives, bool)
+    if scores.shape != positives.shape or scores.ndim != 1:
+        raise ValueError(f"scores {scores.shape} and positives {positives.shape} must be "
+                         f"matching 1-D arrays")
+    num_pos = int(positives.sum())
+    if num_pos == 0:
+        return None
+    order = np.argsort(-scores, kind="stable")
+    sorted_scores, hits = scores[order], positives[order]
+    last_of_tie = np.r_[sorted_scores[1:] != sorted_scores[:-1], True]  # t = each score
+    true_pos = np.cumsum(hits)[last_of_tie]
+    flagged = (np.flatnonzero(last_of_tie) + 1).astype(np.float64)
+    return float(np.max(2 * true_pos / (flagged + num_pos)))
 
 
 def rolling_accuracy(correct, window: int) -> np.ndarray:
@@ -128,6 +153,7 @@ def stream_metrics(prediction, unseen_score, stream, window: int | None = None,
         "mean_per_class_accuracy": float(np.mean(per_class)),
         **sections,
         "auroc": auroc(unseen_score, novel_first_appearances(stream)),
+        "best_f1": best_f1(unseen_score, novel_first_appearances(stream)),
         "rolling_window": window,
         "rolling_accuracy": {"t": (points + 1).tolist(), "accuracy": rolling[points].tolist()},
     }

@@ -43,7 +43,7 @@ from cfsl_jax.protocol import metrics
 from cfsl_jax.learners.shapes import check_image_shape, embedding_dim
 from cfsl_jax.protocol.learner import Learner, Recipe, RunningBN
 from cfsl_jax.models.conv import CONV_IMPLS
-from cfsl_jax.models.conv4 import ACTIVATIONS, Conv4
+from cfsl_jax.models.conv4 import ACTIVATIONS, BLOCK_ORDERS, Conv4
 from cfsl_jax.models.init import WEIGHT_INITS, reinitialize
 from cfsl_jax.models.norm import collect_moments
 from cfsl_jax.runtime.options import check_fields, option
@@ -73,6 +73,9 @@ class ProtoNetsOptions:
 
     filters: int = option(64, "Conv-4 channels.", minimum=1)
     activation: str = option("relu", "Conv-4 activation.", choices=tuple(ACTIVATIONS))
+    block_order: str = option("conv_norm_act", "Conv-4 block: conv, batch norm, activation "
+                              "(Snell et al.) or conv, activation, batch norm (the authors' "
+                              "ConvReLUBatchNorm: a signed embedding).", choices=BLOCK_ORDERS)
     last_sample_prototype: bool = option(False, "A label's prototype is its last support "
                                          "embedding / (NSS*KS), as the paper-era code.")
     distance: str = option("squared_euclidean", "Logits: negative squared Euclidean "
@@ -100,7 +103,8 @@ def protonets(spec: TaskSpec, opts: ProtoNetsOptions = ProtoNetsOptions(), *,
     last_sample_prototype, distance = opts.last_sample_prototype, opts.distance
     running = opts.bn_stats == "running"
     embed = Conv4(filters=opts.filters, activation=opts.activation,
-                  norm="train" if running else "batch", conv_impl=opts.conv)
+                  norm="train" if running else "batch", conv_impl=opts.conv,
+                  block_order=opts.block_order)
 
     def init_params(key, example_x, spec):
         check_image_shape(example_x, image_shape)

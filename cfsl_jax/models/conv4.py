@@ -1,5 +1,10 @@
 """The Conv-4 family of the paper: 4 x [3x3 conv, norm, ReLU/LeakyReLU, 2x2 max-pool].
 
+``block_order``: "conv_norm_act" (the default: Snell et al.'s Conv-4, and the
+order of every learner's backbone) or "conv_act_norm" (the activation before the
+norm, as the authors' ProtoNets ``ConvReLUBatchNorm``: conv, LeakyReLU, batch
+norm, then the pool, so the embedding is signed; ``BLOCK_ORDERS``).
+
 64 filters for ProtoNets, 48 for the fine-tuning / MAML++ low-end family. The
 embedding is flattened; a ``LinearHead`` sized by the task spec sits on top
 where a learner needs one. Normalisation (``BatchStatNorm``) follows ``norm``
@@ -25,6 +30,8 @@ import jax.numpy as jnp
 
 from cfsl_jax.models.conv import Conv
 from cfsl_jax.models.norm import running_moments
+
+BLOCK_ORDERS: tuple[str, ...] = ("conv_norm_act", "conv_act_norm")
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "relu": nn.relu,
@@ -70,14 +77,20 @@ class Conv4(nn.Module):
     dtype: jnp.dtype | None = None  # compute dtype; None: the input's
     conv_impl: str = "gemm_grad"  # models.conv.CONV_IMPLS
     norm: str = "batch"  # BatchStatNorm's mode (models.norm.NORM_MODES)
+    block_order: str = "conv_norm_act"  # BLOCK_ORDERS
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         act = ACTIVATIONS[self.activation]
+        if self.block_order not in BLOCK_ORDERS:
+            raise ValueError(f"block_order={self.block_order!r}; valid: {BLOCK_ORDERS}")
         x = x.astype(self.dtype or x.dtype)
         for _ in range(self.num_blocks):
             x = Conv(self.filters, 3, self.conv_impl, dtype=self.dtype)(x)
-            x = act(BatchStatNorm(mode=self.norm)(x))
+            if self.block_order == "conv_act_norm":
+                x = BatchStatNorm(mode=self.norm)(act(x))
+            else:
+                x = act(BatchStatNorm(mode=self.norm)(x))
             x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="VALID")
         return x.reshape(x.shape[0], -1)
 

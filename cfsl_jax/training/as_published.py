@@ -20,8 +20,13 @@ per class reused by every support set of the group, labels offset per support
 set. Learner behaviours, the same in both (``few_shot_learning_system.py``):
 MAML++ low-end and the fine-tuners re-copy the meta-weights at every support
 set; ProtoNets' prototype is the label's last support sample over NSS*KS and
-its logits are dot products; ProtoNets and the MAML++ H/SCA embedding use
-batch norm with running averages at test (the default here anyway).
+its logits are dot products, its Conv-4 blocks are conv, LeakyReLU, batch norm
+(``ConvReLUBatchNorm``: a signed embedding under the dot product); ProtoNets and
+the MAML++ H/SCA embedding use batch norm with running averages at test (the
+default here anyway).
+
+``LEFT_AT_DEFAULT`` lists the settings of that code a preset does not set: they
+stay at today's defaults unless given (``docs/fidelity.md``).
 
 ``NOT_REPRODUCED`` says, per preset, which behaviours of that code no option
 reproduces and why.
@@ -34,7 +39,8 @@ from typing import Any, NamedTuple
 
 _RESTART = {"restart_each_support_set": True}
 _LEARNERS = {
-    "protonets": {"last_sample_prototype": True, "distance": "dot", "bn_stats": "running"},
+    "protonets": {"last_sample_prototype": True, "distance": "dot", "bn_stats": "running",
+                  "activation": "leaky_relu", "block_order": "conv_act_norm"},
     "maml_low": _RESTART, "init_tune": _RESTART, "pretrain_tune": _RESTART,
     "maml_high": {"bn_stats": "running"}, "sca": {"bn_stats": "running"},
 }
@@ -46,6 +52,19 @@ _NOT_REPRODUCED = (
     "the running averages here are folded in per support set and per target set",
     "EWC-Init and EWC-Pretrain: no commit of the authors' repository contains EWC; their rows "
     "run cfsl_jax's own EWC unchanged",
+)
+
+# Settings where the paper-era code differs and a preset leaves today's default in place.
+LEFT_AT_DEFAULT: tuple[str, ...] = (
+    "Omniglot class split: the presets keep --dataset_option (default: the official order, "
+    "first 1200 train); the authors' shuffled split is --dataset_option=class_split=authors",
+    "weight decay: the code's AdamW / Adam weight_decay=1e-4; here Adam with L2 1e-5 "
+    "(TrainConfig.weight_decay, the paper's)",
+    "meta-batch: the code's batch_size 1; here --meta_batch (8 by default; 1 under "
+    "--budget=paper)",
+    "the schedule: 250 x 500 steps only under --budget=paper",
+    "Pretrain+Tune's per-step batch-norm rows: pretraining trained row 0 only and the "
+    "fine-tuning steps used untrained rows; here one shared affine with batch statistics",
 )
 
 

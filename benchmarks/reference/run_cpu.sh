@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The CPU reference grid (issue 29), in the order its rows are wanted: one
+# `launch.sweep` invocation per group, all into one sweep folder. A sweep skips
+# finished runs and resumes interrupted ones exactly, so re-running this script
+# (after a stop, in a later session) continues where it stopped.
+#
+#   nice -n 19 benchmarks/reference/run_cpu.sh SWEEP_DIR MANUAL_DIR [DATA_DIR] >> LOG 2>&1 &
+#
+# SWEEP_DIR: the sweep folder (keep it outside the repository); MANUAL_DIR: the
+# folder with images_background.zip and images_evaluation.zip (full Omniglot);
+# DATA_DIR: where the prepared TFDS dataset lives (default: the sweep's own).
+# Runs the cfsl_jax of the active Python environment (python -m cfsl_jax.launch.sweep).
+# Budgets: cpu_3200.flags (ProtoNets, MAML++ L,
+# the fine-tuners) and cpu_800.flags (SCA, MAML++ H); README.md beside this file.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+if [[ $# -lt 2 ]]; then
+  echo "usage: $0 SWEEP_DIR MANUAL_DIR [DATA_DIR]" >&2
+  exit 2
+fi
+sweep_dir=$(realpath -m "$1")
+manual_dir=$(realpath -m "$2")
+data_dir=$(realpath -m "${3:-$sweep_dir/tensorflow_datasets}")
+mkdir -p "$sweep_dir"
+cd "$sweep_dir"  # no cfsl_jax folder in the working directory to shadow the installed package
+# The code's commit, from git or (a `git archive` copy) the file COMMIT in the root;
+# "+dirty" when the checkout has uncommitted changes.
+commit=$(git -C "$root" rev-parse HEAD 2>/dev/null || cat "$root/COMMIT")
+if git -C "$root" rev-parse 2>/dev/null && [[ -n $(git -C "$root" status --porcelain) ]]; then
+  commit="$commit+dirty"
+fi
+cheap=protonets,maml_low,init_tune,pretrain_tune,ewc_init,ewc_pretrain
+costly=sca,maml_high
+
+sweep() {  # sweep FLAGFILE LEARNERS CELL SEEDS
+  echo "=== $(date -u +%FT%TZ) $2 on $3, seeds $4 ($1), commit $commit"
+  # provenance.jsonl: which commit ran which runs, from when (the export reads it)
+  printf '{"start": "%s", "commit": "%s", "flagfile": "%s", "learners": "%s", "cell": "%s", "seeds": "%s"}\n' \
+    "$(date -u +%FT%TZ)" "$commit" "$1" "$2" "$3" "$4" >> "$sweep_dir/provenance.jsonl"
+  python -m cfsl_jax.launch.sweep --flagfile="$here/common.flags" --flagfile="$here/$1" --workdir="$sweep_dir" --learners="$2" \
+    --cells="$3" --seeds="$4" --workers=1 --manual_dir="$manual_dir" --data_dir="$data_dir" \
+    || status=$?
+  if [[ ${status:-0} -ge 128 ]]; then  # stopped by a signal: every run checkpointed; stop here
+    echo "=== $(date -u +%FT%TZ) stopped (exit ${status}); run this script again to continue"
+    exit "$status"
+  elif [[ ${status:-0} -ne 0 ]]; then  # a run failed: its error is above; go on with the rest
+    echo "=== $(date -u +%FT%TZ) the sweep exited ${status}; going on"
+  fi
+  status=0
+}
+
+for cell in B3 A3 C3 D4; do
+  sweep cpu_3200.flags "$cheap" "$cell" 0
+  sweep cpu_800.flags "$costly" "$cell" 0
+done
+sweep cpu_3200.flags protonets,maml_low B3 1,2
+echo "=== $(date -u +%FT%TZ) the CPU reference grid is complete"

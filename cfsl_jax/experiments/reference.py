@@ -1,0 +1,216 @@
+"""Reference results as data: a sweep folder exported to ``docs/reference`` (small files only).
+
+    from cfsl_jax.experiments import reference
+    rows = reference.export("/work/reference_runs", "docs/reference")   # results.csv + runs/
+    rows = reference.read_rows("docs/reference/results.csv")
+
+Rules:
+
+- One row per run of the sweep folder (any folder under it with a ``config.json``):
+  ``complete`` where it has ``results.json``, ``partial`` where it has only a
+  validation curve so far (its test columns are empty). ``COLUMNS`` lists the columns.
+- Each run's ``results.json`` (with its per-task test accuracy and cross-entropy, what
+  paired differences need), ``val_history.json`` and ``config.json`` are copied as they
+  are to ``runs/<budget>/<dataset as the sweep names it>/<learner>/<cell>/seed<k>/`` (never
+  a checkpoint; a partial run keeps its folder and row when it completes), so
+  the numbers of a row are the bytes ``launch.verify --workdir=W`` checks:
+  ``launch.verify --workdir=W --reference_csv=docs/reference/results.csv`` also checks
+  that the row of W equals W's results.json (``row_differences``).
+- ``budget``: the name of the run's schedule (``budgets.name_of``: ``paper``,
+  ``default``, ``quick``) or ``EPOCHSxSTEPSxBATCH``; ``paper_budget`` says whether it is
+  the paper's. ``training_tasks``: tasks the run trained (or pretrained) on, epochs
+  done x steps x meta-batch; 0 for a learner that trains nothing (Init+Tune, EWC-Init).
+- ``commit``: the code's commit, from the sweep folder's ``provenance.jsonl`` (written
+  by ``benchmarks/reference/run_cpu.sh``): the last invocation covering the run that
+  started before the run's last file was written; ``unknown`` without one.
+- Exporting into a folder that already holds rows keeps the rows of other runs (another
+  sweep folder: a GPU grid at the paper's budget) and replaces those of the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable, Sequence
+
+from cfsl_jax.experiments.report import _cell_order, _learner_order
+from cfsl_jax.experiments.sweep_plan import safe_name
+from cfsl_jax.runtime import files
+from cfsl_jax.training import budgets
+from cfsl_jax.training import results as results_io
+from cfsl_jax.training.config import TrainConfig, from_json
+
+COLUMNS: tuple[str, ...] = (
+    "learner", "dataset", "cell", "seed", "budget", "paper_budget", "status", "options",
+    "epochs", "iters_per_epoch", "meta_batch", "training_tasks", "val_tasks", "epochs_done",
+    "val_acc_first", "val_acc_best", "val_acc_last", "test_tasks", "test_acc_mean",
+    "test_acc_std", "test_acc_ci95", "test_ce_mean", "task_fingerprint", "commit", "device",
+    "wall_seconds", "run")
+# results.json's test field behind each test column (row_differences compares them)
+TEST_FIELDS = {"test_acc_mean": "acc_mean", "test_acc_std": "acc_std",
+               "test_acc_ci95": "acc_ci95", "test_ce_mean": "ce_mean"}
+RUN_FILES = ("results.json", "val_history.json", "config.json")
+SKIPPED = ("checkpoints", "xla_cache", "tensorboard", "report", "tensorflow_datasets")
+
+
+def budget_name(config: TrainConfig) -> str:
+    """``paper``/``default``/``quick`` where the schedule is one of them, else ExSxB."""
+    return budgets.name_of(config) or \
+        f"{config.epochs}x{config.iters_per_epoch}x{config.meta_batch}"
+
+
+def _training(learner: str) -> str:
+    from cfsl_jax.experiments.report import _pretrains
+    from cfsl_jax.learners import get_learner
+    from cfsl_jax.protocol.spec import TaskSpec
+    return "pretrain" if _pretrains(learner) else \
+        get_learner(learner, TaskSpec.preset("B3")).training
+
+
+def training_tasks(config: TrainConfig, epochs_done: int) -> int:
+    """Tasks trained (or pretrained) on in ``epochs_done`` epochs; 0 for a learner that does
+    not train, or pretrains on uniformly drawn images."""
+    kind = _training(config.learner)
+    if kind == "none" or (kind == "pretrain" and config.pretrain_data != "tasks"):
+        return 0
+    return epochs_done * config.iters_per_epoch * config.meta_batch
+
+
+def _provenance(sweep_dir: str) -> list[dict]:
+    path = files.join(sweep_dir, "provenance.jsonl")
+    if not files.exists(path):
+        return []
+    return [json.loads(line) for line in files.read_text(path).splitlines() if line.strip()]
+
+
+def _commit(invocations: Sequence[dict], config: TrainConfig, finished: float) -> str:
+    """The commit of the last invocation covering the run that started before ``finished``."""
+    from datetime import datetime, timezone
+    found = "unknown"
+    for entry in invocations:
+        start = datetime.strptime(entry["start"], "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=timezone.utc).timestamp()
+        if (config.learner in entry["learners"].split(",") and entry["cell"] == config.task
+                and str(config.seed) in entry["seeds"].split(",") and start <= finished):
+            found = entry["commit"]
+    return found
+
+
+def run_dirs(sweep_dir: str) -> list[str]:
+    """Every run folder under ``sweep_dir`` (a folder holding ``config.json``), sorted."""
+    return sorted(root for root, _, names in files.walk(sweep_dir, skip=SKIPPED)
+                  if "config.json" in names)
+
+
+def _data_key(config: TrainConfig) -> str:
+    return json.dumps([config.dataset, config.dataset_options], sort_keys=True)
+
+
+def run_row(workdir: str, invocations: Sequence[dict] = (),
+            variants: dict[str, str] | None = None) -> dict[str, Any]:
+    """The row of one run folder (complete or partial); ``run`` is its folder under runs/.
+    ``variants``: the dataset variant (results.json's ``dataset``) of each ``_data_key``,
+    for a partial run (the variant is known once a run has finished)."""
+    config = from_json(results_io.read_json(files.join(workdir, "config.json")))
+    history = results_io.read_json(files.join(workdir, "val_history.json"), default=[])
+    result = results_io.read_json(files.join(workdir, "results.json"), default={})
+    val = [entry["val_acc"] for entry in history if "val_acc" in entry]
+    budget = budget_name(config)
+    last = max(os.path.getmtime(files.join(workdir, name)) for name in RUN_FILES
+               if files.exists(files.join(workdir, name)))
+    row = {"learner": config.learner, "cell": config.task, "seed": config.seed,
+           "dataset": result["dataset"] if result else
+           (variants or {}).get(_data_key(config), config.dataset),
+           "budget": budget, "paper_budget": budget == "paper",
+           "status": "complete" if result else "partial",
+           "options": json.dumps({**config.dataset_options, **config.spec_overrides,
+                                  **config.learner_options}, sort_keys=True),
+           "epochs": config.epochs, "iters_per_epoch": config.iters_per_epoch,
+           "meta_batch": config.meta_batch,
+           "training_tasks": training_tasks(config, config.epochs if result else len(history)),
+           "val_tasks": config.val_tasks, "epochs_done": len(history),
+           "val_acc_first": val[0] if val else "", "val_acc_best": max(val) if val else "",
+           "val_acc_last": val[-1] if val else "", "test_tasks": config.test_tasks,
+           "commit": _commit(invocations, config, last)}
+    if result:
+        test = result["test"]
+        row.update({column: test[field] for column, field in TEST_FIELDS.items()})
+        row.update(task_fingerprint=result["task_fingerprint"],
+                   device=f"{result['backend']} x{result['devices']}",
+                   wall_seconds=round(result["wall_seconds"], 1))
+    # the sweep's own layout (config.dataset), so a run keeps its folder when it completes
+    row["run"] = "/".join(["runs", safe_name(budget), safe_name(config.dataset),
+                           safe_name(config.learner), safe_name(config.task),
+                           f"seed{config.seed}"])
+    return {column: row.get(column, "") for column in COLUMNS}
+
+
+def _sort_key(row: dict, cells: list[str], learners: list[str]) -> tuple:
+    return (row["dataset"], row["budget"], cells.index(row["cell"]),
+            learners.index(row["learner"]), int(row["seed"]))
+
+
+def sorted_rows(rows: Iterable[dict]) -> list[dict]:
+    """Rows by dataset, budget, cell (the paper's grid order), learner (registry order), seed."""
+    rows = list(rows)
+    cells = _cell_order(row["cell"] for row in rows)
+    learners = _learner_order(row["learner"] for row in rows)
+    return sorted(rows, key=lambda row: _sort_key(row, cells, learners))
+
+
+def read_rows(csv_path: str) -> list[dict[str, str]]:
+    """The rows of a reference ``results.csv`` (strings, as written)."""
+    import csv
+    import io
+    return list(csv.DictReader(io.StringIO(files.read_text(csv_path))))
+
+
+def export(sweep_dir: str, out_dir: str) -> list[dict[str, Any]]:
+    """Write ``out_dir/results.csv`` and ``out_dir/runs/...`` from ``sweep_dir``; the rows."""
+    invocations = _provenance(sweep_dir)
+    variants = {}
+    for workdir in run_dirs(sweep_dir):
+        found = results_io.read_json(files.join(workdir, "results.json"), default={})
+        if found:
+            variants[_data_key(from_json(found["config"]))] = found["dataset"]
+    rows = [run_row(workdir, invocations, variants) for workdir in run_dirs(sweep_dir)]
+    if not rows:
+        raise FileNotFoundError(f"no run (a folder with config.json) under {sweep_dir!r}")
+    for workdir, row in zip(run_dirs(sweep_dir), rows):
+        target = files.join(out_dir, row["run"])
+        files.makedirs(target)
+        for name in RUN_FILES:
+            if files.exists(files.join(workdir, name)):
+                files.write_atomic(files.join(target, name),
+                                   files.read_bytes(files.join(workdir, name)))
+    csv_path = files.join(out_dir, "results.csv")
+    ours = {row["run"] for row in rows}
+    kept = [row for row in read_rows(csv_path) if row["run"] not in ours] \
+        if files.exists(csv_path) else []
+    rows = sorted_rows([*kept, *rows])
+    files.write_atomic(csv_path, results_io.csv_text(rows, COLUMNS))
+    return rows
+
+
+def row_differences(row: dict[str, str], result: dict[str, Any]) -> list[str]:
+    """How a results.csv row differs from the run's results.json (empty: the same numbers)."""
+    differences = []
+    for column, field in TEST_FIELDS.items():
+        if row[column] == "" or float(row[column]) != float(result["test"][field]):
+            differences.append(f"{column}: row {row[column]!r}, results.json "
+                               f"{result['test'][field]!r}")
+    if row["task_fingerprint"] != result["task_fingerprint"]:
+        differences.append(f"task_fingerprint: row {row['task_fingerprint']!r}, results.json "
+                           f"{result['task_fingerprint']!r}")
+    return differences
+
+
+def find_row(rows: Sequence[dict[str, str]], result: dict[str, Any]) -> dict[str, str] | None:
+    """The complete row of the run ``result`` (a results.json) came from, or None."""
+    config = from_json(result["config"])
+    for row in rows:
+        if (row["status"] == "complete" and row["learner"] == result["learner"]
+                and row["dataset"] == result["dataset"] and row["cell"] == config.task
+                and int(row["seed"]) == config.seed and row["budget"] == budget_name(config)):
+            return row
+    return None

@@ -1,0 +1,198 @@
+"""``launch.report --reference``: the reference rows beside Table 1 and beside your own runs.
+
+    from cfsl_jax.experiments import reference_report
+    paths = reference_report.write("docs/reference", "/tmp/out", sweep_dir="/tmp/my_sweep")
+
+Reads only ``docs/reference`` (``reference.export``'s results.csv and runs/), so it runs in
+a fresh clone without training anything. Writes ``reference.md`` and
+``reference_convergence.png``:
+
+- **Beside Table 1**: per dataset, budget, learner and cell, the reference test accuracy
+  (mean over its complete seeds, with the budget and training tasks), Table 1's number,
+  and the difference; where Table 1's cell measures a paper-era behaviour
+  (``paper_era.note``), the note and the closed-form prediction stand in place of a bare
+  difference.
+- **Paired differences**: within each (dataset, budget), each learner against its cell's
+  most accurate one over the shared test tasks (``report.paired_rows``).
+- **Your runs** (``sweep_dir``): each run of the sweep beside the reference run of the
+  same dataset, learner, cell and seed (every seed of it where the reference lacks that
+  seed), and, where both were tested on the
+  same tasks (the same fingerprint), the mean of the per-task differences with its 95 % CI.
+- **Convergence**: validation accuracy against training tasks, one panel per cell, one
+  line per learner and budget (seed 0), partial runs included.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from cfsl_jax.experiments import paper_era, paper_results, reference, report
+from cfsl_jax.protocol.metrics import summarize
+from cfsl_jax.runtime import files, plotting
+from cfsl_jax.training import results as results_io
+from cfsl_jax.training.config import from_json
+
+
+def default_dir() -> str:
+    """The checkout's ``docs/reference`` (beside the ``cfsl_jax`` package)."""
+    import cfsl_jax
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(cfsl_jax.__file__))),
+                        "docs", "reference")
+
+
+def load(reference_dir: str) -> tuple[list[dict], list[dict]]:
+    """(rows of results.csv, the results.json of every complete row, with its row's budget
+    as ``"_budget"``)."""
+    csv_path = files.join(reference_dir, "results.csv")
+    if not files.exists(csv_path):
+        raise FileNotFoundError(f"no reference results at {csv_path} (reference.export "
+                                f"writes them)")
+    rows = reference.read_rows(csv_path)
+    found = []
+    for row in rows:
+        if row["status"] == "complete":
+            result = results_io.read_json(files.join(reference_dir, row["run"], "results.json"))
+            found.append({**result, "_budget": row["budget"]})
+    return rows, found
+
+
+def _percent(value: str | float) -> str:
+    return f"{100 * float(value):.2f}" if value != "" else "-"
+
+
+def beside_table1(rows: Sequence[dict], paper: dict) -> list[list[str]]:
+    """Rows (header first): the reference accuracy per (dataset, budget, learner, cell) beside
+    Table 1, the difference or the paper-era note."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in reference.sorted_rows(rows):
+        groups.setdefault((row["dataset"], row["budget"], row["learner"], row["cell"]),
+                          []).append(row)
+    out = [["dataset", "learner", "cell", "budget (training tasks)", "seeds", "ours (%)",
+            "Table 1 (%)", "ours - Table 1 (points), or what the cell measures"]]
+    for (dataset, budget, learner, cell), group in groups.items():
+        done = [float(r["test_acc_mean"]) for r in group if r["status"] == "complete"]
+        ours = "partial: val " + _percent(group[0]["val_acc_last"]) if not done else (
+            f"{100 * np.mean(done):.2f}" + (f" ± {100 * np.std(done, ddof=1):.2f}"
+                                            if len(done) > 1 else ""))
+        theirs = report.paper_value(paper, dataset, learner, cell)
+        note = paper_era.note(learner, cell)
+        if theirs is None:
+            comparison = "-"
+        elif note:
+            guess = paper_era.predicted(learner, cell)
+            comparison = (f"paper-era cell: {note}; that alone predicts {guess:.2f} "
+                          f"(docs/results.md), so no difference is shown")
+        else:
+            comparison = f"{100 * np.mean(done) - theirs['mean']:+.2f}" if done else "-"
+        tasks = group[0]["training_tasks"]
+        out.append([dataset, learner, cell, f"{budget} ({int(tasks):,})", str(len(done)),
+                    ours, paper_results.printed(theirs) if theirs else "-", comparison])
+    return out
+
+
+def paired(found: Sequence[dict]) -> list[list[str]]:
+    """``report.paired_rows`` within each (dataset, budget), with those two columns first."""
+    out = [["dataset", "budget", *report.paired_rows([], "")[0]]]
+    for dataset, budget in sorted({(r["dataset"], r["_budget"]) for r in found}):
+        subset = [r for r in found if (r["dataset"], r["_budget"]) == (dataset, budget)]
+        out += [[dataset, budget, *row] for row in report.paired_rows(subset, dataset)[1:]]
+    return out
+
+
+def beside_yours(found: Sequence[dict], yours: Sequence[dict]) -> list[list[str]]:
+    """Rows (header first): your runs beside the reference run of the same dataset, learner
+    and cell, with the paired difference where both used the same test tasks."""
+    out = [["dataset", "learner", "cell", "yours (%)", "your budget", "reference (%)",
+            "reference budget", "yours - reference, paired (points, 95 % CI, tasks)"]]
+    for mine in sorted(yours, key=lambda r: (r["dataset"], r["learner"], r["config"]["task"],
+                                             r["seed"])):
+        cell = mine["config"]["task"]
+        budget = reference.budget_name(from_json(mine["config"]))
+        same_run = [r for r in found if (r["dataset"], r["learner"], r["config"]["task"]) ==
+                    (mine["dataset"], mine["learner"], cell)]
+        same_seed = [r for r in same_run if r["seed"] == mine["seed"]]
+        for ref in same_seed or same_run:  # the reference run of the same seed where it has one
+            same = (ref["task_fingerprint"] == mine["task_fingerprint"]
+                    and "per_task" in ref["test"] and "per_task" in mine["test"])
+            text = "not the same test tasks"
+            if same:
+                stats = summarize(np.asarray(mine["test"]["per_task"]["acc"], np.float64)
+                                  - np.asarray(ref["test"]["per_task"]["acc"], np.float64))
+                text = (f"{100 * stats['mean']:+.2f} ± {100 * stats['ci95']:.2f} "
+                        f"({len(mine['test']['per_task']['acc'])})")
+            out.append([mine["dataset"], mine["learner"], f"{cell} seed {mine['seed']}",
+                        _percent(mine["test"]["acc_mean"]), budget,
+                        _percent(ref["test"]["acc_mean"]),
+                        f"{ref['_budget']} seed {ref['seed']}", text])
+    return out
+
+
+def curves(reference_dir: str, rows: Sequence[dict]) -> dict[str, dict[str, tuple]]:
+    """{cell: {"learner (budget)": (training tasks, validation accuracy %)}}, seed 0 runs."""
+    out: dict[str, dict[str, tuple]] = {}
+    for row in reference.sorted_rows(rows):
+        if int(row["seed"]) != 0:
+            continue
+        history = results_io.read_json(files.join(reference_dir, row["run"],
+                                                  "val_history.json"), default=[])
+        points = [(int(e["epoch"]) + 1, e["val_acc"]) for e in history if "val_acc" in e]
+        if not points:
+            continue
+        per_epoch = int(row["iters_per_epoch"]) * int(row["meta_batch"]) \
+            if int(row["training_tasks"]) or row["status"] == "partial" else 0
+        x = np.array([epoch * per_epoch for epoch, _ in points])
+        out.setdefault(row["cell"], {})[f"{row['learner']} ({row['budget']})"] = (
+            x, 100 * np.array([acc for _, acc in points]))
+    return out
+
+
+def plot_convergence(data: dict[str, dict[str, tuple]], path: str) -> str | None:
+    """Validation accuracy against training tasks, a panel per cell; None with no curve."""
+    if not data:
+        return None
+    cells = report._cell_order(data)
+    figure, axes = plotting.subplots(1, len(cells), figsize=(4.5 * len(cells), 4),
+                                     squeeze=False)
+    for axis, cell in zip(axes[0], cells):
+        for index, (name, (x, y)) in enumerate(sorted(data[cell].items())):
+            axis.plot(x, y, marker="os^vD<>px*"[index % 10], label=name)
+        axis.set(title=cell, xlabel="training tasks", ylabel="validation accuracy (%)")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    return plotting.save(figure, path)
+
+
+def write(reference_dir: str, out_dir: str, sweep_dir: str | None = None,
+          paper: dict | None = None) -> dict[str, Any]:
+    """Write ``reference.md`` (and the convergence figure) to ``out_dir``; their paths."""
+    rows, found = load(reference_dir)
+    paper = paper if paper is not None else paper_results.TABLE1
+    files.makedirs(out_dir)
+    complete = sum(row["status"] == "complete" for row in rows)
+    parts = ["# Reference results beside Table 1",
+             f"{len(rows)} reference runs ({complete} complete, {len(rows) - complete} "
+             f"partial) from {reference_dir}; every run of a dataset is tested on the same "
+             f"tasks (evaluation seed 0). Table 1: {paper['source']}.",
+             report.markdown(beside_table1(rows, paper))]
+    pairs = paired(found)
+    if len(pairs) > 1:
+        parts += ["## Paired differences on the same test tasks",
+                  "Each learner against its cell's most accurate one (same dataset and "
+                  "budget): the mean per-task accuracy difference with its 95 % CI.",
+                  report.markdown(pairs)]
+    if sweep_dir:
+        yours = report.load_results(sweep_dir)
+        parts += [f"## Your runs ({sweep_dir}) beside the reference",
+                  report.markdown(beside_yours(found, yours)) if yours else
+                  "No finished run in the sweep folder yet."]
+    figure = plot_convergence(curves(reference_dir, rows),
+                              files.join(out_dir, "reference_convergence.png"))
+    if figure:
+        parts += ["## Convergence", f"Validation accuracy against training tasks: {figure}"]
+    markdown_path = files.join(out_dir, "reference.md")
+    files.write_atomic(markdown_path, "\n\n".join(parts) + "\n")
+    return {"markdown": markdown_path, "figure": figure}

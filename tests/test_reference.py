@@ -1,0 +1,146 @@
+"""Reference results as data (experiments.reference), their report (experiments.reference_report,
+launch.report --reference) and the closed form of Table 1's paper-era cells (experiments.paper_era).
+
+The fixture sweep is the tiny synthetic config of tests/test_sweep_report.py: ProtoNets (seeds 0
+and 1) and Init+Tune on B2 and C2, trained in this process; one run is left partial (its
+results.json removed), as a sweep stopped mid-run leaves it.
+"""
+
+import csv
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cfsl_jax.experiments import paper_era, reference, reference_report, sweep
+from cfsl_jax.experiments.verify import reference_row_differences
+from cfsl_jax.training import train
+from cfsl_jax.training.config import TrainConfig
+from conftest import TINY_SWEEP, TINY_SWEEP_LEARNER_OPTIONS
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUNS = (("protonets", "B2", 0), ("protonets", "B2", 1), ("init_tune", "B2", 0),
+        ("protonets", "C2", 0))
+
+
+@pytest.fixture(scope="module")
+def fixture_sweep(tmp_path_factory):
+    """(sweep folder, {(learner, cell, seed): results.json dict}) with C2 left partial."""
+    sweep_dir = str(tmp_path_factory.mktemp("reference_sweep"))
+    found = {}
+    for learner, cell, seed in RUNS:
+        options = {**TINY_SWEEP["learner_options"], **TINY_SWEEP_LEARNER_OPTIONS.get(learner, {})}
+        config = TrainConfig(**{**TINY_SWEEP, "learner_options": options}, learner=learner,
+                             task=cell, seed=seed)
+        workdir = sweep.run_dir(sweep_dir, config)
+        found[(learner, cell, seed)] = train.train_and_evaluate(config, workdir)
+    os.remove(os.path.join(sweep.run_dir(sweep_dir, config), "results.json"))  # C2: partial
+    with open(os.path.join(sweep_dir, "provenance.jsonl"), "w") as log:
+        log.write(json.dumps({"start": "2000-01-01T00:00:00Z", "commit": "abc123",
+                              "flagfile": "f", "learners": "protonets,init_tune",
+                              "cell": "B2", "seeds": "0,1"}) + "\n")
+    return sweep_dir, found
+
+
+def test_export_writes_a_row_per_run_with_the_numbers_of_its_results(fixture_sweep, tmp_path):
+    sweep_dir, found = fixture_sweep
+    rows = reference.export(sweep_dir, str(tmp_path))
+    assert [(r["learner"], r["cell"], r["seed"], r["status"]) for r in rows] == [
+        ("protonets", "B2", 0, "complete"), ("protonets", "B2", 1, "complete"),
+        ("init_tune", "B2", 0, "complete"), ("protonets", "C2", 0, "partial")]
+    written = list(csv.DictReader(open(tmp_path / "results.csv")))
+    assert list(written[0]) == list(reference.COLUMNS)
+    for row in written[:3]:
+        result = found[(row["learner"], row["cell"], int(row["seed"]))]
+        assert float(row["test_acc_mean"]) == result["test"]["acc_mean"]  # every digit
+        assert float(row["test_ce_mean"]) == result["test"]["ce_mean"]
+        assert row["task_fingerprint"] == result["task_fingerprint"]
+        assert row["commit"] == "abc123" and row["device"] == f"cpu x{result['devices']}"
+        assert row["budget"] == "2x3x2" and row["paper_budget"] == "False"
+        copied = json.load(open(tmp_path / row["run"] / "results.json"))
+        assert copied == result and reference.row_differences(row, result) == []
+        assert not os.path.exists(tmp_path / row["run"] / "checkpoints")
+    # 2 epochs x 3 steps x 2 tasks; Init+Tune trains nothing
+    assert [row["training_tasks"] for row in written] == ["12", "12", "0", "12"]
+    partial = written[3]
+    assert partial["test_acc_mean"] == "" and partial["commit"] == "unknown"  # not a B2 run
+    history = json.load(open(tmp_path / partial["run"] / "val_history.json"))
+    assert float(partial["val_acc_last"]) == history[-1]["val_acc"]
+    # every row of a cell shares the test tasks (evaluation seed 0)
+    assert len({row["task_fingerprint"] for row in written[:3]}) == 1
+
+
+def test_a_row_that_differs_from_the_run_is_named_and_reexport_keeps_other_rows(
+        fixture_sweep, tmp_path):
+    sweep_dir, found = fixture_sweep
+    reference.export(sweep_dir, str(tmp_path))
+    csv_path = str(tmp_path / "results.csv")
+    workdir = os.path.join(sweep_dir, "synthetic", "protonets", "B2", "seed0")
+    assert reference_row_differences(workdir, csv_path) == []
+    rows = reference.read_rows(csv_path)
+    other = {**rows[0], "budget": "paper", "run": "runs/paper/x", "test_acc_mean": "0.5"}
+    rows[0] = {**rows[0], "test_acc_mean": "0.25"}
+    with open(csv_path, "w", newline="") as out:
+        writer = csv.DictWriter(out, fieldnames=reference.COLUMNS)
+        writer.writeheader()
+        writer.writerows([*rows, other])
+    assert reference_row_differences(workdir, csv_path) == [
+        f"{csv_path} test_acc_mean: row '0.25', results.json "
+        f"{found[('protonets', 'B2', 0)]['test']['acc_mean']!r}"]
+    again = reference.export(sweep_dir, str(tmp_path))  # replaces this sweep's rows only
+    assert [row["budget"] for row in again].count("paper") == 1
+    assert reference_row_differences(workdir, csv_path) == []
+
+
+def test_reference_report_pairs_learners_and_your_runs_on_the_same_tasks(fixture_sweep,
+                                                                          tmp_path):
+    sweep_dir, found = fixture_sweep
+    reference.export(sweep_dir, str(tmp_path / "ref"))
+    paths = reference_report.write(str(tmp_path / "ref"), str(tmp_path / "out"), sweep_dir)
+    text = open(paths["markdown"]).read()
+    proto = np.mean([found[("protonets", "B2", s)]["test"]["per_task"]["acc"] for s in (0, 1)],
+                    axis=0)
+    tune = np.asarray(found[("init_tune", "B2", 0)]["test"]["per_task"]["acc"])
+    best, other = (proto, tune) if proto.mean() >= tune.mean() else (tune, proto)
+    difference = other - best
+    ci = 1.96 * difference.std() / np.sqrt(difference.size)
+    assert f"| {100 * difference.mean():+.2f} | ±{100 * ci:.2f} | {difference.size} |" in text
+    # protonets B2 beside Table 1 (no B2 cell there): mean ± std over its two seeds
+    accs = [found[("protonets", "B2", s)]["test"]["acc_mean"] for s in (0, 1)]
+    assert f"| {100 * np.mean(accs):.2f} ± {100 * np.std(accs, ddof=1):.2f} |" in text
+    # a run of the user's sweep against the same run in the reference: paired difference 0
+    assert "| +0.00 ± 0.00 (4) |" in text
+    assert os.path.getsize(paths["figure"]) > 1000
+
+
+def test_paper_era_cells_follow_only_the_last_support_set_counts():
+    # ProtoNets C cells: p/NSS + (1 - 1/NSS)/NC with p = A3/A5/A10 (98.73, 98.73, 98.65)
+    assert paper_era.predicted("protonets", "C3") == pytest.approx(100 * (0.9873 / 3 + 2 / 15))
+    assert [round(paper_era.predicted("protonets", c), 2) for c in ("C3", "C5", "C10")] == [
+        46.24, 35.75, 27.87]
+    # MAML++ L D cells: p/NSS + (1 - CCI/NSS)/(NSS*NC), p = A3 (99.38), A5 (99.41)
+    assert paper_era.predicted("maml_low", "D4") == pytest.approx(
+        100 * (0.9938 / 4 + 0.5 / 20))
+    assert [round(paper_era.predicted("maml_low", c), 2) for c in ("D4", "D8")] == [
+        27.34, 14.30]
+    assert paper_era.predicted("maml_low", "B3") == pytest.approx(100 * (0.9938 / 3 + 2 / 45))
+    assert paper_era.note("protonets", "B3") is None and paper_era.predicted("sca", "C3") is None
+    assert "last support" in paper_era.note("maml_low", "D8")
+    # a learner that carries its state on a D cell: the 1/CCI cap, p/CCI (ProtoNets A3 98.73)
+    assert paper_era.predicted("protonets", "D4") == pytest.approx(98.73 / 2)
+    assert "1/CCI" in paper_era.note("sca", "D8") and paper_era.note("init_tune", "D4") is None
+
+
+def test_report_reference_from_the_command_line(tmp_path):
+    command = [sys.executable, "-m", "launch.report", "--reference",
+               f"--reference_dir={tmp_path / 'none'}", f"--out_dir={tmp_path / 'out'}"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "CFSL_PROGRESS": "0"})
+    assert done.returncode == 2 and not os.path.exists(tmp_path / "out")
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: --reference_dir={tmp_path / 'none'}: holds no results.csv (the reference data: "
+        f"a checkout's docs/reference)")
