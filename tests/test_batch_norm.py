@@ -105,7 +105,8 @@ def test_a_training_step_folds_each_tasks_forward_passes_in_task_order():
     plain = {"params": params["params"]}
     moved, _, _ = train.make_train_step(batch, optimizer, 2)(
         plain, optimizer.init(plain), splits["train"], key, jnp.float32(0))
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+    # (two programs: their convolutions accumulate in a CPU-dependent order; 1.6e-6 seen)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
                  new["params"], moved["params"])
 
 

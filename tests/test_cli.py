@@ -115,6 +115,7 @@ def test_train_mistakes_are_one_line_with_status_2(tmp_path, omniglot_dir, data_
     write_tiny_workdir(truncated, seed=0)
     with open(os.path.join(truncated, "config.json"), "r+") as f:
         f.truncate(40)  # as a kill in the middle of a non-atomic write would leave it
+    os.remove(os.path.join(truncated, "checksums.json"))  # (that is, before checksums)
     empty, offline, corrupt = (str(tmp_path / name) for name in ("empty", "offline", "corrupt"))
     for folder in (empty, offline, corrupt):
         os.makedirs(folder)

@@ -145,7 +145,9 @@ def test_walking_the_stream_in_progress_chunks_changes_no_number(synthetic, ncm,
     chunked = fluid.run_stream(method, params, stream, split, jax.random.key(1),
                                count_macs=False)
     np.testing.assert_array_equal(chunked.prediction, whole.prediction)
-    np.testing.assert_array_equal(chunked.unseen_score, whole.unseen_score)
+    # chunks are other scan lengths, so other XLA programs: scores agree to float32 rounding
+    # (5e-8 seen on some CPUs), the predictions exactly
+    np.testing.assert_allclose(chunked.unseen_score, whole.unseen_score, rtol=1e-6, atol=0)
     lines = [line for line in capsys.readouterr().out.splitlines() if "[FLUID ncm]" in line]
     assert [line.split(" samples")[0] for line in lines] == [
         "[FLUID ncm] 50/120", "[FLUID ncm] 100/120", "[FLUID ncm] 120/120"]

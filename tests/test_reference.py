@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from cfsl_jax.experiments import paper_era, reference, reference_report, sweep
+from cfsl_jax.experiments import paper_era, reference, reference_report, sweep_plan
 from cfsl_jax.experiments.verify import reference_row_differences
 from cfsl_jax.training import train
 from cfsl_jax.training.config import TrainConfig
@@ -36,9 +36,9 @@ def fixture_sweep(tmp_path_factory):
         options = {**TINY_SWEEP["learner_options"], **TINY_SWEEP_LEARNER_OPTIONS.get(learner, {})}
         config = TrainConfig(**{**TINY_SWEEP, "learner_options": options}, learner=learner,
                              task=cell, seed=seed)
-        workdir = sweep.run_dir(sweep_dir, config)
+        workdir = sweep_plan.run_dir(sweep_dir, config)
         found[(learner, cell, seed)] = train.train_and_evaluate(config, workdir)
-    os.remove(os.path.join(sweep.run_dir(sweep_dir, config), "results.json"))  # C2: partial
+    os.remove(os.path.join(sweep_plan.run_dir(sweep_dir, config), "results.json"))  # C2: partial
     with open(os.path.join(sweep_dir, "provenance.jsonl"), "w") as log:
         log.write(json.dumps({"start": "2000-01-01T00:00:00Z", "commit": "abc123",
                               "flagfile": "f", "learners": "protonets,init_tune",

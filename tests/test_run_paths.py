@@ -40,6 +40,7 @@ def test_a_run_recorded_with_relative_paths_resumes_and_verifies_with_folders_gi
     saved.update(manual_dir="../shared/data/omniglot", data_dir="data")  # as an older run did
     with open(path, "w") as f:
         json.dump(saved, f)
+    os.remove(os.path.join(workdir, "checksums.json"))  # an older run: written before checksums
     with open(os.path.join(workdir, "results.json"), "w") as f:
         json.dump({"splits": {}}, f)
     now = runs.TrainConfig(**{**saved, "manual_dir": "/abs/zips", "data_dir": "/abs/data"})

@@ -64,7 +64,7 @@ def _training(learner: str) -> str:
     from cfsl_jax.learners import get_learner
     from cfsl_jax.protocol.spec import TaskSpec
     return "pretrain" if _pretrains(learner) else \
-        get_learner(learner, TaskSpec.preset("B3")).training
+        get_learner(learner, TaskSpec.preset("B3")).recipe.training
 
 
 def training_tasks(config: TrainConfig, epochs_done: int) -> int:

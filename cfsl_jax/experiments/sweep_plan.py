@@ -146,8 +146,8 @@ def status(run: Run) -> tuple[str, str]:
         return "new", ""
     differs = runs.config_differences(results.read_json(config_path), run.config)
     if differs:
-        return "conflict", (f"{run.workdir} holds a run with a different config (fields "
-                            f"{differs}); use another sweep directory")
+        return "conflict", (f"{run.workdir} holds a run with a different config (fields: "
+                            f"{', '.join(differs)}); use another sweep directory")
     if files.exists(files.join(run.workdir, "results.json")):
         return "done", ""
     return "partial", ""
