@@ -86,7 +86,8 @@ def main(argv) -> None:
     config = check()
     mesh = train_cli.mesh_from_flags()
     if config is None:
-        runs.evaluate_run(FLAGS.workdir, num_tasks=None, mesh=mesh)
+        with train.workdir_locked(FLAGS.workdir):  # no trainer or other re-test at once
+            runs.evaluate_run(FLAGS.workdir, num_tasks=None, mesh=mesh)
     else:  # a new run: its flags as W/flags.txt, as launch.train writes them
         with cli.flags_recorded(FLAGS.workdir):
             train.train_and_evaluate(config, FLAGS.workdir, mesh=mesh, retest=FLAGS.retest)

@@ -349,3 +349,19 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return state not in ("Z", "X")
+
+
+def test_a_retest_is_refused_while_another_command_holds_the_workdir(finished, tmp_path):
+    """launch.evaluate takes the workdir's lock too: it rewrites results.json and results.csv."""
+    workdir = str(tmp_path / "w")
+    shutil.copytree(finished[1], workdir)
+    other = holder(locks.path_in(workdir))
+    try:
+        with command_module("evaluate") as module:
+            code, _, err = run_in_process(module, "evaluate", [f"--workdir={workdir}"])
+        assert code == 2 and len(err.splitlines()) == 1, err
+        assert err.startswith(f"error: workdir {workdir} is in use by host "
+                              f"{socket.gethostname()} pid {other.pid} since ")
+    finally:
+        other.kill()
+        other.wait()

@@ -155,7 +155,7 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
     try:
         if new:  # nothing is created on a disk without room for the run's first files
             disk.require(files.dirname(workdir), START_BYTES)
-        with stops.handled(), _workdir_locked(workdir):
+        with stops.handled(), workdir_locked(workdir):
             done = finished_results(workdir, config)
             if done is not None:
                 if retest:
@@ -184,7 +184,7 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
         raise
 
 
-def _workdir_locked(workdir: str):
+def workdir_locked(workdir: str):
     """The workdir's lock (``locks.held``), taken by the first host of a multi-host run (every
     host runs the same command on one workdir)."""
     if not results.is_primary():
