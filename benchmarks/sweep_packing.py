@@ -1,0 +1,93 @@
+"""A whole sweep packed against unpacked: wall time, compilation and evaluation included.
+
+    python benchmarks/sweep_packing.py --learner=protonets --cell=B3 --seeds=0,1,2 --pack=3
+
+Runs ``python -m launch.sweep`` twice over the same runs (the seeds of one learner and cell),
+one after the other on this machine, each into its own new folder: first with ``--pack=1``
+(every run alone), then with ``--pack=K``. Both use ``--workers=1``, so the comparison is
+one program at a time either way. Prints each sweep's wall time, the ratio packed/unpacked
+(issue 28's CPU target: at most 0.8 for three seeds), and per run the test accuracy and CE
+of both and whether their test-task fingerprints agree; then one JSON line.
+
+The run settings default to a short schedule (``--epochs=2 --iters_per_epoch=25
+--meta_batch=8 --val_tasks=50 --test_tasks=200``), where start-up, compilation and
+evaluation are a visible share of a run; ``--sweep_flag`` passes any other sweep flag
+(repeat it), e.g. ``--sweep_flag=--dataset=omniglot --sweep_flag=--manual_dir=DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+
+_LEARNER = flags.DEFINE_string("learner", "protonets", "The learner.")
+_CELL = flags.DEFINE_string("cell", "B3", "The cell.")
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "The runs' seeds.")
+_PACK = flags.DEFINE_integer("pack", 3, "The packed sweep's --pack.", lower_bound=2)
+_SCHEDULE = flags.DEFINE_list(
+    "schedule", ["--epochs=2", "--iters_per_epoch=25", "--meta_batch=8", "--val_tasks=50",
+                 "--test_tasks=200"], "Run flags shared by both sweeps.")
+_EXTRA = flags.DEFINE_multi_string("sweep_flag", [], "Another launch.sweep flag (repeatable).")
+_KEEP = flags.DEFINE_string("keep", None, "Keep the two sweep folders here (default: a "
+                            "temporary folder, removed).")
+
+
+def sweep(workdir: str, pack: int) -> float:
+    """Seconds of one ``launch.sweep`` into ``workdir``."""
+    command = [sys.executable, "-m", "launch.sweep", f"--workdir={workdir}",
+               f"--learners={_LEARNER.value}", f"--cells={_CELL.value}",
+               f"--seeds={','.join(_SEEDS.value)}", f"--pack={pack}", "--workers=1",
+               "--report=false", *_SCHEDULE.value, *_EXTRA.value]
+    print(f"[sweep_packing] --pack={pack}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL,
+                   cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return time.perf_counter() - started
+
+
+def results(workdir: str) -> dict[str, dict]:
+    """{seed folder: results.json} of every run under ``workdir``."""
+    found = {}
+    for root, _, files in os.walk(workdir):
+        if "results.json" in files and os.path.basename(root).startswith("seed"):
+            with open(os.path.join(root, "results.json")) as f:
+                found[os.path.basename(root)] = json.load(f)
+    return found
+
+
+def main(argv) -> None:
+    del argv
+    with tempfile.TemporaryDirectory() as scratch:
+        base = _KEEP.value or scratch
+        solo_dir, pack_dir = os.path.join(base, "pack1"), os.path.join(base, f"pack{_PACK.value}")
+        solo_s = sweep(solo_dir, 1)
+        pack_s = sweep(pack_dir, _PACK.value)
+        solo, packed = results(solo_dir), results(pack_dir)
+    runs = []
+    for seed in sorted(solo):
+        a, b = solo[seed]["test"], packed[seed]["test"]
+        runs.append({"run": seed, "acc_solo": a["acc_mean"], "acc_packed": b["acc_mean"],
+                     "ce_solo": a["ce_mean"], "ce_packed": b["ce_mean"],
+                     "same_tasks": (solo[seed]["task_fingerprint"]
+                                    == packed[seed]["task_fingerprint"])})
+        print(f"{seed}: acc {a['acc_mean']:.4f} alone, {b['acc_mean']:.4f} packed; "
+              f"CE {a['ce_mean']:.4f} / {b['ce_mean']:.4f}; "
+              f"same test tasks: {runs[-1]['same_tasks']}", file=sys.stderr)
+    ratio = pack_s / solo_s
+    print(f"{_LEARNER.value} {_CELL.value} seeds {','.join(_SEEDS.value)}: --pack=1 {solo_s:.0f} s, "
+          f"--pack={_PACK.value} {pack_s:.0f} s, ratio {ratio:.2f} (target <= 0.8)",
+          file=sys.stderr)
+    print(json.dumps({"learner": _LEARNER.value, "cell": _CELL.value, "seeds": _SEEDS.value,
+                      "pack": _PACK.value, "schedule": _SCHEDULE.value, "extra": _EXTRA.value,
+                      "solo_s": solo_s, "packed_s": pack_s, "ratio": ratio, "runs": runs,
+                      "load_average": os.getloadavg()}))
+
+
+if __name__ == "__main__":
+    app.run(main)
