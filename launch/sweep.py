@@ -159,8 +159,11 @@ def check():
     slurm_options = cluster.options_from_flags()
     if slurm_options is not None and FLAGS.workers is not None:
         raise cli.UserError("--workers is for --launcher=local (a SLURM job runs one run)")
+    if slurm_options is not None and FLAGS.pack > 1:
+        raise cli.UserError(f"--pack={FLAGS.pack} is for --launcher=local: a SLURM array task "
+                            f"runs one run (use --pack=1, or --shard=K/N per machine)")
     if shard:
-        configs = sweep_plan.shard(configs, *shard)
+        configs = sweep_plan.shard(configs, *shard, pack=FLAGS.pack)
     return configs, skipped, shard, slurm_options
 
 

@@ -142,3 +142,30 @@ def test_a_sweep_packs_the_runs_that_differ_only_in_their_seeds():
     assert groups == [["w/B2/seed0", "w/B2/seed1", "w/B2/seed2"], ["w/B2/seed3", "w/B2/seed4"],
                       ["w/B3/seed0", "w/B3/seed1", "w/B3/seed2"], ["w/B3/seed3", "w/B3/seed4"]]
     assert [len(g) for g in sweep.packs(runs_, 1)] == [1] * 10
+
+
+def test_a_shard_holds_whole_packs_and_slurm_refuses_packs(tmp_path):
+    import subprocess
+    import sys
+    from cfsl_jax.experiments import sweep_plan
+    from test_cli import assert_error, run_cases
+    from test_slurm import TINY_FLAGS, _fake_slurm_bin
+    configs = [dataclasses.replace(CONFIG, seed=s, task=t) for s in range(3)
+               for t in ("B2", "B3", "C2")]  # seed-major, as sweep_plan.grid orders them
+    shards = [sweep_plan.shard(configs, k, 2, pack=3) for k in (1, 2)]
+    assert [[(c.task, c.seed) for c in shard] for shard in shards] == [
+        [("B2", 0), ("B2", 1), ("B2", 2), ("C2", 0), ("C2", 1), ("C2", 2)],
+        [("B3", 0), ("B3", 1), ("B3", 2)]]
+    assert sweep_plan.shard(configs, 1, 2) == configs[0::2]  # without packs: run by run
+    base = [f"--workdir={tmp_path / 'sweep'}", "--cells=B2,B3,C2", "--seeds=0,1,2", *TINY_FLAGS,
+            "--dataset_option=num_classes=100"]  # B3's 9 validation classes
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    listed = subprocess.run([sys.executable, "-m", "launch.sweep", *base, "--dry_run",
+                             "--pack=3", "--shard=2/2"], cwd=repo, capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stderr
+    packs_ = [line.split()[3:] for line in listed.stdout.splitlines() if line.startswith("pack of")]
+    assert [[path.split("/")[-2:] for path in pack] for pack in packs_] == [
+        [["B3", "seed0"], ["B3", "seed1"], ["B3", "seed2"]]]
+    path = f"{_fake_slurm_bin(tmp_path)}:{os.environ['PATH']}"
+    (refused,) = run_cases("sweep", [[*base, "--launcher=slurm", "--pack=3"]], env={"PATH": path})
+    assert_error(refused, "--pack=3 is for --launcher=local: a SLURM array task runs one run")
