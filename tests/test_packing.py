@@ -214,6 +214,7 @@ def stop_pack(workdir: str, signum: int, nth: int) -> tuple[int, str]:
     return process.wait(), "".join(lines)
 
 
+@pytest.mark.slow  # four launch.train commands, two at once (595 s at load 12 on 2 cores)
 def test_a_pack_stopped_by_sigterm_or_killed_resumes_exactly(tmp_path):
     """SIGTERM at a random progress line of the pack's meta-training, then SIGKILL at another
     of its resumption: the pack, resumed again, ends with the uninterrupted pack's numbers
