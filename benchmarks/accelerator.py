@@ -18,6 +18,12 @@ measures on the ``--dataset`` train split (default ``synthetic``: no download):
   meta-loss, Adam) -- ``s_per_task`` is the median step over ``--repeats``
   divided by the meta-batch;
 
+- ``kind=pack`` per learner of ``--pack_learners`` (default protonets, maml_low, maml_high,
+  sca), cell, pack size K (``--packs``, default 1, 3, 8, 16) and S (``--pack_steps``, default
+  1, 10): ``steps.make_steps`` of K runs (K > 1: vmapped over the run axis, as
+  ``launch.train --seeds``), S steps per call, one task per step per run --
+  ``tasks_per_s`` per run and ``pack_tasks_per_s`` (K x per run);
+
 each with its compile seconds (ahead-of-time ``lower().compile()`` for
 training; first minus second evaluation for evaluation), XLA's memory estimate
 of the program (``program_bytes``: temporaries + arguments + outputs), the
@@ -28,12 +34,18 @@ each with the device kind, backend, precision and jax version; a readable line
 per measurement on stderr. A configuration that fails (out of memory at 64
 tasks, say) gives a row with its ``error`` and the run goes on.
 
+``--synthetic_colour``: the synthetic glyphs at 64x64 with 3 channels (each glyph's
+grey level in every channel), the size of SlimageNet64's images, so a row can be
+SlimageNet64-sized without the dataset.
+
 The persistent compilation cache is off unless ``--compilation_cache_dir`` is
 given, so compile seconds are real compilations.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import os
 import resource
@@ -54,6 +66,7 @@ from cfsl_jax.runtime.options import names as option_names
 from cfsl_jax.protocol.sampler import sample_task
 from cfsl_jax.protocol.spec import TaskSpec
 from cfsl_jax.training.config import TrainConfig
+from cfsl_jax.training import steps
 from cfsl_jax.training.train import make_optimizer, make_train_step
 
 _LEARNERS = flags.DEFINE_list("learners", ["protonets", "init_tune", "maml_low", "maml_high",
@@ -66,7 +79,7 @@ _EVAL_TASKS = flags.DEFINE_integer("eval_tasks", 200, "Tasks per evaluation.")
 _EVAL_BATCH = flags.DEFINE_integer("eval_batch", 50, "Tasks per evaluation program.")
 _SAMPLE_BATCH = flags.DEFINE_integer("sample_batch", 64, "Tasks per sampling call.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed runs after compilation (median).")
-_KINDS = flags.DEFINE_list("kinds", ["sampling", "eval", "train"], "What to measure.")
+_KINDS = flags.DEFINE_list("kinds", ["sampling", "eval", "train", "pack"], "What to measure.")
 _DATASET = flags.DEFINE_string("dataset", "synthetic", "Dataset (its train split).")
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "Where prepared TFDS datasets live.")
 _MANUAL_DIR = flags.DEFINE_string("manual_dir", None, "Folder with the official archives.")
@@ -78,6 +91,14 @@ _PRECISION = flags.DEFINE_enum("precision", backend.DEFAULT_PRECISION, backend.P
 _CACHE = flags.DEFINE_string("compilation_cache_dir", "", "Persistent compilation cache ('': "
                              "off, so compile seconds are real compilations).")
 _OUT = flags.DEFINE_string("out", None, "Also append the JSON lines to this file.")
+_PACK_LEARNERS = flags.DEFINE_list("pack_learners", ["protonets", "maml_low", "maml_high",
+                                                     "sca"], "Learners of the pack rows.")
+_PACKS = flags.DEFINE_list("packs", ["1", "3", "8", "16"], "Pack sizes K (runs per program).")
+_PACK_STEPS = flags.DEFINE_list("pack_steps", ["1", "10"], "Steps per call S of the pack rows.")
+_DATASET_OPTIONS = flags.DEFINE_multi_string("dataset_option", [], "Dataset option NAME=INT "
+                                             "(repeatable), e.g. num_classes=60 for a smoke run.")
+_COLOUR = flags.DEFINE_bool("synthetic_colour", False, "Synthetic glyphs at 64x64x3 "
+                            "(SlimageNet64-sized images).")
 
 
 def _environment() -> dict:
@@ -186,6 +207,40 @@ def measure_train(name: str, split, spec: TaskSpec, image_shape, meta_batch: int
             "compile_s": round(compile_s, 3), "program_bytes": _program_bytes(compiled)}
 
 
+def measure_pack(name: str, split, spec: TaskSpec, image_shape, packs: int, count: int) -> dict:
+    options = _options(name, spec, image_shape)
+    learner = get_learner(name, spec, image_shape=image_shape, **options)
+    optimizer = make_optimizer(TrainConfig())
+    params = [learner.init_params(jax.random.key(k), jnp.zeros((1, *image_shape)), spec)
+              for k in range(packs)]
+    keys = jnp.stack([jax.random.key(100 + k) for k in range(packs)])
+    if packs > 1:
+        params = jax.tree.map(lambda *xs: jnp.stack(xs), *params)
+        state = jax.vmap(optimizer.init)(params)
+    else:
+        params, keys = params[0], keys[0]
+        state = optimizer.init(params)
+    multi = steps.make_steps(learner, optimizer, 1, count, runs=packs > 1)
+    progress = jnp.full((count,), 0.5, jnp.float32)
+    start = time.perf_counter()
+    compiled = multi.lower(params, state, split, keys, 0, progress).compile()
+    compile_s = time.perf_counter() - start
+    seconds, spread = _median_seconds(lambda: compiled(params, state, split, keys, 0, progress))
+    return {"kind": "pack", "learner": name, "cell": _cell_name(spec), "options": options,
+            "pack": packs, "steps_per_dispatch": count, "meta_batch": 1,
+            "tasks_per_s": round(count / seconds, 2),
+            "pack_tasks_per_s": round(packs * count / seconds, 2), "spread": round(spread, 3),
+            "compile_s": round(compile_s, 3), "program_bytes": _program_bytes(compiled)}
+
+
+def colour(split):
+    """``split``'s glyphs as 3-channel images (64x64 when loaded with image_size=64)."""
+    images = jnp.repeat(split.images, 3, axis=-1)
+    info = dataclasses.replace(split.info, image_shape=tuple(images.shape[1:]),
+                               variant=split.info.variant + " colour")
+    return split.replace(images=images, info=info)
+
+
 _ROWS = [0]  # rows emitted so far
 
 
@@ -197,7 +252,8 @@ def _emit(row: dict) -> None:
     if _OUT.value:
         with open(_OUT.value, "a") as f:
             f.write(line + "\n")
-    what = " ".join(f"{k}={row[k]}" for k in ("kind", "learner", "cell", "meta_batch", "batch")
+    what = " ".join(f"{k}={row[k]}" for k in ("kind", "learner", "cell", "meta_batch", "batch",
+                                              "pack", "steps_per_dispatch")
                     if row.get(k) is not None)
     rate = (f"{row['tasks_per_s']:>10,.1f} tasks/s" if "tasks_per_s" in row
             else f"error: {row.get('error')}")
@@ -218,8 +274,19 @@ def main(argv) -> None:
     unknown = sorted(set(_LEARNERS.value) - set(LEARNERS))
     if unknown:
         raise app.UsageError(f"--learners {', '.join(unknown)}: valid: {', '.join(LEARNERS)}")
+    unknown = sorted(set(_PACK_LEARNERS.value) - set(LEARNERS))
+    if unknown:
+        raise app.UsageError(f"--pack_learners {', '.join(unknown)}: valid: "
+                             f"{', '.join(LEARNERS)}")
+    options = {name: int(value) for name, value in
+               (pair.split("=", 1) for pair in _DATASET_OPTIONS.value)}
+    options.update({"image_size": 64} if _COLOUR.value else {})
+    if _COLOUR.value and _DATASET.value != "synthetic":
+        raise app.UsageError(f"--synthetic_colour is for --dataset=synthetic, not "
+                             f"{_DATASET.value}")
     split = data.load_split(_DATASET.value, "train", data_dir=_DATA_DIR.value,
-                            manual_dir=_MANUAL_DIR.value)
+                            manual_dir=_MANUAL_DIR.value, **options)
+    split = colour(split) if _COLOUR.value else split
     image_shape = tuple(split.images.shape[1:])
     env = _environment()
     print(f"{env['device_kind']} ({env['backend']}, {env['devices']} device(s)), precision "
@@ -238,6 +305,13 @@ def main(argv) -> None:
                 _guarded(measure_train, name, split, TaskSpec.parse(cell), image_shape,
                          meta_batch, kind="train", learner=name, cell=cell,
                          meta_batch=meta_batch)
+
+
+    for name in _PACK_LEARNERS.value if "pack" in _KINDS.value else []:
+        for cell, packs, count in itertools.product(_CELLS.value, map(int, _PACKS.value),
+                                                    map(int, _PACK_STEPS.value)):
+            _guarded(measure_pack, name, split, TaskSpec.parse(cell), image_shape, packs, count,
+                     kind="pack", learner=name, cell=cell, pack=packs, steps_per_dispatch=count)
 
 
 def _main_or_stop(argv) -> None:

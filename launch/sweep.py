@@ -73,13 +73,27 @@ define_list("datasets", [], "Datasets (default: --dataset).", module=__name__)
 flags.DEFINE_integer("workers", None, "Worker processes (default: one per GPU, one on TPU, one "
                      "per CPU core; 0: run in this process).")
 flags.DEFINE_bool("dry_run", False, "List the runs and their status; run nothing.")
-flags.DEFINE_integer("pack", 1, "Meta-train the runs that differ only in their seed in packs of "
-                     "at most this many, one program each (README, \"Packing runs\").",
-                     lower_bound=1)
+flags.DEFINE_string("pack", "1", "Meta-train the runs that differ only in their seed in packs "
+                    "of at most this many, one program each; auto: all the seeds of a group "
+                    "(README, \"Packing runs\").")
 flags.DEFINE_bool("report", True, "Write the report into WORKDIR/report at the end.")
 
 FLAGS = flags.FLAGS
 _SINGULAR = {"learner": "learners", "task": "cells", "seed": "seeds"}
+
+
+def pack_size() -> int:
+    """--pack as a number of runs: an integer >= 1, or auto (the number of --seeds: every
+    group's runs; each pack's memory is checked when it compiles, ``packing.check_pack_fits``)."""
+    if FLAGS.pack == "auto":
+        return len(seeds())
+    try:
+        size = int(FLAGS.pack)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise cli.UserError(f"--pack={FLAGS.pack}: give an integer >= 1 or auto")
+    return size
 
 
 def sweep_learner_options(pairs: list[str], learners) -> tuple[dict, dict[str, dict]]:
@@ -159,8 +173,12 @@ def check():
     slurm_options = cluster.options_from_flags()
     if slurm_options is not None and FLAGS.workers is not None:
         raise cli.UserError("--workers is for --launcher=local (a SLURM job runs one run)")
+    pack = pack_size()
+    if slurm_options is not None and pack > 1:
+        raise cli.UserError(f"--pack={FLAGS.pack} is for --launcher=local: a SLURM array task "
+                            f"runs one run (use --pack=1, or --shard=K/N per machine)")
     if shard:
-        configs = sweep_plan.shard(configs, *shard)
+        configs = sweep_plan.shard(configs, *shard, pack=pack)
     return configs, skipped, shard, slurm_options
 
 
@@ -169,6 +187,9 @@ def main(argv) -> None:
     configs, skipped, shard, slurm_options = check()
     for name, reason in skipped.items():
         print(f"skipping learner {name}: it does not build ({reason})")
+    if FLAGS.pack == "auto":
+        print(f"--pack=auto: packs of up to {pack_size()} runs (every seed of a group; a pack "
+              f"that does not fit the device's memory is refused naming the largest that does)")
     if FLAGS.dry_run:
         planned = sweep_plan.plan(configs, FLAGS.workdir, check=True)
         for run, state, detail in planned:
@@ -177,7 +198,7 @@ def main(argv) -> None:
         print(f"{sweep_plan.count(len(planned), 'run')}: {counts}")
         for group in sweep.packs([run for run, state, _ in planned
                                   if state not in ("done", "conflict", "impossible")],
-                                 FLAGS.pack) if FLAGS.pack > 1 else []:
+                                 pack_size()) if pack_size() > 1 else []:
             print(f"pack of {len(group)}: " + " ".join(run.workdir for run in group))
         return
     if slurm_options is not None:
@@ -190,7 +211,7 @@ def main(argv) -> None:
     try:
         with locks.held(*sweep_lock(FLAGS.workdir, shard)):
             outcomes = sweep.run_sweep(configs, FLAGS.workdir, workers=FLAGS.workers,
-                                       pack=FLAGS.pack)
+                                       pack=pack_size())
     except KeyboardInterrupt:
         cli.write_flagfile(FLAGS.workdir)
         raise

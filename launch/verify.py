@@ -18,7 +18,7 @@ import sys
 
 from absl import flags
 
-from cfsl_jax.experiments.verify import load, reference_row_differences, verify
+from cfsl_jax.experiments.verify import load, match_detail, reference_row_differences, verify
 from cfsl_jax.runtime import files
 
 from . import cli
@@ -58,6 +58,9 @@ def main(argv) -> None:
         for line in differences:
             print(f"  {line}")
         sys.exit(1)
+    print(f"  {match_detail(_METRICS.value)}")
+    if _REFERENCE_CSV.value:
+        print(f"  {_REFERENCE_CSV.value}: the run's row equals its results.json")
     print("MATCH")
 
 

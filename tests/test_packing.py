@@ -4,15 +4,17 @@ solo run's numbers within the rounding of XLA's batched kernels (docs/results.md
 
 import dataclasses
 import os
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from cfsl_jax.experiments.verify import match_detail, verify
 from cfsl_jax.runtime import seeding
 from cfsl_jax.runtime.errors import UserError
-from cfsl_jax.training import loop, packing, runs, steps, train
+from cfsl_jax.training import loop, packing, results, runs, steps, train
 from cfsl_jax.training.config import TrainConfig
 
 CONFIG = TrainConfig(
@@ -113,6 +115,8 @@ def test_a_packed_run_is_an_ordinary_run_with_the_solo_runs_tasks_and_numbers(tm
         assert {"checkpoints", "config.json", "results.json", "val_history.json",
                 "metrics.jsonl"} <= set(os.listdir(workdir))
     assert packed[0]["test"]["ce_mean"] != packed[1]["test"]["ce_mean"]
+    assert verify(dirs[1]) == []  # launch.verify's MATCH: the re-test is bit-equal
+    assert "bit-equal (tolerance 0" in match_detail(metrics=True)
     # a pack stopped after step 2, resumed, ends where the uninterrupted pack ends, bit for bit
     again = [str(tmp_path / f"again/seed{s}") for s in seeds]
     with pytest.raises(loop.Interrupted):
@@ -142,3 +146,114 @@ def test_a_sweep_packs_the_runs_that_differ_only_in_their_seeds():
     assert groups == [["w/B2/seed0", "w/B2/seed1", "w/B2/seed2"], ["w/B2/seed3", "w/B2/seed4"],
                       ["w/B3/seed0", "w/B3/seed1", "w/B3/seed2"], ["w/B3/seed3", "w/B3/seed4"]]
     assert [len(g) for g in sweep.packs(runs_, 1)] == [1] * 10
+
+
+def test_a_shard_holds_whole_packs_and_slurm_refuses_packs(tmp_path):
+    import subprocess
+    import sys
+    from cfsl_jax.experiments import sweep_plan
+    from test_cli import assert_error, run_cases
+    from test_slurm import TINY_FLAGS, _fake_slurm_bin
+    configs = [dataclasses.replace(CONFIG, seed=s, task=t) for s in range(3)
+               for t in ("B2", "B3", "C2")]  # seed-major, as sweep_plan.grid orders them
+    shards = [sweep_plan.shard(configs, k, 2, pack=3) for k in (1, 2)]
+    assert [[(c.task, c.seed) for c in shard] for shard in shards] == [
+        [("B2", 0), ("B2", 1), ("B2", 2), ("C2", 0), ("C2", 1), ("C2", 2)],
+        [("B3", 0), ("B3", 1), ("B3", 2)]]
+    assert sweep_plan.shard(configs, 1, 2) == configs[0::2]  # without packs: run by run
+    base = [f"--workdir={tmp_path / 'sweep'}", "--cells=B2,B3,C2", "--seeds=0,1,2", *TINY_FLAGS,
+            "--dataset_option=num_classes=100"]  # B3's 9 validation classes
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    listed = subprocess.run([sys.executable, "-m", "launch.sweep", *base, "--dry_run",
+                             "--pack=auto", "--shard=2/2"], cwd=repo, capture_output=True,
+                            text=True)
+    assert listed.returncode == 0, listed.stderr
+    packs_ = [line.split()[3:] for line in listed.stdout.splitlines() if line.startswith("pack of")]
+    assert [[path.split("/")[-2:] for path in pack] for pack in packs_] == [
+        [["B3", "seed0"], ["B3", "seed1"], ["B3", "seed2"]]]
+    assert "--pack=auto: packs of up to 3 runs" in listed.stdout
+    path = f"{_fake_slurm_bin(tmp_path)}:{os.environ['PATH']}"
+    slurm, zero = run_cases("sweep", [[*base, "--launcher=slurm", "--pack=3"], [*base, "--pack=0"]],
+                            env={"PATH": path})
+    assert_error(slurm, "--pack=3 is for --launcher=local: a SLURM array task runs one run")
+    assert_error(zero, "--pack=0: give an integer >= 1 or auto")
+
+
+PACK_FLAGS = ["--learner=protonets", "--learner_option=filters=8", "--dataset=synthetic",
+              "--dataset_option=num_classes=60", "--dataset_option=samples_per_class=8",
+              "--task=B2", "--nc=3", "--kt=2", "--epochs=2", "--iters_per_epoch=4",
+              "--meta_batch=2", "--val_tasks=6", "--test_tasks=7", "--eval_batch=4",
+              "--keep_best=2", "--log_every=2", "--checkpoint_every=2", "--seeds=0,1",
+              "--steps_per_dispatch=2"]
+
+
+def start_pack(workdir: str, log=None):
+    """``launch.train`` of a 2-seed pack in ``workdir``, a subprocess (output merged, into the
+    file ``log`` or piped)."""
+    import subprocess
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.Popen([sys.executable, "-m", "launch.train", f"--workdir={workdir}",
+                             *PACK_FLAGS], cwd=repo, stdout=log or subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def stop_pack(workdir: str, signum: int, nth: int) -> tuple[int, str]:
+    """``start_pack`` with ``signum`` sent at its ``nth`` meta-training progress line (a real
+    signal, at a moment of the command's own timing): (exit status, output)."""
+    import signal
+    process, lines, seen = start_pack(workdir), [], 0
+    for line in process.stdout:
+        lines.append(line)
+        if re.match(r"\[train\] [1-9]\d*/\d+ steps \(", line):
+            seen += 1
+            if seen == nth:
+                process.send_signal(signum)
+                if signum == signal.SIGKILL:
+                    break
+    return process.wait(), "".join(lines)
+
+
+@pytest.mark.slow  # four launch.train commands, two at once (595 s at load 12 on 2 cores)
+def test_a_pack_stopped_by_sigterm_or_killed_resumes_exactly(tmp_path):
+    """SIGTERM at a random progress line of the pack's meta-training, then SIGKILL at another
+    of its resumption: the pack, resumed again, ends with the uninterrupted pack's numbers
+    for every run, bit for bit (each command at the command line's compile settings)."""
+    import random
+    import signal
+    rng = random.Random(28)
+    stopped, full = str(tmp_path / "stopped"), str(tmp_path / "full")
+    log = open(tmp_path / "full.log", "w")
+    uninterrupted = start_pack(full, log)  # alongside the stopped chain
+    code, output = stop_pack(stopped, signal.SIGTERM, rng.randint(1, 2))
+    assert code == 128 + signal.SIGTERM, output[-2000:]
+    assert "re-run the same command to resume" in output, output[-2000:]
+    code, output = stop_pack(stopped, signal.SIGKILL, rng.randint(1, 2))
+    assert code == -signal.SIGKILL, output[-2000:]
+    resumed = start_pack(stopped)
+    output = resumed.communicate()[0]
+    assert resumed.returncode == 0, output[-2000:]
+    assert uninterrupted.wait() == 0, (tmp_path / "full.log").read_text()[-2000:]
+    log.close()
+    for seed in (0, 1):
+        resumed, alone = (results.read_json(os.path.join(w, f"seed{seed}", "results.json"))
+                          for w in (stopped, full))
+        assert resumed["task_fingerprint"] == alone["task_fingerprint"]
+        assert {k: resumed["test"][k] for k in ("acc_mean", "acc_std", "ce_mean", "ce_std")} == {
+            k: alone["test"][k] for k in ("acc_mean", "acc_std", "ce_mean", "ce_std")}
+
+
+def test_a_pack_that_does_not_fit_names_the_largest_that_does(monkeypatch):
+    from types import SimpleNamespace
+    from cfsl_jax.runtime import memory
+    analysis = SimpleNamespace(temp_size_in_bytes=9 * memory.GIB, output_size_in_bytes=0,
+                               alias_size_in_bytes=0, argument_size_in_bytes=3 * memory.GIB)
+    compiled = SimpleNamespace(memory_analysis=lambda: analysis)  # 4 GiB a run
+    monkeypatch.setattr(memory, "device_limit", lambda device: (10 * memory.GIB, True))
+    with pytest.raises(UserError, match=r"a pack of 3 protonets runs needs 12.0 GiB .* more "
+                                        r"than the 10.0 GiB .*--pack=3 is too many: at most "
+                                        r"--pack=2 fits"):
+        packing.check_pack_fits(compiled, 3, "protonets")
+    monkeypatch.setattr(memory, "device_limit", lambda device: (12 * memory.GIB, True))
+    packing.check_pack_fits(compiled, 3, "protonets")  # fits exactly
+    assert packing.largest_fitting(12 * memory.GIB, 3 * memory.GIB, 3) == 0

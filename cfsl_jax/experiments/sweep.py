@@ -60,7 +60,7 @@ from cfsl_jax.runtime import backend, files, locks, orphans, progress, stops
 from cfsl_jax.training import packing, train
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.runtime.errors import UserError
-from cfsl_jax.experiments.sweep_plan import Outcome, Run, count, plan, summary
+from cfsl_jax.experiments.sweep_plan import Outcome, Run, count, pack_groups, plan, summary
 
 
 # jax options a worker copies from the process that starts the sweep.
@@ -294,16 +294,8 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
 
 def packs(runs: Sequence[Run], size: int) -> list[list[Run]]:
     """``runs`` grouped into packs of at most ``size`` runs whose configs differ only in their
-    seeds (same learner, dataset, cell and schedule), in order of first appearance."""
-    groups: dict[str, list[list[Run]]] = {}
-    for run in runs:
-        key = json.dumps({k: v for k, v in run.config.to_json().items() if k != "seed"},
-                         sort_keys=True)
-        chunks = groups.setdefault(key, [[]])
-        if len(chunks[-1]) == size:
-            chunks.append([])
-        chunks[-1].append(run)
-    return [chunk for chunks in groups.values() for chunk in chunks]
+    seeds (``sweep_plan.pack_groups``)."""
+    return pack_groups(runs, size, lambda run: run.config)
 
 
 def _pack_args(group: Sequence[Run]) -> tuple[list[dict], list[str]]:

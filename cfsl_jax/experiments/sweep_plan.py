@@ -201,14 +201,32 @@ def parse_shard(text: str) -> tuple[int, int]:
     return k, n
 
 
-def shard(configs: Sequence[TrainConfig], k: int, n: int) -> list[TrainConfig]:
+def shard(configs: Sequence[TrainConfig], k: int, n: int, pack: int = 1) -> list[TrainConfig]:
     """Shard ``k`` of ``n`` (1-based) of the sweep's runs: every n-th run of the plan's order from
     the k-th. Disjoint, together the whole plan, and the same for the same command (done runs
     count too, so that shards started at different times agree); round-robin spreads each
-    learner's runs over the shards."""
+    learner's runs over the shards. ``pack`` > 1: every n-th pack (``pack_groups``) instead,
+    so that no pack is split across shards."""
     if not 1 <= k <= n:
         raise ValueError(f"shard {k}/{n}: k must be 1 to n")
+    if pack > 1:
+        return [config for group in pack_groups(configs, pack)[k - 1::n] for config in group]
     return list(configs[k - 1::n])
+
+
+def pack_groups(items: Sequence, size: int, config_of=lambda item: item) -> list[list]:
+    """``items`` (configs, or anything ``config_of`` maps to one) grouped into packs of at most
+    ``size`` whose configs differ only in their seeds (same learner, dataset, cell and
+    schedule), in order of first appearance."""
+    groups: dict[str, list[list]] = {}
+    for item in items:
+        key = json.dumps({k: v for k, v in config_of(item).to_json().items() if k != "seed"},
+                         sort_keys=True)
+        chunks = groups.setdefault(key, [[]])
+        if len(chunks[-1]) == size:
+            chunks.append([])
+        chunks[-1].append(item)
+    return [chunk for chunks in groups.values() for chunk in chunks]
 
 
 def count(n: int, noun: str) -> str:

@@ -104,6 +104,14 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
     return differences
 
 
+def match_detail(metrics: bool) -> str:
+    """What a MATCH means: which numbers were compared, and to what tolerance."""
+    if not metrics:
+        return "task_fingerprint equal; test metrics not recomputed (--nometrics)"
+    return (f"task_fingerprint equal; test {', '.join(CHECKED_METRICS)} bit-equal (tolerance 0: "
+            f"every run, packed or not, is tested alone by the program verify re-runs)")
+
+
 def reference_row_differences(workdir: str, csv_path: str) -> list[str]:
     """How the row of ``workdir``'s run in a reference results.csv (``experiments.reference``)
     differs from its results.json; a missing row is a difference."""

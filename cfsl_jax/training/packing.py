@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cfsl_jax.runtime import parallel, progress, seeding
+from cfsl_jax.runtime import memory, parallel, progress, seeding
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training import checkpoints, loop, runs, steps, train
 from cfsl_jax.training.config import TrainConfig
@@ -166,6 +166,7 @@ def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
                                  runs=True).lower(
             state.params, state.opt_state, split, keys, start,
             np.zeros(steps_per_dispatch, np.float32)).compile()
+    check_pack_fits(multi, len(group), learner.name)
 
     def step_fn(state, first, at):
         params, opt_state, out = multi(state.params, state.opt_state, split, keys, first, at)
@@ -186,6 +187,25 @@ def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
             outputs.ckpt.close()
 
 
+def largest_fitting(need: int, limit: int, size: int) -> int:
+    """The most runs that fit ``limit`` bytes when a pack of ``size`` needs ``need``: the
+    pack's bytes taken as ``size`` equal shares (the runs' params, states and activations)."""
+    return max(0, int(limit // max(1, -(-need // size))))
+
+
+def check_pack_fits(compiled, size: int, learner_name: str) -> None:
+    """UserError (one line naming --pack and the largest pack that fits) when the compiled
+    pack cannot fit the device's memory (``memory.check_fits``'s estimate), before it runs."""
+    limit, with_arguments = memory.device_limit(jax.local_devices()[0])
+    need = memory.needed_bytes(compiled, with_arguments)
+    if limit is None or need is None or need <= limit:
+        return
+    fits = largest_fitting(need, limit, size)
+    memory.check_fits(compiled, f"a pack of {size} {learner_name} runs",
+                      f"--pack={size} is too many: at most --pack={fits} fits (XLA's estimate)"
+                      if fits else "even one run of it does not fit")
+
+
 def _hooks(phase: loop.Phase, start: int, outputs: loop.Outputs, learner, splits,
            config: TrainConfig, k: int) -> list[loop.Hook]:
     """Run ``k``'s Metrics, Checkpoint and Validation hooks (``loop.run``'s, on its row)."""
@@ -201,4 +221,5 @@ def _hooks(phase: loop.Phase, start: int, outputs: loop.Outputs, learner, splits
             loop.Validation(phase, start, outputs, validate, metrics)]
 
 
-__all__ = ["RunView", "check_seeds", "check_steps_per_dispatch", "meta_train_pack", "stack", "train_pack"]
+__all__ = ["RunView", "check_pack_fits", "check_seeds", "check_steps_per_dispatch",
+           "largest_fitting", "meta_train_pack", "stack", "train_pack"]
