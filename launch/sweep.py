@@ -174,9 +174,6 @@ def check():
     if slurm_options is not None and FLAGS.workers is not None:
         raise cli.UserError("--workers is for --launcher=local (a SLURM job runs one run)")
     pack = pack_size()
-    if slurm_options is not None and pack > 1:
-        raise cli.UserError(f"--pack={FLAGS.pack} is for --launcher=local: a SLURM array task "
-                            f"runs one run (use --pack=1, or --shard=K/N per machine)")
     if shard:
         configs = sweep_plan.shard(configs, *shard, pack=pack)
     return configs, skipped, shard, slurm_options
@@ -203,8 +200,9 @@ def main(argv) -> None:
         return
     if slurm_options is not None:
         cluster.run_on_slurm(
-            slurm.sweep_work(configs, FLAGS.workdir), FLAGS.workdir, slurm_options,
-            slurm.RunJob(sweep.worker_jax_options(FLAGS.workdir)), "python -m launch.sweep",
+            slurm.sweep_work(configs, FLAGS.workdir, pack=pack_size()), FLAGS.workdir,
+            slurm_options, (slurm.PackJob if pack_size() > 1 else slurm.RunJob)(
+                sweep.worker_jax_options(FLAGS.workdir)), "python -m launch.sweep",
             report=lambda final: _report(), prepare=slurm.prepare_datasets)
         cli.write_flagfile(FLAGS.workdir)
         return

@@ -148,7 +148,7 @@ def test_a_sweep_packs_the_runs_that_differ_only_in_their_seeds():
     assert [len(g) for g in sweep.packs(runs_, 1)] == [1] * 10
 
 
-def test_a_shard_holds_whole_packs_and_slurm_refuses_packs(tmp_path):
+def test_a_shard_and_a_slurm_array_task_hold_whole_packs(tmp_path):
     import subprocess
     import sys
     from cfsl_jax.experiments import sweep_plan
@@ -172,10 +172,17 @@ def test_a_shard_holds_whole_packs_and_slurm_refuses_packs(tmp_path):
     assert [[path.split("/")[-2:] for path in pack] for pack in packs_] == [
         [["B3", "seed0"], ["B3", "seed1"], ["B3", "seed2"]]]
     assert "--pack=auto: packs of up to 3 runs" in listed.stdout
+    # a SLURM array task runs one whole pack: the same packs at every submission (done runs count)
+    from cfsl_jax.experiments import slurm
+    works = slurm.sweep_work(configs, str(tmp_path / "s"), pack=3)
+    assert [len(work.args[1]) for work in works] == [3, 3, 3]
+    assert [[c["task"] for c in work.args[0]] for work in works] == [["B2"] * 3, ["B3"] * 3,
+                                                                      ["C2"] * 3]
+    assert works[0].key == "+".join(os.path.relpath(w, tmp_path / "s") for w in works[0].args[1])
+    assert {work.status() for work in works} == {"todo"}
+    assert len(slurm.sweep_work(configs, str(tmp_path / "s"))) == 9  # --pack=1: run by run
     path = f"{_fake_slurm_bin(tmp_path)}:{os.environ['PATH']}"
-    slurm, zero = run_cases("sweep", [[*base, "--launcher=slurm", "--pack=3"], [*base, "--pack=0"]],
-                            env={"PATH": path})
-    assert_error(slurm, "--pack=3 is for --launcher=local: a SLURM array task runs one run")
+    zero, = run_cases("sweep", [[*base, "--pack=0"]], env={"PATH": path})
     assert_error(zero, "--pack=0: give an integer >= 1 or auto")
 
 

@@ -41,8 +41,9 @@ from cfsl_jax.runtime import progress
 from cfsl_jax.training import results
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.runtime.errors import UserError
-from cfsl_jax.experiments.slurm_jobs import RunJob, StreamJob, _Job, handle_sigterm  # noqa: F401
-from cfsl_jax.experiments.sweep_plan import Run, run_dir, status
+from cfsl_jax.experiments.slurm_jobs import (PackJob, RunJob, StreamJob, _Job,  # noqa: F401
+                                              handle_sigterm)
+from cfsl_jax.experiments.sweep_plan import Run, pack_groups, run_dir, status
 
 SLURM_DIR = "slurm"
 JOBS_FILE = "jobs.json"
@@ -172,18 +173,37 @@ class Work(NamedTuple):
     status: Callable[[], str]  # from its files: "done", "conflict", or anything else (to do)
 
 
-def sweep_work(configs: Sequence[TrainConfig], sweep_dir: str) -> list[Work]:
-    """The runs of a sweep, as ``RunJob(...)(config_json, workdir)`` jobs."""
+def sweep_work(configs: Sequence[TrainConfig], sweep_dir: str, pack: int = 1) -> list[Work]:
+    """The runs of a sweep, as ``RunJob(...)(config_json, workdir)`` jobs; ``pack`` > 1: as
+    ``PackJob(...)(config_jsons, workdirs)`` jobs, one per pack (``sweep_plan.pack_groups`` of
+    all ``configs``, done runs included, so a pack is the same pack at every submission)."""
+    if pack == 1:
+        out = []
+        for config in configs:
+            run = Run(config, run_dir(sweep_dir, config))
+            out.append(Work(run.name, os.path.relpath(run.workdir, sweep_dir),
+                            (config.to_json(), run.workdir), functools.partial(_run_status, run)))
+        return out
     out = []
-    for config in configs:
-        run = Run(config, run_dir(sweep_dir, config))
-        out.append(Work(run.name, os.path.relpath(run.workdir, sweep_dir),
-                        (config.to_json(), run.workdir), functools.partial(_run_status, run)))
+    for group in pack_groups(configs, pack):
+        runs = [Run(config, run_dir(sweep_dir, config)) for config in group]
+        out.append(Work(f"pack of {len(runs)}: " + ", ".join(run.name for run in runs),
+                        "+".join(os.path.relpath(run.workdir, sweep_dir) for run in runs),
+                        ([run.config.to_json() for run in runs], [run.workdir for run in runs]),
+                        functools.partial(_pack_status, runs)))
     return out
 
 
 def _run_status(run: Run) -> str:
     return status(run)[0]
+
+
+def _pack_status(runs: Sequence[Run]) -> str:
+    """"done" when every run of the pack is; "conflict" when one is; else "todo"."""
+    found = [status(run)[0] for run in runs]
+    if "conflict" in found:
+        return "conflict"
+    return "done" if all(state == "done" for state in found) else "todo"
 
 
 def fluid_work(config, workdir: str) -> list[Work]:

@@ -1,5 +1,6 @@
-"""What a SLURM job of ``cfsl_jax.experiments.slurm`` runs: one sweep run (``RunJob``) or one FLUID stream
-(``StreamJob``), with the launching process's jax options and the stop signals handled.
+"""What a SLURM job of ``cfsl_jax.experiments.slurm`` runs: one sweep run (``RunJob``), one pack
+of a sweep's runs (``PackJob``) or one FLUID stream (``StreamJob``), with the launching
+process's jax options and the stop signals handled.
 
 - SIGUSR2 (SLURM's warning 90 s before the time limit, ``scancel --signal=USR2``):
   submitit's handler requeues the job and raises ``SystemExit``; the training loop
@@ -70,6 +71,26 @@ class RunJob(_Job):
         if state != "finished":
             raise RuntimeError(f"the run {workdir} failed: {detail.strip().splitlines()[-1]}")
         return detail
+
+
+class PackJob(_Job):
+    """A pack of a sweep's runs (``--pack``): ``sweep.execute_pack``, as a worker of the local
+    pool runs it; the job fails unless every run of the pack finishes."""
+
+    def __call__(self, config_jsons: list[dict], workdirs: list[str]) -> str:
+        from cfsl_jax.experiments import sweep
+        self._start()
+        outcomes = sweep.execute_pack(config_jsons, workdirs)
+        for workdir, (state, seconds, detail) in zip(workdirs, outcomes):
+            print(f"{workdir}: {state} in {seconds:.1f}s: {detail}", flush=True)
+        if any(state == "interrupted" for state, _, _ in outcomes):
+            raise SystemExit(f"interrupted: {outcomes[0][2]}")
+        failed = [(w, detail) for w, (state, _, detail) in zip(workdirs, outcomes)
+                  if state != "finished"]
+        if failed:
+            raise RuntimeError("; ".join(f"the run {w} failed: {d.strip().splitlines()[-1]}"
+                                         for w, d in failed))
+        return f"{len(workdirs)} runs finished"
 
 
 class StreamJob(_Job):
