@@ -264,3 +264,46 @@ def test_a_pack_that_does_not_fit_names_the_largest_that_does(monkeypatch):
     monkeypatch.setattr(memory, "device_limit", lambda device: (12 * memory.GIB, True))
     packing.check_pack_fits(compiled, 3, "protonets")  # fits exactly
     assert packing.largest_fitting(12 * memory.GIB, 3 * memory.GIB, 3) == 0
+
+
+PRETRAIN = TrainConfig(
+    learner="pretrain_tune", learner_options={"filters": 8, "inner_steps": 2},
+    dataset="synthetic", dataset_options={"num_classes": 60, "samples_per_class": 8},
+    task="B2", spec_overrides={"nc": 3, "kt": 2}, epochs=2, iters_per_epoch=2, meta_batch=2,
+    val_tasks=4, test_tasks=5, eval_batch=5, keep_best=1, log_every=1, checkpoint_every=1)
+
+
+def pretrain_losses(workdir: str) -> list[float]:
+    import json
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    return [row["loss"] for row in rows if row["phase"] == "pretrain"]  # log_every=1: each step
+
+
+def test_pretraining_on_tasks_packs_as_meta_training_does(tmp_path, capsys):
+    """Pretrain+Tune's pretraining of two seeds as one program: each run's losses follow its
+    solo run's (the same tasks from the same head), the same test tasks, its numbers to the
+    rounding of batched kernels; stopped after a step and resumed, bit for bit."""
+    seeds = (0, 1)
+    dirs = [str(tmp_path / f"pack/seed{s}") for s in seeds]
+    packed = packing.train_pack(PRETRAIN, seeds, dirs)
+    assert "[pretrain] compiling a pack of 2 pretrain_tune pretraining runs" in (
+        capsys.readouterr().out)  # one program, not each run alone
+    for seed, out, workdir in zip(seeds, packed, dirs):
+        alone_dir = str(tmp_path / f"solo{seed}")
+        alone = train.train_and_evaluate(dataclasses.replace(PRETRAIN, seed=seed), alone_dir)
+        assert out["task_fingerprint"] == alone["task_fingerprint"]
+        mine, theirs = pretrain_losses(workdir), pretrain_losses(alone_dir)
+        assert len(mine) == len(theirs) == 4
+        np.testing.assert_allclose(mine[0], theirs[0], rtol=1e-5)  # step 0: same tasks, head
+        np.testing.assert_allclose(mine, theirs, rtol=2e-3)
+        assert abs(out["test"]["acc_mean"] - alone["test"]["acc_mean"]) <= 0.03
+        assert out["test"]["ce_mean"] == pytest.approx(alone["test"]["ce_mean"], rel=2e-2)
+    assert pretrain_losses(dirs[0]) != pretrain_losses(dirs[1])  # each run its own seed
+    again = [str(tmp_path / f"again/seed{s}") for s in seeds]
+    with pytest.raises(loop.Interrupted):
+        packing.train_pack(PRETRAIN, seeds, again, stop_after_steps=1)
+    resumed = packing.train_pack(PRETRAIN, seeds, again)
+    for out, back in zip(packed, resumed):
+        assert (out["test"]["acc_mean"], out["test"]["ce_mean"]) == (
+            back["test"]["acc_mean"], back["test"]["ce_mean"])

@@ -26,7 +26,7 @@ import numpy as np
 
 from cfsl_jax.runtime import memory, parallel, progress, seeding
 from cfsl_jax.runtime.errors import UserError
-from cfsl_jax.training import checkpoints, loop, runs, steps, train
+from cfsl_jax.training import checkpoints, loop, pretrain, runs, steps, train
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.evaluate import evaluate
 from cfsl_jax.training.tracking import Tracking
@@ -114,8 +114,9 @@ def train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequence[str
 
 def meta_train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequence[str],
                     steps_per_dispatch: int = 1, stop_after_steps: int | None = None) -> None:
-    """The packed part of ``train_pack``: meta-train the unfinished runs that stand at the same
-    step as packs (a learner that is not meta-trained, or a lone run: nothing)."""
+    """The packed part of ``train_pack``: meta-train (or pretrain on tasks: Pretrain+Tune,
+    EWC-Pretrain) the unfinished runs that stand at the same step as packs (a learner that
+    trains nothing or pretrains uniformly, or a lone run: nothing)."""
     seeds = check_seeds(seeds)
     check_steps_per_dispatch(config, steps_per_dispatch)
     configs = [dataclasses.replace(config, seed=seed) for seed in seeds]
@@ -123,17 +124,22 @@ def meta_train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequenc
     if len(todo) < 2:
         return
     learner, splits = runs.build(config)
-    if learner.recipe.training == "meta":
-        for c, w in todo:
-            runs.check_workdir_config(w, c)
-        by_step = collections.defaultdict(list)
-        for c, w in todo:
-            latest = checkpoints.Checkpoints(w, c.keep_best)
-            by_step[latest.latest.latest_step() or 0].append((c, w))
-            latest.close()
-        for group in by_step.values():
-            if len(group) > 1:
-                _meta_train_pack(learner, splits, group, steps_per_dispatch, stop_after_steps)
+    if not runs.selects_epochs(config, learner):
+        return
+    for c, w in todo:
+        runs.check_workdir_config(w, c)
+    by_step = collections.defaultdict(list)
+    for c, w in todo:
+        latest = checkpoints.Checkpoints(w, c.keep_best)
+        by_step[latest.latest.latest_step() or 0].append((c, w))
+        latest.close()
+    for group in by_step.values():
+        if len(group) < 2:
+            continue
+        if learner.recipe.training == "meta":
+            _meta_train_pack(learner, splits, group, steps_per_dispatch, stop_after_steps)
+        else:
+            _pretrain_pack(learner, splits, group, stop_after_steps)
 
 
 def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
@@ -141,37 +147,112 @@ def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
     config = group[0][0]
     optimizer = train.make_optimizer(config)
     phase = loop.phase(config, "train", "meta-training", None, steps_per_dispatch)
-    members, states, restored_at = [], [], set()
-    for k, (c, w) in enumerate(group):
+    initial = []
+    for c, _ in group:
         params = runs.init_params(learner, splits["train"], c.seed)
-        outputs = loop.Outputs(w, checkpoints.Checkpoints(w, c.keep_best),
-                               Tracking(w, c.tensorboard, c.wandb_project, c.to_json()))
-        restored = outputs.ckpt.restore_latest(params, optimizer.init(params))
-        state = (loop.TrainState(*restored[1:], step=restored[0]) if restored
-                 else loop.TrainState(params, optimizer.init(params)))
-        restored_at.add(state.step)
-        outputs.tracking.rewind("train", state.step)  # records after the restored step: redone
-        states.append(state)
-        members.append((outputs, _hooks(phase, state.step, outputs, learner, splits, c, k)))
-    (start,) = restored_at
-    if start:
-        progress.say(f"[train] resuming a pack of {len(group)} runs from step {start}")
-    state = loop.TrainState(stack([s.params for s in states]),
-                            stack([s.opt_state for s in states]), step=start)
+        initial.append(loop.TrainState(params, optimizer.init(params)))
     keys = jnp.stack([seeding.purpose_key(c.seed, "train") for c, _ in group])
     split = splits["train"]
-    with progress.stage(f"[train] compiling a pack of {len(group)} {learner.name} "
-                        f"meta-training runs, {steps_per_dispatch} step(s) per call"):
-        multi = steps.make_steps(learner, optimizer, config.meta_batch, steps_per_dispatch,
-                                 runs=True).lower(
-            state.params, state.opt_state, split, keys, start,
-            np.zeros(steps_per_dispatch, np.float32)).compile()
-    check_pack_fits(multi, len(group), learner.name)
 
-    def step_fn(state, first, at):
-        params, opt_state, out = multi(state.params, state.opt_state, split, keys, first, at)
-        return loop.TrainState(params, opt_state), out
+    def compile_step(state):
+        with progress.stage(f"[train] compiling a pack of {len(group)} {learner.name} "
+                            f"meta-training runs, {steps_per_dispatch} step(s) per call"):
+            multi = steps.make_steps(learner, optimizer, config.meta_batch, steps_per_dispatch,
+                                     runs=True).lower(
+                state.params, state.opt_state, split, keys, state.step,
+                np.zeros(steps_per_dispatch, np.float32)).compile()
+        check_pack_fits(multi, len(group), learner.name)
 
+        def step_fn(state, first, at):
+            params, opt_state, out = multi(state.params, state.opt_state, split, keys, first, at)
+            return loop.TrainState(params, opt_state), out
+        return step_fn
+
+    def validate_for(c: TrainConfig):
+        def validate(epoch: int, state):
+            return evaluate(learner.at_epoch(epoch), state.params, splits["val"],
+                            num_tasks=c.val_tasks, seed=c.task_seed, purpose="val",
+                            batch_size=c.eval_batch, cost_metrics=False,
+                            mesh=parallel.make_mesh()), state.params
+        return validate
+
+    _run_pack(phase, group, initial, compile_step, validate_for, stop_after_steps)
+
+
+def _pretrain_pack(learner, splits, group, stop_after_steps: int | None) -> None:
+    """``pretrain.pretrain_on_tasks`` of the runs of ``group`` as one program (one device):
+    run k's step s trains on the tasks of ``fold_in(its data key, s)``, from its own head."""
+    config, split = group[0][0], splits["train"]
+    num_classes = int(split.class_table.shape[0])
+    classes = pretrain.image_classes(split.class_table)
+    phase = loop.phase(config, "pretrain", "pretraining", None)
+    initial, data_keys, full = [], [], {}
+    for c, _ in group:
+        params = runs.init_params(learner, split, c.seed)
+        head_key, data_key = jax.random.split(seeding.purpose_key(c.seed, "pretrain"))
+        state = pretrain.init_state(learner, params, num_classes, tuple(split.images.shape[1:]),
+                                    head_key, c.learning_rate, c.weight_decay)
+        initial.append(loop.TrainState(*state))
+        data_keys.append(data_key)
+        full[c.seed] = params
+    keys = jnp.stack(data_keys)
+    hyper = dict(learner=learner, num_classes=num_classes, tasks=config.meta_batch,
+                 learning_rate=config.learning_rate, weight_decay=config.weight_decay)
+
+    def packed(params, opt_state, first):
+        def one(params, opt_state, key):
+            new, loss, accuracy = pretrain.task_step(
+                pretrain.PretrainState(params, opt_state), split, classes,
+                jax.random.fold_in(key, first), **hyper)
+            return new.params, new.opt_state, {"loss": loss, "acc": accuracy}
+        return jax.vmap(one)(params, opt_state, keys)
+
+    def compile_step(state):
+        with progress.stage(f"[pretrain] compiling a pack of {len(group)} {learner.name} "
+                            f"pretraining runs"):
+            multi = jax.jit(packed).lower(state.params, state.opt_state, state.step).compile()
+        check_pack_fits(multi, len(group), learner.name)
+
+        def step_fn(state, first, at):
+            params, opt_state, out = multi(state.params, state.opt_state, first)
+            return loop.TrainState(params, opt_state), out
+        return step_fn
+
+    def validate_for(c: TrainConfig):
+        params = full[c.seed]
+
+        def validate(epoch: int, state):
+            current = {**params, "embed": state.params["embed"]}
+            return evaluate(learner, current, splits["val"], num_tasks=c.val_tasks,
+                            seed=c.task_seed, purpose="val", batch_size=c.eval_batch,
+                            cost_metrics=False, mesh=parallel.make_mesh()), current
+        return validate
+
+    _run_pack(phase, group, initial, compile_step, validate_for, stop_after_steps)
+
+
+def _run_pack(phase: loop.Phase, group, initial: Sequence[loop.TrainState], compile_step,
+              validate_for, stop_after_steps: int | None) -> None:
+    """``loop.run`` for the runs of ``group`` at once: each restored from its own checkpoints
+    (all at one step), its own hooks on its row; ``compile_step(stacked state)`` gives the
+    pack's step function."""
+    members, states, restored_at = [], [], set()
+    for k, ((c, w), state) in enumerate(zip(group, initial)):
+        outputs = loop.Outputs(w, checkpoints.Checkpoints(w, c.keep_best),
+                               Tracking(w, c.tensorboard, c.wandb_project, c.to_json()))
+        restored = outputs.ckpt.restore_latest(state.params, state.opt_state)
+        if restored:
+            state = loop.TrainState(*restored[1:], step=restored[0])
+        restored_at.add(state.step)
+        outputs.tracking.rewind(phase.name, state.step)  # records after the restored step: redone
+        states.append(state)
+        members.append((outputs, _hooks(phase, state.step, outputs, validate_for(c), k)))
+    (start,) = restored_at
+    if start:
+        progress.say(f"[{phase.name}] resuming a pack of {len(group)} runs from step {start}")
+    state = loop.TrainState(stack([s.params for s in states]),
+                            stack([s.opt_state for s in states]), step=start)
+    step_fn = compile_step(state)
     hooks: list[loop.Hook] = [Member(h, k) for k, (_, h) in enumerate(members)]
     if stop_after_steps is not None:
         hooks.append(loop.StopAfter(stop_after_steps, phase.total))
@@ -206,17 +287,10 @@ def check_pack_fits(compiled, size: int, learner_name: str) -> None:
                       if fits else "even one run of it does not fit")
 
 
-def _hooks(phase: loop.Phase, start: int, outputs: loop.Outputs, learner, splits,
-           config: TrainConfig, k: int) -> list[loop.Hook]:
+def _hooks(phase: loop.Phase, start: int, outputs: loop.Outputs, validate, k: int
+           ) -> list[loop.Hook]:
     """Run ``k``'s Metrics, Checkpoint and Validation hooks (``loop.run``'s, on its row)."""
     metrics = loop.Metrics(phase, start, outputs, run=k)
-
-    def validate(epoch: int, state):
-        return evaluate(learner.at_epoch(epoch), state.params, splits["val"],
-                        num_tasks=config.val_tasks, seed=config.task_seed, purpose="val",
-                        batch_size=config.eval_batch, cost_metrics=False,
-                        mesh=parallel.make_mesh()), state.params
-
     return [metrics, loop.Checkpoint(phase, start, outputs, metrics),
             loop.Validation(phase, start, outputs, validate, metrics)]
 
