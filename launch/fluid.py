@@ -37,7 +37,8 @@ from cfsl_jax.experiments import slurm, sweep
 from cfsl_jax.runtime import files, naming
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import study
-from cfsl_jax.fluid.experiment import PRESETS, FluidConfig, preset, run_experiment
+from cfsl_jax.fluid.config import PRESETS, FluidConfig, preset
+from cfsl_jax.fluid.experiment import run_experiment
 from cfsl_jax.fluid.methods import METHODS, options_class, parse_method_options
 from cfsl_jax.fluid.protocol import Schedule
 from cfsl_jax.fluid.sequences import StreamConfig
