@@ -46,6 +46,7 @@ from cfsl_jax.runtime import stops
 INTERVAL_S = 10.0  # the most seconds between two lines of one tracker
 HEARTBEAT_S = 10.0  # seconds between "still ..." lines of a long stage or a slow update
 FIRST_SHOWN_S = 1.0  # a first update that took longer has its seconds on the line
+STOP_POLL_S = 0.05  # wait_ready answers a stop signal within this many seconds
 _prefix: contextvars.ContextVar[str] = contextvars.ContextVar("progress_prefix", default="")
 
 clock: Callable[[], float] = time.monotonic
@@ -241,6 +242,37 @@ def track(items, what: str, unit: str = "", total: int | None = None) -> Iterato
         for done, item in enumerate(items, 1):
             yield item
             bar.update(done)
+
+
+def wait_ready(value: Any) -> Any:
+    """``jax.block_until_ready(value)``, but a stop signal is answered within ``STOP_POLL_S``
+    (a thread blocked in the device wait runs Python's signal handlers only when the device is
+    done); see ``finish_on_stop``."""
+    import jax  # progress is imported before JAX by the commands' first lines
+
+    leaves = [x for x in jax.tree.leaves(value) if hasattr(x, "is_ready")]
+    poll = 0.001  # doubling up to STOP_POLL_S: a quick program is not held back
+    while not all(x.is_ready() for x in leaves):
+        time.sleep(poll)  # a stop signal's handler runs (and raises) here
+        poll = min(2 * poll, STOP_POLL_S)
+    stops.raise_pending()
+    return value
+
+
+@contextlib.contextmanager
+def finish_on_stop(in_flight: Callable[[], Any], what: str) -> Iterator[None]:
+    """A stop signal inside waits for the device work ``in_flight()`` under the stage ``what``
+    (a line now, its seconds at the end) and goes on: a device cannot drop a program it runs,
+    and the process could not exit before it ends, so it says so rather than exit in silence.
+    A second stop signal meanwhile is dropped."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        import jax
+
+        with stops.stopping(), stage(what):
+            jax.block_until_ready(in_flight())
+        raise
 
 
 @contextlib.contextmanager
