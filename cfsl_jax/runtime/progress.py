@@ -282,7 +282,7 @@ def finish_on_stop(in_flight: Callable[[], Any], what: str) -> Iterator[None]:
     A second stop signal meanwhile is dropped."""
     try:
         yield
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):  # SystemExit: a scheduler's handler (stops doc)
         import jax
 
         with stops.stopping(), stage(what):
