@@ -7,7 +7,7 @@ from typing import Callable, Sequence
 
 from absl import flags
 
-from cfsl_jax.experiments import slurm, sweep_plan
+from cfsl_jax.experiments import slurm, slurm_preview, sweep_plan
 from cfsl_jax.runtime import files
 from cfsl_jax.runtime.errors import UserError
 
@@ -78,6 +78,13 @@ def options_from_flags() -> slurm.SlurmOptions | None:
         options=tuple(slurm.parse_option(text) for text in FLAGS.slurm_option))
     slurm.check_cluster(options)
     return options
+
+
+def dry_run(works: Sequence[slurm.Work], workdir: str, options: slurm.SlurmOptions,
+            list_items: bool = True) -> None:
+    """--dry_run --launcher=slurm: print each item's state (``list_items``) and the sbatch
+    script a submission would send (nothing submitted, nothing created)."""
+    print(slurm_preview.preview(works, workdir, options, list_items=list_items))
 
 
 def run_on_slurm(works: Sequence[slurm.Work], workdir: str, options: slurm.SlurmOptions,

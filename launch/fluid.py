@@ -21,6 +21,8 @@ rolling_accuracy.png; the study writes update_strategy.json/.png.
 --launcher=slurm runs each stream as a job of one SLURM array (the --slurm_*
 flags of launch.sweep; streams/<i>.json in the workdir, then the table);
 re-running it submits only the streams not done, queued or running.
+--dry_run prints the resolved config and what would run (with --launcher=slurm:
+the sbatch script) and creates nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ if __name__ == "__main__":  # the command: its first line before the imports bel
     raise SystemExit(main("fluid", __package__))
 
 import dataclasses
+import json
 
 from absl import app, flags
 
@@ -37,7 +40,8 @@ from cfsl_jax.experiments import slurm, sweep
 from cfsl_jax.runtime import files, naming
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import study
-from cfsl_jax.fluid.experiment import PRESETS, FluidConfig, preset, run_experiment
+from cfsl_jax.fluid.config import PRESETS, FluidConfig, preset
+from cfsl_jax.fluid.experiment import run_experiment
 from cfsl_jax.fluid.methods import METHODS, options_class, parse_method_options
 from cfsl_jax.fluid.protocol import Schedule
 from cfsl_jax.fluid.sequences import StreamConfig
@@ -55,6 +59,9 @@ define_list("study_frequencies", [str(u) for u in study.FREQUENCIES],
             "U values (samples of a 90,000-sample sequence) of the study.", module=__name__)
 define_list("study_epochs", [str(e) for e in study.EPOCHS], "E values of the study.",
             module=__name__)
+flags.DEFINE_bool("dry_run", False, "Print the resolved config and what would run (each "
+                  "stream's state; with --launcher=slurm the sbatch script); run and create "
+                  "nothing.")
 flags.DEFINE_bool("list_options", False, "Print the options of each --method (type, default, "
                   "help) and exit.")
 define_backend_flags()
@@ -92,7 +99,7 @@ STREAM = config_flags.define(StreamConfig, __name__, overrides=True,
 SCHEDULE = config_flags.define(Schedule, __name__, overrides=("update_every",))
 # The flags that set no config field (tests/test_config_flags.py checks the lists).
 NOT_CONFIG = ("preset", "study", "study_method", "study_frequencies", "study_epochs",
-              "list_options", "workdir", "download", "precision", "compilation_cache_dir")
+              "dry_run", "list_options", "workdir", "download", "precision", "compilation_cache_dir")
 
 
 def flag_words():
@@ -223,6 +230,9 @@ def main(argv) -> None:
         return
     config = check()
     slurm_options = cluster.options_from_flags()
+    if FLAGS.dry_run:
+        dry_run(config, slurm_options)
+        return
     if slurm_options is not None:
         cluster.run_on_slurm(
             slurm.fluid_work(config, FLAGS.workdir), FLAGS.workdir, slurm_options,
@@ -242,6 +252,29 @@ def main(argv) -> None:
         return
     with flags_recorded(FLAGS.workdir):
         _report(config)
+
+
+def dry_run(config: FluidConfig, slurm_options) -> None:
+    """--dry_run: the resolved config and what the command would run; nothing is created."""
+    print(f"config (--preset={FLAGS.preset} and the flags given):")
+    print(json.dumps(config.to_json(), indent=2, default=str))
+    if FLAGS.study:
+        print(f"would run the {FLAGS.study} study of {FLAGS.study_method}: update every "
+              f"{', '.join(FLAGS.study_frequencies)} samples x {', '.join(FLAGS.study_epochs)} "
+              f"epochs, into {FLAGS.workdir}; nothing created")
+        return
+    works = slurm.fluid_work(config, FLAGS.workdir)
+    if slurm_options is not None:
+        cluster.dry_run(works, FLAGS.workdir, slurm_options)
+        return
+    todo = [work for work in works if work.status() != "done"]
+    for work in works:
+        print(f"{'done' if work not in todo else 'to run':7s} {work.name}")
+    stream = config.stream
+    print(f"would run {len(todo)} of {len(works)} {config.streams} stream(s) of {stream.length:,} "
+          f"samples ({stream.num_classes} classes), each pretrained for "
+          f"{config.pretrain_steps} steps, x {len(config.methods)} method(s): "
+          f"{', '.join(config.methods)}; into {FLAGS.workdir}; nothing created")
 
 
 def _report(config) -> None:

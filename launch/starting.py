@@ -47,11 +47,13 @@ def starting(name: str, period: float = STARTING_HEARTBEAT_S,
         return
     print(f"[{name}] starting", flush=True)
     began, stop = time.monotonic(), threading.Event()
+    said = [began]  # when the last line was printed
 
     def beat():
         while not stop.wait(period):
             print(f"  still [{name}] starting ({time.monotonic() - began:.1f}s: importing JAX "
                   f"and the command's modules)", flush=True)
+            said[0] = time.monotonic()
 
     thread = threading.Thread(target=beat, daemon=True)
     thread.start()
@@ -60,6 +62,8 @@ def starting(name: str, period: float = STARTING_HEARTBEAT_S,
     finally:
         stop.set()
         thread.join()
+        from cfsl_jax.runtime import progress  # light (no JAX); imported by the command anyway
+        progress.said(said[0])  # the command's first heartbeat counts from this line
 
 
 def _stop_while_starting(signum, frame):  # a command's first instants: keep it light

@@ -18,7 +18,8 @@ goes to every learner, --learner_option=LEARNER:NAME=VALUE to one. At the end
 the report (launch.report) is written to WORKDIR/report and Table 1 printed.
 
 --dry_run loads the datasets and marks "impossible" the runs whose spec a split
-cannot supply, with the reason. Ctrl-C stops the sweep at once (each run in
+cannot supply, with the reason; with --launcher=slurm it also prints the sbatch
+script it would submit (nothing is submitted or created). Ctrl-C stops the sweep at once (each run in
 progress checkpoints; no queued run starts); the same command continues it.
 A line per finished run gives runs done/total and the ETA. WORKDIR may be
 gs://BUCKET/PATH (gcsfs installed) with the local launcher and --shard; --launcher=slurm
@@ -72,7 +73,8 @@ def seeds() -> list[str]:
 define_list("datasets", [], "Datasets (default: --dataset).", module=__name__)
 flags.DEFINE_integer("workers", None, "Worker processes (default: one per GPU, one on TPU, one "
                      "per CPU core; 0: run in this process).")
-flags.DEFINE_bool("dry_run", False, "List the runs and their status; run nothing.")
+flags.DEFINE_bool("dry_run", False, "List the runs and their status (with --launcher=slurm: "
+                  "also the sbatch script it would submit); run nothing.")
 flags.DEFINE_string("pack", "1", "Meta-train the runs that differ only in their seed in packs "
                     "of at most this many, one program each; auto: all the seeds of a group "
                     "(README, \"Packing runs\").")
@@ -197,6 +199,9 @@ def main(argv) -> None:
                                   if state not in ("done", "conflict", "impossible")],
                                  pack_size()) if pack_size() > 1 else []:
             print(f"pack of {len(group)}: " + " ".join(run.workdir for run in group))
+        if slurm_options is not None:
+            cluster.dry_run(slurm.sweep_work(configs, FLAGS.workdir, pack=pack_size()),
+                            FLAGS.workdir, slurm_options, list_items=False)
         return
     if slurm_options is not None:
         cluster.run_on_slurm(

@@ -61,6 +61,21 @@ def test_no_two_lines_of_a_slow_phase_are_more_than_the_heartbeat_apart(monkeypa
     assert len(gaps) >= 3 and max(gaps) < 1.3, gaps  # a line within 1 s, never a second late
 
 
+def test_an_evaluation_inside_training_beats_from_the_trainings_last_line(monkeypatch):
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 1.0)
+    clocked = _Clocked()
+    monkeypatch.setattr(sys, "stdout", clocked)
+    with progress.tracker("train", 10, "steps") as train:
+        train.update(1)  # a line; then steps that print none
+        time.sleep(0.7)
+        with progress.tracker("val", 100, "tasks", first_line=False):  # quiet at first
+            time.sleep(1.6)
+    gaps = [b - a for a, b in zip(clocked.times, clocked.times[1:])]
+    # the validation's first "still working" line comes 1 s after the training's line, not
+    # 1 s after the validation began (1.7 s of silence)
+    assert len(gaps) >= 1 and max(gaps) < 1.3, gaps
+
+
 def test_only_the_innermost_running_tracker_beats(monkeypatch, capsys):
     monkeypatch.setattr(progress, "HEARTBEAT_S", 0.25)
     def validate():

@@ -24,7 +24,8 @@ Modules: ``sequences`` (streams), ``protocol`` (``Method``, ``run_stream``, MACs
 ``heads`` (each method's classifier), ``methods`` (the eleven methods of the
 paper's Table 3, one factory), ``pretraining`` / ``meta_pretraining`` (backbone
 and head on the pretrain classes), ``metrics``,
-``report`` (table and plot), ``experiment`` (what ``launch.fluid`` runs).
+``report`` (table and plot), ``config`` (``FluidConfig`` and its presets),
+``experiment`` (what ``launch.fluid`` runs).
 """
 
 from cfsl_jax.fluid.methods import METHODS, FluidState, get_method

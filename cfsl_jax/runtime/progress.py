@@ -13,7 +13,9 @@ they show in a terminal, in a log file and in a Jupyter/Colab cell alike (absl's
 do not reach a notebook). A tracker prints when ``INTERVAL_S`` seconds passed since its last
 line, on its first update and on its last; while one update takes longer than that (a
 first step that compiles, a chunk of evaluation tasks), a background thread repeats the last
-count with the seconds since, every ``HEARTBEAT_S``, for as long as the tracker is in use:
+count with the seconds since, every ``HEARTBEAT_S`` (counted from the last line of any
+tracker where the tracker began after it: an evaluation inside training does not add its own
+10 s to the training's silence), for as long as the tracker is in use:
 until its ``with`` block ends (``with progress.tracker(...) as bar:``), it is done, or (a
 tracker not used as a context manager) nothing refers to it any more -- the function that
 made it returned, or a new one replaced it. Lines are driven by time, not by a count. A
@@ -46,12 +48,14 @@ from cfsl_jax.runtime import stops
 INTERVAL_S = 10.0  # the most seconds between two lines of one tracker
 HEARTBEAT_S = 10.0  # seconds between "still ..." lines of a long stage or a slow update
 FIRST_SHOWN_S = 1.0  # a first update that took longer has its seconds on the line
+STOP_POLL_S = 0.05  # wait_ready answers a stop signal within this many seconds
 _prefix: contextvars.ContextVar[str] = contextvars.ContextVar("progress_prefix", default="")
 
 clock: Callable[[], float] = time.monotonic
 _trackers: list[weakref.ref] = []  # made and not yet finished, oldest first (heartbeats)
 _stages: list[str] = []  # stages running (their own "still ..." lines)
 _lock = threading.Lock()
+_said_at = time.monotonic()  # when the last line was said (heartbeats count from it)
 
 
 def enabled() -> bool:
@@ -60,8 +64,17 @@ def enabled() -> bool:
 
 def say(line: str) -> None:
     """Print one progress line now (to the current ``sys.stdout``, flushed)."""
+    global _said_at
     if enabled():
         print(_prefix.get() + line, file=sys.stdout, flush=True)
+        _said_at = time.monotonic()
+
+
+def said(at: float) -> None:
+    """Note a line printed at ``at`` (``time.monotonic()``) by other code (a command's first
+    line): heartbeats count from it."""
+    global _said_at
+    _said_at = at
 
 
 @contextlib.contextmanager
@@ -175,7 +188,10 @@ class Tracker:
             newer = live[live.index(self) + 1:] if self in live else []
             inner = any(t._thread_id == self._thread_id and t._running() for t in newer)
         now = time.monotonic()
-        if not inner and not _stages and now - self._line_at >= self._beat_every - poll:
+        # from the last line of any tracker: an evaluation inside training beats 10 s after
+        # the training's last line, not 10 s after it began
+        quiet = now - min(self._line_at, _said_at)
+        if not inner and not _stages and quiet >= self._beat_every - poll:
             say(f"[{self.what}] {self.done}/{self.total}"
                 + (f" {self.unit}" if self.unit else "")
                 + f", still working ({duration(now - self._updated_at)} since "
@@ -241,6 +257,37 @@ def track(items, what: str, unit: str = "", total: int | None = None) -> Iterato
         for done, item in enumerate(items, 1):
             yield item
             bar.update(done)
+
+
+def wait_ready(value: Any) -> Any:
+    """``jax.block_until_ready(value)``, but a stop signal is answered within ``STOP_POLL_S``
+    (a thread blocked in the device wait runs Python's signal handlers only when the device is
+    done); see ``finish_on_stop``."""
+    import jax  # progress is imported before JAX by the commands' first lines
+
+    leaves = [x for x in jax.tree.leaves(value) if hasattr(x, "is_ready")]
+    poll = 0.001  # doubling up to STOP_POLL_S: a quick program is not held back
+    while not all(x.is_ready() for x in leaves):
+        time.sleep(poll)  # a stop signal's handler runs (and raises) here
+        poll = min(2 * poll, STOP_POLL_S)
+    stops.raise_pending()
+    return value
+
+
+@contextlib.contextmanager
+def finish_on_stop(in_flight: Callable[[], Any], what: str) -> Iterator[None]:
+    """A stop signal inside waits for the device work ``in_flight()`` under the stage ``what``
+    (a line now, its seconds at the end) and goes on: a device cannot drop a program it runs,
+    and the process could not exit before it ends, so it says so rather than exit in silence.
+    A second stop signal meanwhile is dropped."""
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit):  # SystemExit: a scheduler's handler (stops doc)
+        import jax
+
+        with stops.stopping(), stage(what):
+            jax.block_until_ready(in_flight())
+        raise
 
 
 @contextlib.contextmanager

@@ -49,6 +49,7 @@ from cfsl_jax.protocol.spec import TaskSpec
 
 PIXELS_IN_FLIGHT = 10_000_000  # target pixels per device per evaluation program
 COMPILE_QUIET_S = 1.0  # a compilation shorter than this prints no line
+STOPPING = "[{}] stopping: the evaluation programs in flight finish first"  # a stop's line
 
 
 def task_keys(seed: int, purpose: str, num_tasks: int) -> jax.Array:
@@ -161,14 +162,15 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
         program = _evaluate_chunk.lower(learner, params, split, chunk_keys[0], ensemble,
                                         mesh).compile()
     start = time.perf_counter()
-    with progress.tracker(label, num_tasks, "tasks", first_line=False) as bar:
-        chunks = []
+    chunks = []
+    with progress.tracker(label, num_tasks, "tasks", first_line=False) as bar, \
+            progress.finish_on_stop(lambda: chunks[-2:], STOPPING.format(label)):
         for i in range(num_chunks):
             chunks.append(program(params, split, chunk_keys[i]))
             if i:  # one chunk in flight while the previous one is counted
-                jax.block_until_ready(chunks[-2])
+                progress.wait_ready(chunks[-2])  # a stop is answered at once
                 bar.update(i * batch_size)
-        jax.block_until_ready(chunks[-1])
+        progress.wait_ready(chunks[-1])
         bar.update(num_tasks)
     values = {name: np.concatenate([parallel.to_host(c[name]) for c in chunks])[:num_tasks]
               for name in chunks[0]}

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from cfsl_jax.runtime import backend, files, seeding
+from cfsl_jax.runtime import backend, files, progress, seeding
 from cfsl_jax import data
 from cfsl_jax.training import results
 from cfsl_jax.training import checkpoints
@@ -213,9 +213,12 @@ def evaluate_run(workdir: str, num_tasks: int | None = None,
     re-test's own seconds are ``test.seconds``."""
     started, compiled = time.perf_counter(), backend.compile_totals()
     config = load_config(workdir)
-    learner, splits = build(config)
-    params = restore_params(config, learner, splits, workdir, ensemble=True)
+    with progress.stage("[evaluate] loading the data and building the learner", quiet_below=1.0):
+        learner, splits = build(config)
     ensemble = selects_epochs(config, learner)
+    with progress.stage(f"[evaluate] restoring the {'best checkpoints' if ensemble else 'params'}",
+                        quiet_below=1.0):
+        params = restore_params(config, learner, splits, workdir, ensemble=True)
     report = evaluate(learner, params, splits["test"], num_tasks=num_tasks or config.test_tasks,
                       seed=config.task_seed, purpose="test", batch_size=config.eval_batch,
                       ensemble=ensemble, mesh=mesh, per_task=True)

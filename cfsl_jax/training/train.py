@@ -219,7 +219,8 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
         if learner.recipe.training == "meta":
             params = meta_train(config, learner, params, splits, workdir, ckpt, stop_after_steps,
                                 mesh, tracking)
-            params = checkpoints.stack(ckpt.restore_best(params))
+            with progress.stage("[test] restoring the best checkpoints", quiet_below=1.0):
+                params = checkpoints.stack(ckpt.restore_best(params))
             ensemble = True
         elif selects_epochs(config, learner):  # pretraining on tasks, the authors' way
             params = pretrain_on_tasks(config, learner, params, splits, workdir, ckpt,
