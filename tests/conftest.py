@@ -127,9 +127,12 @@ def interruptible_module(module: str, *args: str) -> list[str]:
 # The order modules are handed to the workers (``--no-loadscope-reorder``): the longest
 # first, so that no long module starts last while the other worker idles, and the notebooks
 # after the sweep tests, whose programs (same settings, one persistent cache) they then load.
-MODULES_FIRST = ("test_sweep_report.py", "test_slurm.py", "test_stops.py", "test_integrity.py",
-                 "test_maml.py", "test_parallel.py",
-                 "test_train.py", "test_finetune.py", "test_fluid_methods.py", "test_sampler.py", "test_cloud_paths.py",
+# (test_packing, test_reference and test_fluid_experiment, each minutes long, were handed out
+# among the last 20% of the tests and ran on while the other workers were done.)
+MODULES_FIRST = ("test_sweep_report.py", "test_stops.py", "test_integrity.py", "test_maml.py",
+                 "test_packing.py", "test_parallel.py", "test_train.py", "test_slurm.py",
+                 "test_finetune.py", "test_fluid_methods.py", "test_reference.py",
+                 "test_fluid_experiment.py", "test_sampler.py", "test_cloud_paths.py",
                  "test_cli.py", "test_metrics.py", "test_pretrain.py", "test_conv.py")
 MODULES_LAST = ("test_notebooks.py",)
 

@@ -2,8 +2,8 @@
 launch.report --reference) and the closed form of Table 1's paper-era cells (experiments.paper_era).
 
 The fixture sweep is the tiny synthetic config of tests/test_sweep_report.py: ProtoNets (seeds 0
-and 1) and Init+Tune on B2 and C2, trained in this process; one run is left partial (its
-results.json removed), as a sweep stopped mid-run leaves it.
+and 1) and Init+Tune on B2, and ProtoNets on C2, trained in this process; the C2 run is left
+partial: stopped in its second epoch, as a sweep stopped mid-run leaves it.
 """
 
 import csv
@@ -18,7 +18,7 @@ import pytest
 
 from cfsl_jax.experiments import paper_era, reference, reference_report, sweep_plan
 from cfsl_jax.experiments.verify import reference_row_differences
-from cfsl_jax.training import train
+from cfsl_jax.training import loop, train
 from cfsl_jax.training.config import TrainConfig
 from conftest import TINY_SWEEP, TINY_SWEEP_LEARNER_OPTIONS
 
@@ -37,8 +37,11 @@ def fixture_sweep(tmp_path_factory):
         config = TrainConfig(**{**TINY_SWEEP, "learner_options": options}, learner=learner,
                              task=cell, seed=seed)
         workdir = sweep_plan.run_dir(sweep_dir, config)
+        if cell == "C2":  # partial: stopped in epoch 1, after epoch 0 was validated
+            with pytest.raises(loop.Interrupted):
+                train.train_and_evaluate(config, workdir, stop_after_steps=4)
+            continue
         found[(learner, cell, seed)] = train.train_and_evaluate(config, workdir)
-    os.remove(os.path.join(sweep_plan.run_dir(sweep_dir, config), "results.json"))  # C2: partial
     with open(os.path.join(sweep_dir, "provenance.jsonl"), "w") as log:
         log.write(json.dumps({"start": "2000-01-01T00:00:00Z", "commit": "abc123",
                               "flagfile": "f", "learners": "protonets,init_tune",
@@ -64,8 +67,8 @@ def test_export_writes_a_row_per_run_with_the_numbers_of_its_results(fixture_swe
         copied = json.load(open(tmp_path / row["run"] / "results.json"))
         assert copied == result and reference.row_differences(row, result) == []
         assert not os.path.exists(tmp_path / row["run"] / "checkpoints")
-    # 2 epochs x 3 steps x 2 tasks; Init+Tune trains nothing
-    assert [row["training_tasks"] for row in written] == ["12", "12", "0", "12"]
+    # 2 epochs x 3 steps x 2 tasks; Init+Tune trains nothing; the partial run: its 1 epoch done
+    assert [row["training_tasks"] for row in written] == ["12", "12", "0", "6"]
     partial = written[3]
     assert partial["test_acc_mean"] == "" and partial["commit"] == "unknown"  # not a B2 run
     history = json.load(open(tmp_path / partial["run"] / "val_history.json"))

@@ -13,6 +13,7 @@ Elsewhere these skip with the reason; with ``CFSL_REQUIRE_SLURM=1`` (CI) a missi
 fails them.
 """
 
+import dataclasses
 import os
 import re
 import shutil
@@ -46,8 +47,13 @@ TINY_FLAGS = ["--learners=protonets", "--learner_option=filters=8",
 COMPARED = ("acc_mean", "acc_std", "ce_mean", "ce_std")
 
 
-def tiny_grid(cells=("B2", "C2"), seeds=(0, 1)):
-    return sweep_plan.grid(TINY, ["protonets"], cells, seeds)[0]
+# The runs made without a cluster (shards, submitit's debug executor, the states of real run
+# folders) need finished runs, not long ones: 3 steps an epoch instead of TINY's 30.
+SHORT = dataclasses.replace(TINY, iters_per_epoch=3)
+
+
+def tiny_grid(cells=("B2", "C2"), seeds=(0, 1), base=TINY):
+    return sweep_plan.grid(base, ["protonets"], cells, seeds)[0]
 
 
 def finished(workdir):
@@ -59,11 +65,11 @@ def assert_same_results(a, b):
     assert {k: a["test"][k] for k in COMPARED} == {k: b["test"][k] for k in COMPARED}
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def optimised_programs():
-    """This module's training runs (here, in submitit's debug executor and as SLURM jobs, all
-    compared number for number) compile at XLA's default level: each runs 60 steps, which
-    -O0's code runs about 3x slower than it compiles faster."""
+    """The SLURM jobs and the local runs they are compared with number for number compile at
+    XLA's default level: each runs 60 steps, which -O0's code runs about 3x slower than it
+    compiles faster. (The 6-step runs without a cluster compile at the suite's -O0.)"""
     unoptimised = jax.config.values["jax_disable_most_optimizations"]
     jax.config.update("jax_disable_most_optimizations", False)
     yield
@@ -74,9 +80,10 @@ def optimised_programs():
 
 @pytest.fixture(scope="module")
 def local_sweep(tmp_path_factory):
-    """A 2-run grid (B2, seeds 0 and 1) done by the local launcher as two shards, here."""
+    """A 2-run grid (B2, seeds 0 and 1; SHORT runs) done by the local launcher as two shards,
+    here."""
     sweep_dir = str(tmp_path_factory.mktemp("local_sweep"))
-    configs = tiny_grid(cells=("B2",))
+    configs = tiny_grid(cells=("B2",), base=SHORT)
     first = sweep.run_sweep(sweep_plan.shard(configs, 1, 2), sweep_dir, workers=0)
     after_first = len([1 for c in configs
                        if os.path.exists(os.path.join(sweep_plan.run_dir(sweep_dir, c),
@@ -144,7 +151,7 @@ def _record(sweep_dir, jobs):
 
 def test_states_come_from_squeue_and_the_files(local_sweep, tmp_path):
     done_dir = local_sweep[0]
-    configs = tiny_grid()  # B2 seed 0 (done in done_dir), C2 seed 0, B2 seed 1, C2 seed 1
+    configs = tiny_grid(base=SHORT)  # B2 seed 0 (done in done_dir), C2 seed 0, B2 seed 1, C2 s. 1
     sweep_dir = str(tmp_path)
     shutil.copytree(sweep_plan.run_dir(done_dir, configs[0]), sweep_plan.run_dir(sweep_dir, configs[0]))
     runs = [sweep_plan.Run(c, sweep_plan.run_dir(sweep_dir, c)) for c in configs]
@@ -292,7 +299,7 @@ def cluster():
 def command(module, workdir, *flags):
     """``python -m module --workdir --launcher=slurm flags``, compiling as this process does:
     at its precision, into its compilation cache (the flag's default is the user's cache), so
-    that the jobs load the programs ``local_sweep`` compiled instead of compiling them again."""
+    that the jobs load the programs the local runs compiled instead of compiling them again."""
     cache = jax.config.values["jax_compilation_cache_dir"]
     unoptimised = jax.config.values["jax_disable_most_optimizations"]
     env = {**os.environ, "JAX_DISABLE_MOST_OPTIMIZATIONS": "1" if unoptimised else "0",
@@ -309,12 +316,14 @@ def sweep_command(sweep_dir, *flags):
 
 @pytest.mark.slurm
 def test_a_slurm_sweep_equals_the_local_one_with_a_job_preempted_and_a_rerun_submits_nothing(
-        cluster, local_sweep, tmp_path):
+        cluster, optimised_programs, tmp_path_factory, tmp_path):
     """Two runs as one array; run 0's job gets SIGUSR2 (as 90 s before a time limit) as soon as
     it trains: it checkpoints the step reached, is requeued and resumes. Both runs equal the
     local launcher's, the preempted one verifies (MATCH), and the same command submits
     nothing."""
-    done_dir, configs, *_ = local_sweep
+    done_dir = str(tmp_path_factory.mktemp("local_runs"))
+    configs = tiny_grid(cells=("B2",))  # TINY's 60 steps: long enough to preempt a job
+    assert {o.status for o in sweep.run_sweep(configs, done_dir, workers=0)} == {"finished"}
     sweep_dir = str(tmp_path / "sweep")
     flags = ["--cells=B2", "--seeds=0,1", "--slurm_partition=debug", "--slurm_max_parallel=2"]
     submitted = sweep_command(sweep_dir, *flags, "--nowait")
