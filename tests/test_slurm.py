@@ -228,6 +228,36 @@ def test_a_run_through_submitits_debug_executor_equals_the_local_run(local_sweep
     assert again.jobs == {} and [s.state for s in again.before] == ["done"]
 
 
+def test_a_pack_through_submitits_debug_executor_is_one_job_for_its_runs(local_sweep, tmp_path,
+                                                                       monkeypatch):
+    """With --pack, an array element runs a whole pack (slurm.PackJob): one job, every run of
+    it finished with the local run's test tasks, and the same command submits nothing again."""
+    done_dir, configs, *_ = local_sweep
+    sweep_dir = str(tmp_path)
+    options = slurm.SlurmOptions()
+    executor = slurm.make_executor(sweep_dir, options, cluster="debug")
+    from cfsl_jax.training import packing
+    packed, pack_fn = [], packing._meta_train_pack
+    monkeypatch.setattr(packing, "_meta_train_pack",
+                        lambda learner, splits, group, *a: packed.append(len(group))
+                        or pack_fn(learner, splits, group, *a))
+    works = slurm.sweep_work(configs, sweep_dir, pack=2)
+    assert len(works) == 1 and works[0].name.startswith("pack of 2: ")
+    submitted = slurm.submit(works, sweep_dir, options,
+                             slurm.PackJob(sweep.worker_jax_options(sweep_dir)),
+                             executor=executor, queued={})
+    (job,) = submitted.jobs_objects
+    assert job.result() == "2 runs finished"
+    assert packed == [2]  # one program for both runs, not each alone
+    for config in configs:
+        ours = finished(sweep_plan.run_dir(sweep_dir, config))
+        theirs = finished(sweep_plan.run_dir(done_dir, config))
+        assert ours["task_fingerprint"] == theirs["task_fingerprint"]
+    again = slurm.submit(works, sweep_dir, options, slurm.PackJob({}), executor=executor,
+                         queued={})
+    assert again.jobs == {} and [s.state for s in again.before] == ["done"]
+
+
 def _fake_slurm_bin(tmp_path):
     """sbatch/squeue/scancel/srun that record a call and fail, and an sinfo that lists debug."""
     bin_dir = tmp_path / "bin"
