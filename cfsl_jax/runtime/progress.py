@@ -190,8 +190,10 @@ class Tracker:
         now = time.monotonic()
         # from the last line of any tracker: an evaluation inside training beats 10 s after
         # the training's last line, not 10 s after it began
+        # ... but only while this tracker's own update is slow: a quick one never beats
         quiet = now - min(self._line_at, _said_at)
-        if not inner and not _stages and quiet >= self._beat_every - poll:
+        slow = now - self._updated_at >= min(FIRST_SHOWN_S, self._beat_every / 2)
+        if not inner and not _stages and slow and quiet >= self._beat_every - poll:
             say(f"[{self.what}] {self.done}/{self.total}"
                 + (f" {self.unit}" if self.unit else "")
                 + f", still working ({duration(now - self._updated_at)} since "
