@@ -245,7 +245,7 @@ def test_a_pack_through_submitits_debug_executor_is_one_job_for_its_runs(local_s
     assert len(works) == 1 and works[0].name.startswith("pack of 2: ")
     submitted = slurm.submit(works, sweep_dir, options,
                              slurm.PackJob(sweep.worker_jax_options(sweep_dir)),
-                             executor=executor, queued={})
+                             executor=executor, queued={}, prepare=slurm.prepare_datasets)
     (job,) = submitted.jobs_objects
     assert job.result() == "2 runs finished"
     assert packed == [2]  # one program for both runs, not each alone

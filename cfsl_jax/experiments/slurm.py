@@ -345,7 +345,8 @@ def prepare_datasets(works: Sequence[Work], log: Callable[[str], None] = print) 
     once, so that jobs never prepare the same TFDS dataset at the same time (synthetic data is
     made by each run)."""
     from cfsl_jax.experiments import sweep
-    configs = [TrainConfig(**work.args[0]) for work in works]
+    configs = [TrainConfig(**config) for work in works  # a run: one config; a pack: a list
+               for config in (work.args[0] if isinstance(work.args[0], list) else [work.args[0]])]
     sources = {(c.dataset, c.data_dir, c.manual_dir, repr(sorted(c.dataset_options.items()))): c
                for c in configs if c.dataset != "synthetic"}
     for config in sources.values():
