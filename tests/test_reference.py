@@ -10,6 +10,7 @@ import csv
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -18,6 +19,7 @@ import pytest
 
 from cfsl_jax.experiments import paper_era, reference, reference_report, sweep_plan
 from cfsl_jax.experiments.verify import reference_row_differences
+from cfsl_jax.runtime import checksums
 from cfsl_jax.training import loop, train
 from cfsl_jax.training.config import TrainConfig
 from conftest import TINY_SWEEP, TINY_SWEEP_LEARNER_OPTIONS
@@ -67,6 +69,10 @@ def test_export_writes_a_row_per_run_with_the_numbers_of_its_results(fixture_swe
         copied = json.load(open(tmp_path / row["run"] / "results.json"))
         assert copied == result and reference.row_differences(row, result) == []
         assert not os.path.exists(tmp_path / row["run"] / "checkpoints")
+        # the copies carry their checksums (read back checked, without a 'before checksums' note)
+        copied_names = sorted(set(os.listdir(tmp_path / row["run"])) & set(reference.RUN_FILES))
+        assert "results.json" in copied_names
+        assert checksums.recorded(str(tmp_path / row["run"])) == copied_names
     # 2 epochs x 3 steps x 2 tasks; Init+Tune trains nothing; the partial run: its 1 epoch done
     assert [row["training_tasks"] for row in written] == ["12", "12", "0", "6"]
     partial = written[3]
@@ -75,6 +81,18 @@ def test_export_writes_a_row_per_run_with_the_numbers_of_its_results(fixture_swe
     assert float(partial["val_acc_last"]) == history[-1]["val_acc"]
     # every row of a cell shares the test tasks (evaluation seed 0)
     assert len({row["task_fingerprint"] for row in written[:3]}) == 1
+
+
+def test_export_refuses_a_run_file_that_fails_its_checksum(fixture_sweep, tmp_path):
+    sweep_dir, _ = fixture_sweep
+    copy = tmp_path / "sweep"
+    shutil.copytree(sweep_dir, copy, ignore=shutil.ignore_patterns("checkpoints"))
+    damaged = next(copy.rglob("results.json"))
+    damaged.write_text(damaged.read_text().replace('"acc_mean": 0.', '"acc_mean": 1.', 1))
+    with pytest.raises(checksums.Corrupt, match="fails its checksum") as caught:
+        reference.export(str(copy), str(tmp_path / "out"))
+    assert caught.value.path == str(damaged)
+    assert not (tmp_path / "out" / "results.csv").exists()  # nothing written as if it were right
 
 
 def test_a_row_that_differs_from_the_run_is_named_and_reexport_keeps_other_rows(

@@ -35,7 +35,7 @@ from typing import Any, Iterable, Sequence
 
 from cfsl_jax.experiments.report import _cell_order, _learner_order
 from cfsl_jax.experiments.sweep_plan import safe_name
-from cfsl_jax.runtime import files
+from cfsl_jax.runtime import checksums, files
 from cfsl_jax.training import budgets
 from cfsl_jax.training import results as results_io
 from cfsl_jax.training.config import TrainConfig, from_json
@@ -179,10 +179,12 @@ def export(sweep_dir: str, out_dir: str) -> list[dict[str, Any]]:
     for workdir, row in zip(run_dirs(sweep_dir), rows):
         target = files.join(out_dir, row["run"])
         files.makedirs(target)
-        for name in RUN_FILES:
-            if files.exists(files.join(workdir, name)):
-                files.write_atomic(files.join(target, name),
-                                   files.read_bytes(files.join(workdir, name)))
+        for name in RUN_FILES:  # checked against the run's checksums, copied with them
+            source = files.join(workdir, name)
+            if files.exists(source):
+                text = files.read_text(source)
+                checksums.check_text(source, text)
+                checksums.write_text(files.join(target, name), text)
     csv_path = files.join(out_dir, "results.csv")
     ours = {row["run"] for row in rows}
     kept = [row for row in read_rows(csv_path) if row["run"] not in ours] \
