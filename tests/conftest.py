@@ -12,6 +12,9 @@ The suite passes on any backend (CPU in CI, a GPU or TPU too):
   tolerances mean the same on CPU and on a TF32 GPU; tests of the policy itself
   set it explicitly.
 - MACs are XLA:CPU's count on every backend (``backend.cpu_cost_analysis``).
+- In-process tests compile at -O0 (``jax_disable_most_optimizations``), and so do the
+  commands tests start where what they check does not depend on the level
+  (``unoptimised_env()``); ``CFSL_TEST_FULL_OPT=1``: everything at XLA's default level.
 - XLA:CPU compiles with its elemental emitters (``--xla_cpu_use_fusion_emitters=false``,
   where this XLA has the flag), here and in subprocesses: the suite is mostly compiling, and
   they compile its programs 1.5-3x faster.
@@ -64,10 +67,22 @@ from cfsl_jax import data
 backend.set_precision(TEST_PRECISION)
 # In-process tests compile without XLA's optimisations (-O0): compiling dominates the
 # suite's small programs and -O0 compiles 2-3x faster; results agree to float rounding, and
-# MACs (XLA's cost analysis) are the same at either level. Command-line tests (subprocesses)
-# run at the default level, as a user's command does. CFSL_TEST_FULL_OPT=1: everything at it.
+# MACs (XLA's cost analysis) are the same at either level. CFSL_TEST_FULL_OPT=1: everything
+# at the default level, command-line tests included.
 UNOPTIMISED = not os.environ.get("CFSL_TEST_FULL_OPT")
 jax.config.update("jax_disable_most_optimizations", UNOPTIMISED)
+# Command-line tests whose property does not depend on the optimisation level (a stopped
+# command resumes to the uninterrupted numbers computed at the same level; error lines, files,
+# progress lines) start their commands at -O0 too, with ``env=unoptimised_env()`` (jax reads
+# JAX_DISABLE_MOST_OPTIMIZATIONS at import). The main training command (test_cli's SIGTERM
+# test) and the FLUID study keep the default level, as a user's command runs.
+
+
+def unoptimised_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a command that compiles at -O0 (the default level with
+    CFSL_TEST_FULL_OPT=1), plus ``extra``."""
+    return {**os.environ, "JAX_DISABLE_MOST_OPTIMIZATIONS": "1" if UNOPTIMISED else "0",
+            **extra}
 
 
 @pytest.fixture

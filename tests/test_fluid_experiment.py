@@ -12,6 +12,7 @@ import pytest
 from cfsl_jax import data, fluid
 from cfsl_jax.fluid.experiment import alphabet_pretrain_mask
 from cfsl_jax.runtime.errors import UserError
+from conftest import unoptimised_env
 from launch_inprocess import command_module, run_in_process
 from test_cli import assert_error
 
@@ -27,7 +28,7 @@ def test_cli_writes_results_table_and_plot_and_extends_a_finished_run(tmp_path):
                "--dataset_option=num_classes=20", "--dataset_option=samples_per_class=30",
                "--dataset_option=image_size=16",
                "--method_option=exemplar_tuning:learning_rate=0.002"]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env = unoptimised_env(JAX_PLATFORMS="cpu")  # files, counts and refusals: any level
 
     def fluid(*extra):
         return subprocess.run(command + list(extra), cwd=REPO, env=env, capture_output=True,

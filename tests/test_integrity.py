@@ -24,6 +24,7 @@ from cfsl_jax.runtime import checksums, disk, locks
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training import loop, train, tracking
 from cfsl_jax.training.config import TrainConfig
+from conftest import unoptimised_env
 from launch_inprocess import command_module, run_in_process
 
 CONFIG = TrainConfig(
@@ -319,7 +320,8 @@ def test_sweep_workers_end_when_the_sweep_process_is_killed(tmp_path):
             f"config = TrainConfig(**{long.to_json()!r})\n"
             f"sweep.run_sweep([config], {str(tmp_path)!r}, workers=1)")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+                              stderr=subprocess.STDOUT, text=True,
+                              env=unoptimised_env())  # its worker compiles at -O0 too
     try:
         for line in parent.stdout:  # the worker trains
             if "[train]" in line and "step" in line:

@@ -16,6 +16,7 @@ from cfsl_jax.runtime import seeding
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training import loop, packing, results, runs, steps, train
 from cfsl_jax.training.config import TrainConfig
+from conftest import TEST_PRECISION, unoptimised_env
 
 CONFIG = TrainConfig(
     learner="protonets", learner_options={"filters": 8}, dataset="synthetic",
@@ -97,12 +98,21 @@ def test_steps_per_dispatch_scan_the_one_step_loop(built):
 
 PACKED = TrainConfig(**{**CONFIG.to_json(), "epochs": 2, "iters_per_epoch": 4, "log_every": 2,
                         "checkpoint_every": 2})
+PACK_SEEDS = (0, 1)
 
 
-def test_a_packed_run_is_an_ordinary_run_with_the_solo_runs_tasks_and_numbers(tmp_path):
-    seeds = (0, 1)
-    dirs = [str(tmp_path / f"pack/seed{s}") for s in seeds]
-    packed = packing.train_pack(PACKED, seeds, dirs, steps_per_dispatch=2)
+@pytest.fixture(scope="module")
+def uninterrupted_pack(tmp_path_factory):
+    """(results, workdirs) of PACKED's pack of seeds 0 and 1, never stopped: the numbers the
+    solo runs and every stopped-and-resumed pack (in this process or a command's) must give."""
+    dirs = [str(tmp_path_factory.mktemp("pack") / f"seed{s}") for s in PACK_SEEDS]
+    return packing.train_pack(PACKED, PACK_SEEDS, dirs, steps_per_dispatch=2), dirs
+
+
+def test_a_packed_run_is_an_ordinary_run_with_the_solo_runs_tasks_and_numbers(
+        uninterrupted_pack, tmp_path):
+    seeds = PACK_SEEDS
+    packed, dirs = uninterrupted_pack
     for seed, out, workdir in zip(seeds, packed, dirs):
         alone = train.train_and_evaluate(dataclasses.replace(PACKED, seed=seed),
                                          str(tmp_path / f"solo{seed}"))
@@ -194,15 +204,17 @@ PACK_FLAGS = ["--learner=protonets", "--learner_option=filters=8", "--dataset=sy
               "--steps_per_dispatch=2"]
 
 
-def start_pack(workdir: str, log=None):
-    """``launch.train`` of a 2-seed pack in ``workdir``, a subprocess (output merged, into the
-    file ``log`` or piped)."""
+def start_pack(workdir: str):
+    """``launch.train`` of PACKED's pack of seeds 0 and 1 in ``workdir``, a subprocess at -O0
+    and the suite's precision (the uninterrupted pack's settings), output merged and piped."""
     import subprocess
     import sys
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cache = jax.config.values["jax_compilation_cache_dir"]  # the programs this process compiled
     return subprocess.Popen([sys.executable, "-m", "launch.train", f"--workdir={workdir}",
-                             *PACK_FLAGS], cwd=repo, stdout=log or subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                             f"--precision={TEST_PRECISION}", f"--compilation_cache_dir={cache}",
+                             *PACK_FLAGS], cwd=repo, env=unoptimised_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def stop_pack(workdir: str, signum: int, nth: int) -> tuple[int, str]:
@@ -221,17 +233,16 @@ def stop_pack(workdir: str, signum: int, nth: int) -> tuple[int, str]:
     return process.wait(), "".join(lines)
 
 
-@pytest.mark.slow  # four launch.train commands, two at once (595 s at load 12 on 2 cores)
-def test_a_pack_stopped_by_sigterm_or_killed_resumes_exactly(tmp_path):
+@pytest.mark.slow  # three launch.train commands
+def test_a_pack_stopped_by_sigterm_or_killed_resumes_exactly(uninterrupted_pack, tmp_path):
     """SIGTERM at a random progress line of the pack's meta-training, then SIGKILL at another
     of its resumption: the pack, resumed again, ends with the uninterrupted pack's numbers
-    for every run, bit for bit (each command at the command line's compile settings)."""
+    for every run, bit for bit (the commands compile at -O0, as the uninterrupted pack did in
+    this process: a stop's exactness does not depend on the level)."""
     import random
     import signal
     rng = random.Random(28)
-    stopped, full = str(tmp_path / "stopped"), str(tmp_path / "full")
-    log = open(tmp_path / "full.log", "w")
-    uninterrupted = start_pack(full, log)  # alongside the stopped chain
+    stopped = str(tmp_path / "stopped")
     code, output = stop_pack(stopped, signal.SIGTERM, rng.randint(1, 2))
     assert code == 128 + signal.SIGTERM, output[-2000:]
     assert "re-run the same command to resume" in output, output[-2000:]
@@ -240,11 +251,9 @@ def test_a_pack_stopped_by_sigterm_or_killed_resumes_exactly(tmp_path):
     resumed = start_pack(stopped)
     output = resumed.communicate()[0]
     assert resumed.returncode == 0, output[-2000:]
-    assert uninterrupted.wait() == 0, (tmp_path / "full.log").read_text()[-2000:]
-    log.close()
-    for seed in (0, 1):
-        resumed, alone = (results.read_json(os.path.join(w, f"seed{seed}", "results.json"))
-                          for w in (stopped, full))
+    for seed, full in zip(PACK_SEEDS, uninterrupted_pack[1]):
+        resumed, alone = (results.read_json(os.path.join(w, "results.json"))
+                          for w in (os.path.join(stopped, f"seed{seed}"), full))
         assert resumed["task_fingerprint"] == alone["task_fingerprint"]
         assert {k: resumed["test"][k] for k in ("acc_mean", "acc_std", "ce_mean", "ce_std")} == {
             k: alone["test"][k] for k in ("acc_mean", "acc_std", "ce_mean", "ce_std")}
