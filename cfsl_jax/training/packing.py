@@ -24,17 +24,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cfsl_jax.runtime import memory, parallel, progress, seeding
+from cfsl_jax.runtime import memory, progress, seeding
 from cfsl_jax.runtime.errors import UserError
-from cfsl_jax.training import checkpoints, loop, pretrain, runs, steps, train
+from cfsl_jax.training import checkpoints, loop, pack_eval, pretrain, runs, steps, train
 from cfsl_jax.training.config import TrainConfig
-from cfsl_jax.training.evaluate import evaluate
+from cfsl_jax.training.pack_eval import SharedValidation, stack
 from cfsl_jax.training.tracking import Tracking
-
-
-def stack(trees: Sequence[Any]) -> Any:
-    """Trees of one structure stacked along a new leading (run) axis."""
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
 class RunView:
@@ -43,6 +38,7 @@ class RunView:
 
     def __init__(self, state: loop.TrainState, k: int):
         self._state, self._k, self.step = state, k, state.step
+        self.pack = state  # the whole pack's state (SharedValidation validates every run)
 
     @functools.cached_property
     def params(self) -> Any:
@@ -104,12 +100,14 @@ def train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequence[str
                steps_per_dispatch: int = 1, stop_after_steps: int | None = None
                ) -> list[dict[str, Any]]:
     """Train and test the runs ``config`` with ``seed`` in ``seeds`` into ``workdirs``, the
-    meta-training of the runs that stand at the same step packed; returns their results."""
+    meta-training of the runs that stand at the same step packed, then the test of those
+    done (``pack_eval.test_pack``); returns their results."""
     meta_train_pack(config, seeds, workdirs, steps_per_dispatch, stop_after_steps)
-    # each run: its (remaining) training alone, its test and results, as an ordinary run
-    return [train.train_and_evaluate(dataclasses.replace(config, seed=seed), workdir,
-                                     stop_after_steps)
-            for seed, workdir in zip(seeds, workdirs)]
+    configs = [dataclasses.replace(config, seed=seed) for seed in check_seeds(seeds)]
+    tested = pack_eval.test_pack(config, configs, workdirs)
+    # each run: its (remaining) training alone, its results (its test if not tested above)
+    return [train.train_and_evaluate(c, workdir, stop_after_steps, tested=tested.get(workdir))
+            for c, workdir in zip(configs, workdirs)]
 
 
 def meta_train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequence[str],
@@ -168,15 +166,8 @@ def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
             return loop.TrainState(params, opt_state), out
         return step_fn
 
-    def validate_for(c: TrainConfig):
-        def validate(epoch: int, state):
-            return evaluate(learner.at_epoch(epoch), state.params, splits["val"],
-                            num_tasks=c.val_tasks, seed=c.task_seed, purpose="val",
-                            batch_size=c.eval_batch, cost_metrics=False,
-                            mesh=parallel.make_mesh()), state.params
-        return validate
-
-    _run_pack(phase, group, initial, compile_step, validate_for, stop_after_steps)
+    validation = SharedValidation(learner.at_epoch, splits["val"], config)
+    _run_pack(phase, group, initial, compile_step, validation, stop_after_steps)
 
 
 def _pretrain_pack(learner, splits, group, stop_after_steps: int | None) -> None:
@@ -218,21 +209,14 @@ def _pretrain_pack(learner, splits, group, stop_after_steps: int | None) -> None
             return loop.TrainState(params, opt_state), out
         return step_fn
 
-    def validate_for(c: TrainConfig):
-        params = full[c.seed]
-
-        def validate(epoch: int, state):
-            current = {**params, "embed": state.params["embed"]}
-            return evaluate(learner, current, splits["val"], num_tasks=c.val_tasks,
-                            seed=c.task_seed, purpose="val", batch_size=c.eval_batch,
-                            cost_metrics=False, mesh=parallel.make_mesh()), current
-        return validate
-
-    _run_pack(phase, group, initial, compile_step, validate_for, stop_after_steps)
+    full_params = stack([full[c.seed] for c, _ in group])
+    validation = SharedValidation(lambda epoch: learner, splits["val"], config,
+                                  lambda epoch, params: {**full_params, "embed": params["embed"]})
+    _run_pack(phase, group, initial, compile_step, validation, stop_after_steps)
 
 
 def _run_pack(phase: loop.Phase, group, initial: Sequence[loop.TrainState], compile_step,
-              validate_for, stop_after_steps: int | None) -> None:
+              validation: SharedValidation, stop_after_steps: int | None) -> None:
     """``loop.run`` for the runs of ``group`` at once: each restored from its own checkpoints
     (all at one step), its own hooks on its row; ``compile_step(stacked state)`` gives the
     pack's step function."""
@@ -246,7 +230,7 @@ def _run_pack(phase: loop.Phase, group, initial: Sequence[loop.TrainState], comp
         restored_at.add(state.step)
         outputs.tracking.rewind(phase.name, state.step)  # records after the restored step: redone
         states.append(state)
-        members.append((outputs, _hooks(phase, state.step, outputs, validate_for(c), k)))
+        members.append((outputs, _hooks(phase, state.step, outputs, validation.for_run(k), k)))
     (start,) = restored_at
     if start:
         progress.say(f"[{phase.name}] resuming a pack of {len(group)} runs from step {start}")

@@ -1,0 +1,124 @@
+"""A pack's validation and test as one program on tasks sampled once (``pack_eval``): each run's
+records equal the run evaluated alone bit for bit, each run keeps its own outputs, and a pack
+stopped during its validation or its test resumes exactly."""
+
+import dataclasses
+import os
+import signal
+
+import jax
+import pytest
+
+from cfsl_jax.experiments.verify import match_detail, verify
+from cfsl_jax.runtime import stops
+from cfsl_jax.training import loop, pack_eval, packing, results, runs
+from cfsl_jax.training.config import TrainConfig
+from cfsl_jax.training.evaluate import evaluate
+
+CONFIG = TrainConfig(
+    learner="protonets", learner_options={"filters": 8}, dataset="synthetic",
+    dataset_options={"num_classes": 60, "samples_per_class": 8}, task="B2",
+    spec_overrides={"nc": 3, "kt": 2}, epochs=2, iters_per_epoch=2, meta_batch=2,
+    val_tasks=6, test_tasks=7, eval_batch=4, keep_best=2, log_every=2)
+SEEDS = (0, 1)
+COMPARED = ("acc_mean", "acc_std", "ce_mean", "ce_std", "group_acc", "task_fingerprint")
+
+
+def counting(monkeypatch, signal_at=None):
+    """``pack_eval.evaluate`` counted by purpose; with ``signal_at=(purpose, n)`` SIGTERM is
+    sent to this process as the n-th evaluation of that purpose starts."""
+    calls = []
+    real = pack_eval.evaluate
+
+    def evaluating(*args, **kwargs):
+        calls.append(kwargs["purpose"])
+        if signal_at == (kwargs["purpose"], calls.count(kwargs["purpose"])):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(pack_eval, "evaluate", evaluating)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    """An uninterrupted pack of two seeds: (workdirs, results, evaluations by purpose)."""
+    monkeypatch = pytest.MonkeyPatch()
+    calls = counting(monkeypatch)
+    dirs = [str(tmp_path_factory.mktemp("pack") / f"seed{s}") for s in SEEDS]
+    try:
+        out = packing.train_pack(CONFIG, SEEDS, dirs)
+    finally:
+        monkeypatch.undo()
+    return dirs, out, calls
+
+
+def test_the_runs_of_a_pack_are_evaluated_as_each_alone_bit_for_bit():
+    """``evaluate(runs=True)`` of two runs' params (and of two best-epoch ensembles): each run's
+    record equals its own evaluation alone, per task, bit for bit."""
+    learner, splits = runs.build(CONFIG)
+    members = [runs.init_params(learner, splits["train"], seed) for seed in (0, 1)]
+    for ensemble in (False, True):
+        params = ([pack_eval.stack([p, jax.tree.map(lambda x: 1.01 * x, p)]) for p in members]
+                  if ensemble else members)
+        together = evaluate(learner, pack_eval.stack(params), splits["test"], num_tasks=7,
+                            batch_size=4, ensemble=ensemble, per_task=True, runs=True,
+                            cost_metrics=False)
+        assert len(together) == 2
+        for run_params, mine in zip(params, together):
+            alone = evaluate(learner, run_params, splits["test"], num_tasks=7, batch_size=4,
+                             ensemble=ensemble, per_task=True, cost_metrics=False)
+            for name in (*COMPARED, "per_task"):
+                assert mine[name] == alone[name], (ensemble, name)
+        assert together[0]["ce_mean"] != together[1]["ce_mean"]
+
+
+def test_a_pack_validates_and_tests_once_and_each_run_verifies(packed):
+    """One validation per epoch and one test for the pack, not one per run; each run's own
+    val_history.json and results.json; launch.verify's lone re-test is bit-equal."""
+    dirs, out, calls = packed
+    assert calls == ["val"] * CONFIG.epochs + ["test"]
+    for workdir, run in zip(dirs, out):
+        history = results.read_json(os.path.join(workdir, "val_history.json"))
+        assert [h["epoch"] for h in history] == list(range(CONFIG.epochs))
+        assert run["best_epochs"] and run["test"]["num_tasks"] == CONFIG.test_tasks
+        assert verify(workdir) == []  # MATCH
+    assert "bit-equal (tolerance 0" in match_detail(metrics=True)
+    assert out[0]["test"]["ce_mean"] != out[1]["test"]["ce_mean"]
+
+
+@pytest.mark.parametrize("moment", [("val", 2), ("test", 1)])
+def test_a_pack_stopped_during_its_validation_or_test_resumes_exactly(
+        packed, moment, monkeypatch, tmp_path):
+    """SIGTERM as the pack's 2nd validation or its test starts: the command stops with the
+    line saying how to resume; re-run, every run ends with the uninterrupted pack's numbers,
+    validation history and best epochs, bit for bit."""
+    dirs, out, _ = packed
+    again = [str(tmp_path / f"seed{s}") for s in SEEDS]
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    counting(monkeypatch, signal_at=moment)
+    try:
+        with pytest.raises(loop.Stopped) as stopped:
+            packing.train_pack(CONFIG, SEEDS, again)
+    finally:
+        stops.clear()
+        signal.signal(signal.SIGTERM, previous)
+    monkeypatch.undo()
+    assert stopped.value.exit_status == 128 + signal.SIGTERM
+    assert ("during the pack's test" if moment[0] == "test" else "at step") in str(stopped.value)
+    assert not any(os.path.exists(os.path.join(w, "results.json")) for w in again)
+    resumed = packing.train_pack(CONFIG, SEEDS, again)
+    for first, second, a, b in zip(out, resumed, dirs, again):
+        assert {k: first["test"][k] for k in COMPARED} == {k: second["test"][k] for k in COMPARED}
+        assert first["best_epochs"] == second["best_epochs"]
+        assert results.read_json(os.path.join(a, "val_history.json")) == results.read_json(
+            os.path.join(b, "val_history.json"))
+
+
+def test_a_pack_with_a_run_left_to_test_alone_tests_the_others_together(packed, tmp_path):
+    """Only runs whose training and validation are complete are tested together; a run
+    already finished is not tested again."""
+    dirs, _, _ = packed
+    configs = [dataclasses.replace(CONFIG, seed=s) for s in SEEDS]
+    assert all(not pack_eval.ready_to_test(c, w) for c, w in zip(configs, dirs))  # finished
+    assert pack_eval.test_pack(CONFIG, configs, dirs) == {}
