@@ -122,3 +122,32 @@ def test_a_pack_with_a_run_left_to_test_alone_tests_the_others_together(packed, 
     configs = [dataclasses.replace(CONFIG, seed=s) for s in SEEDS]
     assert all(not pack_eval.ready_to_test(c, w) for c, w in zip(configs, dirs))  # finished
     assert pack_eval.test_pack(CONFIG, configs, dirs) == {}
+
+
+def test_pack_auto_shrinks_to_the_largest_pack_that_fits(monkeypatch, tmp_path, capsys):
+    """A device that holds two runs (faked: 4 GiB a run, 10 GiB): --pack=auto's pack of three
+    trains as a pack of two and the third run is left to train alone; an explicit pack of
+    three is refused with the line naming --pack=2."""
+    from types import SimpleNamespace
+    from cfsl_jax.runtime import memory
+    real = packing.check_pack_fits
+
+    def fake(compiled, size, name):
+        analysis = SimpleNamespace(temp_size_in_bytes=3 * size * memory.GIB,
+                                   output_size_in_bytes=0, alias_size_in_bytes=0,
+                                   argument_size_in_bytes=size * memory.GIB)
+        real(SimpleNamespace(memory_analysis=lambda: analysis), size, name)
+    monkeypatch.setattr(packing, "check_pack_fits", fake)
+    monkeypatch.setattr(memory, "device_limit", lambda device: (10 * memory.GIB, True))
+    config = dataclasses.replace(CONFIG, epochs=1)
+    dirs = [str(tmp_path / f"seed{s}") for s in (0, 1, 2)]
+    with pytest.raises(packing.PackTooLarge, match=r"--pack=3 is too many: at most --pack=2"):
+        packing.meta_train_pack(config, (0, 1, 2), dirs)
+    capsys.readouterr()
+    packing.meta_train_pack(config, (0, 1, 2), dirs, shrink=True)
+    out = capsys.readouterr().out
+    assert ("--pack=auto: a pack of 3 protonets runs does not fit the device's memory" in out
+            and "packs of 2 instead" in out), out
+    assert "compiling a pack of 2 protonets" in out
+    assert [pack_eval.ready_to_test(dataclasses.replace(config, seed=s), w)
+            for s, w in zip((0, 1, 2), dirs)] == [True, True, False]

@@ -111,10 +111,13 @@ def train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequence[str
 
 
 def meta_train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequence[str],
-                    steps_per_dispatch: int = 1, stop_after_steps: int | None = None) -> None:
+                    steps_per_dispatch: int = 1, stop_after_steps: int | None = None,
+                    shrink: bool = False) -> None:
     """The packed part of ``train_pack``: meta-train (or pretrain on tasks: Pretrain+Tune,
     EWC-Pretrain) the unfinished runs that stand at the same step as packs (a learner that
-    trains nothing or pretrains uniformly, or a lone run: nothing)."""
+    trains nothing or pretrains uniformly, or a lone run: nothing). A pack that does not fit
+    the device's memory is refused (``PackTooLarge``), or with ``shrink`` (``--pack=auto``)
+    split into packs of the largest size that fits, said in a line."""
     seeds = check_seeds(seeds)
     check_steps_per_dispatch(config, steps_per_dispatch)
     configs = [dataclasses.replace(config, seed=seed) for seed in seeds]
@@ -132,12 +135,30 @@ def meta_train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequenc
         by_step[latest.latest.latest_step() or 0].append((c, w))
         latest.close()
     for group in by_step.values():
-        if len(group) < 2:
-            continue
+        _train_group(learner, splits, group, steps_per_dispatch, stop_after_steps, shrink)
+
+
+def _train_group(learner, splits, group, steps_per_dispatch: int,
+                 stop_after_steps: int | None, shrink: bool) -> None:
+    """The runs of ``group`` (at one step) trained as a pack; with ``shrink``, a pack that
+    does not fit as packs of the largest size that does (size 1: each run alone, later)."""
+    if len(group) < 2:
+        return
+    try:
         if learner.recipe.training == "meta":
             _meta_train_pack(learner, splits, group, steps_per_dispatch, stop_after_steps)
         else:
             _pretrain_pack(learner, splits, group, stop_after_steps)
+    except PackTooLarge as error:
+        if not shrink:
+            raise
+        size = max(1, error.fits)
+        progress.say(f"--pack=auto: a pack of {len(group)} {learner.name} runs does not fit the "
+                     f"device's memory (XLA's estimate: {error}); "
+                     + (f"packs of {size} instead" if size > 1 else "each run trains alone"))
+        for i in range(0, len(group), size):
+            _train_group(learner, splits, group[i:i + size], steps_per_dispatch,
+                         stop_after_steps, shrink)
 
 
 def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
@@ -258,17 +279,29 @@ def largest_fitting(need: int, limit: int, size: int) -> int:
     return max(0, int(limit // max(1, -(-need // size))))
 
 
+class PackTooLarge(UserError):
+    """A pack that does not fit the device's memory; ``fits``: the most runs that do."""
+
+    def __init__(self, message: str, fits: int):
+        super().__init__(message)
+        self.fits = fits
+
+
 def check_pack_fits(compiled, size: int, learner_name: str) -> None:
-    """UserError (one line naming --pack and the largest pack that fits) when the compiled
-    pack cannot fit the device's memory (``memory.check_fits``'s estimate), before it runs."""
+    """PackTooLarge (a UserError: one line naming --pack and the largest pack that fits) when
+    the compiled pack cannot fit the device's memory (``memory.check_fits``'s estimate),
+    before it runs."""
     limit, with_arguments = memory.device_limit(jax.local_devices()[0])
     need = memory.needed_bytes(compiled, with_arguments)
     if limit is None or need is None or need <= limit:
         return
     fits = largest_fitting(need, limit, size)
-    memory.check_fits(compiled, f"a pack of {size} {learner_name} runs",
-                      f"--pack={size} is too many: at most --pack={fits} fits (XLA's estimate)"
-                      if fits else "even one run of it does not fit")
+    try:
+        memory.check_fits(compiled, f"a pack of {size} {learner_name} runs",
+                          f"--pack={size} is too many: at most --pack={fits} fits (XLA's "
+                          f"estimate)" if fits else "even one run of it does not fit")
+    except UserError as error:
+        raise PackTooLarge(str(error), fits) from None
 
 
 def _hooks(phase: loop.Phase, start: int, outputs: loop.Outputs, validate, k: int
@@ -279,5 +312,5 @@ def _hooks(phase: loop.Phase, start: int, outputs: loop.Outputs, validate, k: in
             loop.Validation(phase, start, outputs, validate, metrics)]
 
 
-__all__ = ["RunView", "check_pack_fits", "check_seeds", "check_steps_per_dispatch",
+__all__ = ["PackTooLarge", "RunView", "check_pack_fits", "check_seeds", "check_steps_per_dispatch",
            "largest_fitting", "meta_train_pack", "stack", "train_pack"]
