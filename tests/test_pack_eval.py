@@ -151,3 +151,58 @@ def test_pack_auto_shrinks_to_the_largest_pack_that_fits(monkeypatch, tmp_path, 
     assert "compiling a pack of 2 protonets" in out
     assert [pack_eval.ready_to_test(dataclasses.replace(config, seed=s), w)
             for s, w in zip((0, 1, 2), dirs)] == [True, True, False]
+
+
+PRETRAIN_FLAGS = ["--learner=pretrain_tune", "--learner_option=filters=8",
+                  "--learner_option=inner_steps=1", "--dataset=synthetic",
+                  "--dataset_option=num_classes=40", "--dataset_option=samples_per_class=6",
+                  "--dataset_option=image_size=16", "--task=B2", "--nc=2", "--kt=1",
+                  "--epochs=2", "--iters_per_epoch=3", "--meta_batch=2", "--val_tasks=4",
+                  "--test_tasks=5", "--eval_batch=4", "--keep_best=2", "--log_every=1",
+                  "--checkpoint_every=1", "--seeds=0,1"]
+
+
+def launch_pack(workdir: str, log=None):
+    """``launch.train`` of the Pretrain+Tune pack of two seeds into ``workdir``, a subprocess
+    (output merged, into the file ``log`` or piped)."""
+    import subprocess
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.Popen([sys.executable, "-m", "launch.train", f"--workdir={workdir}",
+                             *PRETRAIN_FLAGS], cwd=repo, stdout=log or subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.slow  # three launch.train commands, two at once
+def test_a_pretraining_pack_stopped_by_sigterm_resumes_exactly(tmp_path):
+    """SIGTERM at a seeded random progress line of a Pretrain+Tune pack's pretraining (a real
+    signal at the command's own timing): the command stops saying how to resume; re-run, both
+    runs end with the uninterrupted pack's numbers, bit for bit."""
+    import random
+    import re
+    rng = random.Random(4)
+    stopped, full = str(tmp_path / "stopped"), str(tmp_path / "full")
+    log = open(tmp_path / "full.log", "w")
+    uninterrupted = launch_pack(full, log)
+    process, lines, seen, nth = launch_pack(stopped), [], 0, rng.randint(1, 5)
+    for line in process.stdout:
+        lines.append(line)
+        if re.match(r"\[pretrain\] [1-9]\d*/\d+ steps \(", line):
+            seen += 1
+            if seen == nth:
+                process.send_signal(signal.SIGTERM)
+    output = "".join(lines)
+    assert process.wait() == 128 + signal.SIGTERM, output[-2000:]
+    assert "interrupted by SIGTERM" in output and "re-run the same command to resume" in output
+    assert not os.path.exists(os.path.join(stopped, "seed0", "results.json"))
+    resumed = launch_pack(stopped)
+    output = resumed.communicate()[0]
+    assert resumed.returncode == 0, output[-2000:]
+    assert "resuming a pack of 2 runs" in output, output[-2000:]
+    assert uninterrupted.wait() == 0, (tmp_path / "full.log").read_text()[-2000:]
+    log.close()
+    for seed in SEEDS:
+        mine, theirs = (results.read_json(os.path.join(w, f"seed{seed}", "results.json"))
+                        for w in (stopped, full))
+        assert {k: mine["test"][k] for k in COMPARED} == {k: theirs["test"][k] for k in COMPARED}
+        assert mine["best_epochs"] == theirs["best_epochs"]
