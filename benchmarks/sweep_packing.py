@@ -53,19 +53,23 @@ def sweep(workdir: str, pack: int) -> float:
     return time.perf_counter() - started
 
 
-DONE = re.compile(r"\[(train|val|test|pretrain)\] (compiling)?.*done in ([\d.]+)s")
+DONE = re.compile(r"^(?:pack of (\d+): )?.*\[(train|val|test|pretrain)\] (compiling)?.*"
+                  r"done in (?:(\d+)m)?([\d.]+)s")
 
 
 def breakdown(log_path: str, total: float) -> dict[str, float]:
-    """Seconds by stage from a sweep's progress lines ("... done in Xs"): compile, train,
-    val, test; ``other`` (start-up, data, building, checkpoints) is the rest of ``total``."""
+    """Seconds by stage from a sweep's progress lines ("... done in [Xm]Ys"): compile, train,
+    val, test; ``other`` (start-up, data, building, checkpoints, MACs) is the rest of ``total``.
+    A pack's K runs each print a bar for the same training epoch: each counts 1/K."""
     spent = dict.fromkeys(("compile", "train", "val", "test"), 0.0)
     with open(log_path) as log:
         for line in log:
             match = DONE.search(line)
             if match:
-                stage = "compile" if match[2] else match[1].replace("pretrain", "train")
-                spent[stage] += float(match[3])
+                pack, stage, compiling, minutes, seconds = match.groups()
+                stage = "compile" if compiling else stage.replace("pretrain", "train")
+                share = 1 / int(pack) if pack and stage == "train" else 1
+                spent[stage] += share * (60 * int(minutes or 0) + float(seconds))
     spent["other"] = total - sum(spent.values())
     return {k: round(v, 1) for k, v in spent.items()}
 
