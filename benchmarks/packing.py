@@ -10,7 +10,11 @@ run (``--meta_batch``). ``tasks_per_s_per_run`` = S * meta_batch / (median secon
 ``tasks_per_s_pack`` = K * ``tasks_per_s_per_run`` (the pack's aggregate) and ``pack_ratio`` is
 that over the same row: on a compute-bound CPU a pack cannot beat solo per run, its target is
 ``pack_ratio`` >= 1 (one compile, one start-up, shared evaluation), on an accelerator more.
-A readable line per row on stderr, one JSON line per row on stdout.
+A readable line per row on stderr, one JSON line per row on stdout. Each row also carries XLA's
+memory analysis (``memory.needed_bytes``, arguments included) of the compiled step program
+(``step_bytes``) and of the pack's evaluation program on ``--eval_tasks`` validation tasks
+sampled once (``eval_bytes``: ``evaluate(runs=True)``), for issue 28's memory target: a pack of
+K within K x solo's plus the shared evaluation tasks.
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from cfsl_jax.runtime import backend, seeding
-from cfsl_jax.training import runs, steps
+from cfsl_jax.runtime import backend, memory, parallel, seeding
+from cfsl_jax.training import evaluate, runs, steps
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.train import make_optimizer
 
@@ -38,6 +42,8 @@ _DISPATCH = flags.DEFINE_list("steps_per_dispatch", ["1", "10"], "Steps per call
 _CALLS = flags.DEFINE_integer("calls", 3, "Timed calls per row (after one warm-up call).")
 _META_BATCH = flags.DEFINE_integer("meta_batch", 1, "Tasks per step per run.")
 _OPTION = flags.DEFINE_multi_string("learner_option", [], "NAME=VALUE for every learner.")
+_EVAL_TASKS = flags.DEFINE_integer("eval_tasks", 50, "Tasks of the evaluation program whose "
+                                   "memory is reported (eval_bytes).")
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,6 +68,7 @@ def measure(learner_name: str, cell: str, packs: int, count: int) -> dict:
         opt_state, key = jax.vmap(optimizer.init)(params), jnp.stack(keys)
     else:
         params, opt_state, key = params[0], optimizer.init(params[0]), keys[0]
+    eval_bytes = evaluation_bytes(learner, splits["val"], params, packs > 1)
     multi = steps.make_steps(learner, optimizer, config.meta_batch, count, runs=packs > 1)
     progress = jnp.zeros((count,), jnp.float32)
     started = time.perf_counter()
@@ -78,8 +85,20 @@ def measure(learner_name: str, cell: str, packs: int, count: int) -> dict:
     return {"learner": learner_name, "cell": cell, "pack": packs, "steps_per_dispatch": count,
             "meta_batch": config.meta_batch, "s_per_call": per_call, "compile_s": compile_s,
             "tasks_per_s_per_run": count * config.meta_batch / per_call,
+            "step_bytes": memory.needed_bytes(compiled, True), "eval_bytes": eval_bytes,
             "backend": jax.default_backend(), "device": backend.device_kind()
             if hasattr(backend, "device_kind") else jax.devices()[0].device_kind}
+
+
+def evaluation_bytes(learner, split, params, packed: bool) -> int | None:
+    """XLA's estimate of the bytes of the evaluation program (``--eval_tasks`` tasks at once)
+    for ``params`` (a pack's, run axis first, with ``packed``)."""
+    mesh = parallel.make_mesh()
+    keys = parallel.global_array(np.asarray(jax.random.key_data(
+        evaluate.task_keys(0, "val", _EVAL_TASKS.value))), mesh)
+    compiled = evaluate._evaluate_chunk.lower(learner.evaluated, params, split, keys, False, mesh,
+                                              packed).compile()
+    return memory.needed_bytes(compiled, True)
 
 
 def main(argv):
@@ -97,7 +116,9 @@ def main(argv):
                     print(f"{learner} {cell} K={packs} S={count}: "
                           f"{row['tasks_per_s_per_run']:.2f} tasks/s per run "
                           f"(x{row['ratio']:.2f}), {row['tasks_per_s_pack']:.2f} per pack "
-                          f"(x{row['pack_ratio']:.2f}), compile {row['compile_s']:.1f} s",
+                          f"(x{row['pack_ratio']:.2f}), compile {row['compile_s']:.1f} s, "
+                          f"memory: step {row['step_bytes'] / 2**20:.1f} MiB, evaluation "
+                          f"{row['eval_bytes'] / 2**20:.1f} MiB",
                           file=sys.stderr, flush=True)
                     print(json.dumps(row), flush=True)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -39,16 +40,38 @@ _KEEP = flags.DEFINE_string("keep", None, "Keep the two sweep folders here (defa
 
 
 def sweep(workdir: str, pack: int) -> float:
-    """Seconds of one ``launch.sweep`` into ``workdir``."""
+    """Seconds of one ``launch.sweep`` into ``workdir`` (its output in ``workdir + '.log'``)."""
     command = [sys.executable, "-m", "launch.sweep", f"--workdir={workdir}",
                f"--learners={_LEARNER.value}", f"--cells={_CELL.value}",
                f"--seeds={','.join(_SEEDS.value)}", f"--pack={pack}", "--workers=1",
                "--report=false", *_SCHEDULE.value, *_EXTRA.value]
     print(f"[sweep_packing] --pack={pack}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
     started = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL,
-                   cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(workdir + ".log", "w") as log:
+        subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return time.perf_counter() - started
+
+
+DONE = re.compile(r"^(?:pack of (\d+): )?.*\[(train|val|test|pretrain)\] (compiling)?.*"
+                  r"done in (?:(\d+)m)?([\d.]+)s")
+
+
+def breakdown(log_path: str, total: float) -> dict[str, float]:
+    """Seconds by stage from a sweep's progress lines ("... done in [Xm]Ys"): compile, train,
+    val, test; ``other`` (start-up, data, building, checkpoints, MACs) is the rest of ``total``.
+    A pack's K runs each print a bar for the same training epoch: each counts 1/K."""
+    spent = dict.fromkeys(("compile", "train", "val", "test"), 0.0)
+    with open(log_path) as log:
+        for line in log:
+            match = DONE.search(line)
+            if match:
+                pack, stage, compiling, minutes, seconds = match.groups()
+                stage = "compile" if compiling else stage.replace("pretrain", "train")
+                share = 1 / int(pack) if pack and stage == "train" else 1
+                spent[stage] += share * (60 * int(minutes or 0) + float(seconds))
+    spent["other"] = total - sum(spent.values())
+    return {k: round(v, 1) for k, v in spent.items()}
 
 
 def results(workdir: str) -> dict[str, dict]:
@@ -69,6 +92,11 @@ def main(argv) -> None:
         solo_s = sweep(solo_dir, 1)
         pack_s = sweep(pack_dir, _PACK.value)
         solo, packed = results(solo_dir), results(pack_dir)
+        stages = {"solo": breakdown(solo_dir + ".log", solo_s),
+                  "packed": breakdown(pack_dir + ".log", pack_s)}
+    for name, spent in stages.items():
+        print(f"{name}: " + ", ".join(f"{k} {v:.0f} s" for k, v in spent.items()),
+              file=sys.stderr)
     runs = []
     for seed in sorted(solo):
         a, b = solo[seed]["test"], packed[seed]["test"]
@@ -86,6 +114,7 @@ def main(argv) -> None:
     print(json.dumps({"learner": _LEARNER.value, "cell": _CELL.value, "seeds": _SEEDS.value,
                       "pack": _PACK.value, "schedule": _SCHEDULE.value, "extra": _EXTRA.value,
                       "solo_s": solo_s, "packed_s": pack_s, "ratio": ratio, "runs": runs,
+                      "stages": stages,
                       "load_average": os.getloadavg()}))
 
 

@@ -188,7 +188,7 @@ def main(argv) -> None:
         print(f"skipping learner {name}: it does not build ({reason})")
     if FLAGS.pack == "auto":
         print(f"--pack=auto: packs of up to {pack_size()} runs (every seed of a group; a pack "
-              f"that does not fit the device's memory is refused naming the largest that does)")
+              f"that does not fit the device's memory shrinks to the largest that does)")
     if FLAGS.dry_run:
         planned = sweep_plan.plan(configs, FLAGS.workdir, check=True)
         for run, state, detail in planned:
@@ -214,7 +214,7 @@ def main(argv) -> None:
     try:
         with locks.held(*sweep_lock(FLAGS.workdir, shard)):
             outcomes = sweep.run_sweep(configs, FLAGS.workdir, workers=FLAGS.workers,
-                                       pack=pack_size())
+                                       pack=pack_size(), shrink=FLAGS.pack == "auto")
     except KeyboardInterrupt:
         cli.write_flagfile(FLAGS.workdir)
         raise

@@ -57,7 +57,7 @@ import jax
 
 from cfsl_jax import data
 from cfsl_jax.runtime import backend, files, locks, orphans, progress, stops
-from cfsl_jax.training import packing, train
+from cfsl_jax.training import pack_eval, packing, train
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.experiments.sweep_plan import Outcome, Run, count, pack_groups, plan, summary
@@ -140,8 +140,9 @@ def prepare_data(config_json: dict) -> str:
     return ""
 
 
-def execute(config_json: dict, workdir: str) -> tuple[str, float, str]:
-    """Run one config to the end (resuming it); returns (status, seconds, detail).
+def execute(config_json: dict, workdir: str, tested=None) -> tuple[str, float, str]:
+    """Run one config to the end (resuming it); returns (status, seconds, detail). ``tested``:
+    its test record from its pack's test (``pack_eval.test_pack``).
 
     Never raises: a failure is returned (and written to ``<workdir>/error.log``)."""
     started = time.perf_counter()
@@ -151,7 +152,7 @@ def execute(config_json: dict, workdir: str) -> tuple[str, float, str]:
     try:
         _busy.set()
         with progress.prefixed(prefix):
-            out = train.train_and_evaluate(TrainConfig(**config_json), workdir)
+            out = train.train_and_evaluate(TrainConfig(**config_json), workdir, tested=tested)
     except locks.Busy as error:  # claimed by another sweep, shard or requeued task
         return "busy", time.perf_counter() - started, f"not run: {error}"
     except KeyboardInterrupt as error:
@@ -168,22 +169,28 @@ def execute(config_json: dict, workdir: str) -> tuple[str, float, str]:
     return "finished", time.perf_counter() - started, f"test acc {out['test']['acc_mean']:.4f}"
 
 
-def execute_pack(config_jsons: list[dict], workdirs: list[str]) -> list[tuple[str, float, str]]:
+def execute_pack(config_jsons: list[dict], workdirs: list[str], shrink: bool = False
+                 ) -> list[tuple[str, float, str]]:
     """``execute`` for each run of a pack (runs of one config but their seeds), their
-    meta-training first packed (``packing.meta_train_pack``); a pack that fails leaves each run
-    to train alone, where its error is reported."""
+    meta-training first packed (``packing.meta_train_pack``), then their test
+    (``pack_eval.test_pack``); a pack that fails leaves each run to train alone, where its
+    error is reported. ``shrink`` (``--pack=auto``): a pack too large for the device's memory
+    trains as packs of the largest size that fits."""
     if len(workdirs) == 1:
         return [execute(config_jsons[0], workdirs[0])]
-    started = time.perf_counter()
+    started, tested = time.perf_counter(), {}
     try:
         with progress.prefixed(f"pack of {len(workdirs)}: "):
             packing.meta_train_pack(TrainConfig(**config_jsons[0]),
-                                    [c["seed"] for c in config_jsons], workdirs)
+                                    [c["seed"] for c in config_jsons], workdirs,
+                                    shrink=shrink)
+            tested = pack_eval.test_pack(TrainConfig(**config_jsons[0]),
+                                         [TrainConfig(**c) for c in config_jsons], workdirs)
     except KeyboardInterrupt as error:
         return [("interrupted", time.perf_counter() - started, str(error))] * len(workdirs)
     except Exception:  # noqa: BLE001  (each run alone says what is wrong)
         pass
-    return [execute(c, w) for c, w in zip(config_jsons, workdirs)]
+    return [execute(c, w, tested.get(w)) for c, w in zip(config_jsons, workdirs)]
 
 
 def worker_jax_options(sweep_dir: str) -> dict[str, Any]:
@@ -198,14 +205,16 @@ def worker_jax_options(sweep_dir: str) -> dict[str, Any]:
 
 def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | None = None,
               jax_options: Mapping[str, Any] | None = None,
-              log: Callable[[str], None] = print, pack: int = 1) -> list[Outcome]:
+              log: Callable[[str], None] = print, pack: int = 1,
+              shrink: bool = False) -> list[Outcome]:
     """Run every run of ``configs`` that is not done; returns one Outcome per run (in the
     order of ``configs``).
 
     ``jax_options`` (``jax.config`` names -> values) are applied in every worker
     process after the ones inherited from this process (``INHERITED_JAX_OPTIONS``);
     with ``workers=0`` the runs use this process's configuration as it is. ``pack``: the runs
-    that differ only in their seeds meta-train in packs of at most ``pack`` (``packs``).
+    that differ only in their seeds meta-train in packs of at most ``pack`` (``packs``);
+    ``shrink``: a pack too large for the device's memory shrinks (``execute_pack``).
     """
     if workers is not None and workers < 0:
         raise ValueError(f"workers must be >= 0 (0: in this process), got {workers}")
@@ -245,7 +254,7 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
     groups = packs(todo, pack)
     if todo and workers == 0:
         for group in groups:
-            for run, result in zip(group, execute_pack(*_pack_args(group))):
+            for run, result in zip(group, execute_pack(*_pack_args(group), shrink)):
                 record(run, result)
                 if result[0] == "interrupted":
                     raise stopped()
@@ -272,7 +281,8 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
                 error = pool.submit(prepare_data, config.to_json()).result()
                 if error:
                     log(f"[sweep] preparing {config.dataset} failed: {error}")
-            futures = {pool.submit(execute_pack, *_pack_args(group)): group for group in groups}
+            futures = {pool.submit(execute_pack, *_pack_args(group), shrink): group
+                       for group in groups}
             for future in concurrent.futures.as_completed(futures):
                 group = futures[future]
                 try:

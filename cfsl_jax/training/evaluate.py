@@ -92,9 +92,9 @@ def tasks_in_flight(spec: TaskSpec, image_shape: tuple[int, ...]) -> int:
     return max(1, PIXELS_IN_FLIGHT // pixels)
 
 
-@functools.partial(jax.jit, static_argnames=("learner", "ensemble", "mesh"))
+@functools.partial(jax.jit, static_argnames=("learner", "ensemble", "mesh", "runs"))
 def _evaluate_chunk(learner: Learner, params: Any, split: data.Split, key_data: jax.Array,
-                    ensemble: bool, mesh: Mesh) -> dict[str, jax.Array]:
+                    ensemble: bool, mesh: Mesh, runs: bool = False) -> dict[str, jax.Array]:
     spec = learner.spec
     keys = jax.random.wrap_key_data(key_data)
     tasks = jax.vmap(lambda k: sample_task(k, split.class_table, split.class_sizes, spec))(keys)
@@ -106,24 +106,29 @@ def _evaluate_chunk(learner: Learner, params: Any, split: data.Split, key_data: 
         return episode.run_tasks(learner, member_params, support_x, tasks.support_labels,
                                  target_x, run_keys, mesh)
 
-    if ensemble:
-        logits = jax.lax.map(logits_of, params).mean(axis=0)
-    else:
-        logits = logits_of(params)
-    return {
-        **{name: getattr(tasks, name) for name in FINGERPRINTED},  # for task_fingerprint
-        "acc": metrics.accuracy(logits, tasks.target_labels),
-        "ce": metrics.cross_entropy(logits, tasks.target_labels),
-        "group_acc": metrics.group_accuracy(logits, tasks.target_labels, tasks.target_group,
-                                            spec.num_groups),
-    }
+    def outcome(run_params):
+        if ensemble:
+            logits = jax.lax.map(logits_of, run_params).mean(axis=0)
+        else:
+            logits = logits_of(run_params)
+        return {
+            "acc": metrics.accuracy(logits, tasks.target_labels),
+            "ce": metrics.cross_entropy(logits, tasks.target_labels),
+            "group_acc": metrics.group_accuracy(logits, tasks.target_labels,
+                                                tasks.target_group, spec.num_groups),
+        }
+
+    # runs: a pack's runs one after another on the tasks sampled once (each run's program as
+    # alone, so its numbers are the lone run's; pack_eval.evaluate_runs)
+    return {**{name: getattr(tasks, name) for name in FINGERPRINTED},  # for task_fingerprint
+            **(jax.lax.map(outcome, params) if runs else outcome(params))}
 
 
 def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | None = None,
              num_tasks: int = 600, seed: int = 0, purpose: str = "test",
              batch_size: int = 50, ensemble: bool = False,
              cost_metrics: bool = True, mesh: Mesh | None = None,
-             per_task: bool = False) -> EvalRecord:
+             per_task: bool = False, runs: bool = False) -> EvalRecord | list[EvalRecord]:
     """Evaluate ``learner`` on ``num_tasks`` tasks of ``split``, over ``mesh`` (default: all).
 
     Returns an ``EvalRecord``: acc_mean/std/ci95, ce_mean/std/ci95, group_acc
@@ -133,7 +138,10 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
     ``per_task``: each task's ``acc`` and ``ce`` in task order (for paired
     comparisons of two learners on the same tasks). ``batch_size`` is tasks per
     device per program. The learner run is
-    ``learner.evaluated`` (``Learner.evaluation`` where it has one).
+    ``learner.evaluated`` (``Learner.evaluation`` where it has one). With ``runs=True``,
+    ``params`` carry a leading run axis (a pack's runs, each an ensemble with ``ensemble``):
+    the tasks are sampled once and each run is evaluated on them in turn in the same program;
+    returns one record per run (``seconds`` the pack's; costs from run 0: shapes only).
     """
     learner = learner.evaluated  # e.g. batch norm on running averages
     spec = spec or learner.spec
@@ -160,7 +168,7 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
     with progress.stage(f"[{label}] compiling the evaluation program ({batch_size} tasks at "
                         f"once)", quiet_below=COMPILE_QUIET_S):
         program = _evaluate_chunk.lower(learner, params, split, chunk_keys[0], ensemble,
-                                        mesh).compile()
+                                        mesh, runs).compile()
     start = time.perf_counter()
     chunks = []
     with progress.tracker(label, num_tasks, "tasks", first_line=False) as bar, \
@@ -172,14 +180,13 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
                 bar.update(i * batch_size)
         progress.wait_ready(chunks[-1])
         bar.update(num_tasks)
-    values = {name: np.concatenate([parallel.to_host(c[name]) for c in chunks])[:num_tasks]
-              for name in chunks[0]}
+    values = {name: np.concatenate([parallel.to_host(c[name]) for c in chunks],
+                                   axis=int(runs and name not in FINGERPRINTED))
+              for name in chunks[0]}  # a pack's metrics: [run, task, ...]
+    values = {name: v[:, :num_tasks] if runs and name not in FINGERPRINTED else v[:num_tasks]
+              for name, v in values.items()}
     seconds = time.perf_counter() - start
     report: dict[str, Any] = {}
-    for name in ("acc", "ce"):
-        for stat, value in metrics.summarize(values[name]).items():
-            report[f"{name}_{stat}"] = value
-    report["group_acc"] = tuple(values["group_acc"].mean(axis=0).tolist())
     report["num_tasks"] = num_tasks
     report["devices"] = mesh.size
     # the tasks the program sampled: task_fingerprint(split, spec, num_tasks, seed, purpose)
@@ -187,11 +194,31 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
     report["dataset_identity"] = dataset_identity(split)
     report["seconds"] = seconds
     report["tasks_per_s"] = num_tasks / seconds
-    if per_task:
-        report["per_task"] = {name: values[name].astype(float).tolist() for name in ("acc", "ce")}
     if cost_metrics:
-        member = jax.device_get(jax.tree.map(lambda x: x[0], params) if ensemble else params)
+        member = params
+        for _ in range(int(runs) + int(ensemble)):  # a run's (first) member
+            member = jax.tree.map(lambda x: x[0], member)
+        member = jax.device_get(member)
         with progress.stage(f"[{label}] measuring ATM and MACs (XLA cost analysis)"):
             report["atm"] = metrics.atm(learner, member, image_shape)
             report.update(metrics.learner_macs(learner, member, image_shape))
+    if not runs:
+        return _record(values, report, per_task)
+    num_runs = values["acc"].shape[0]
+    return [_record({name: v[k] for name, v in values.items() if name not in FINGERPRINTED},
+                    report, per_task) for k in range(num_runs)]
+
+
+def _record(values: dict[str, np.ndarray], common: dict[str, Any], per_task: bool
+            ) -> EvalRecord:
+    """One run's EvalRecord from its per-task ``acc``, ``ce``, ``group_acc`` and the fields
+    ``common`` to the evaluation."""
+    report: dict[str, Any] = {}
+    for name in ("acc", "ce"):
+        for stat, value in metrics.summarize(values[name]).items():
+            report[f"{name}_{stat}"] = value
+    report["group_acc"] = tuple(values["group_acc"].mean(axis=0).tolist())
+    report.update(common)
+    if per_task:
+        report["per_task"] = {name: values[name].astype(float).tolist() for name in ("acc", "ce")}
     return EvalRecord(**report)

@@ -24,17 +24,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cfsl_jax.runtime import memory, parallel, progress, seeding
+from cfsl_jax.runtime import memory, progress, seeding
 from cfsl_jax.runtime.errors import UserError
-from cfsl_jax.training import checkpoints, loop, pretrain, runs, steps, train
+from cfsl_jax.training import checkpoints, loop, pack_eval, pretrain, runs, steps, train
 from cfsl_jax.training.config import TrainConfig
-from cfsl_jax.training.evaluate import evaluate
+from cfsl_jax.training.pack_eval import SharedValidation, stack
 from cfsl_jax.training.tracking import Tracking
-
-
-def stack(trees: Sequence[Any]) -> Any:
-    """Trees of one structure stacked along a new leading (run) axis."""
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
 class RunView:
@@ -43,6 +38,7 @@ class RunView:
 
     def __init__(self, state: loop.TrainState, k: int):
         self._state, self._k, self.step = state, k, state.step
+        self.pack = state  # the whole pack's state (SharedValidation validates every run)
 
     @functools.cached_property
     def params(self) -> Any:
@@ -104,19 +100,24 @@ def train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequence[str
                steps_per_dispatch: int = 1, stop_after_steps: int | None = None
                ) -> list[dict[str, Any]]:
     """Train and test the runs ``config`` with ``seed`` in ``seeds`` into ``workdirs``, the
-    meta-training of the runs that stand at the same step packed; returns their results."""
+    meta-training of the runs that stand at the same step packed, then the test of those
+    done (``pack_eval.test_pack``); returns their results."""
     meta_train_pack(config, seeds, workdirs, steps_per_dispatch, stop_after_steps)
-    # each run: its (remaining) training alone, its test and results, as an ordinary run
-    return [train.train_and_evaluate(dataclasses.replace(config, seed=seed), workdir,
-                                     stop_after_steps)
-            for seed, workdir in zip(seeds, workdirs)]
+    configs = [dataclasses.replace(config, seed=seed) for seed in check_seeds(seeds)]
+    tested = pack_eval.test_pack(config, configs, workdirs)
+    # each run: its (remaining) training alone, its results (its test if not tested above)
+    return [train.train_and_evaluate(c, workdir, stop_after_steps, tested=tested.get(workdir))
+            for c, workdir in zip(configs, workdirs)]
 
 
 def meta_train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequence[str],
-                    steps_per_dispatch: int = 1, stop_after_steps: int | None = None) -> None:
+                    steps_per_dispatch: int = 1, stop_after_steps: int | None = None,
+                    shrink: bool = False) -> None:
     """The packed part of ``train_pack``: meta-train (or pretrain on tasks: Pretrain+Tune,
     EWC-Pretrain) the unfinished runs that stand at the same step as packs (a learner that
-    trains nothing or pretrains uniformly, or a lone run: nothing)."""
+    trains nothing or pretrains uniformly, or a lone run: nothing). A pack that does not fit
+    the device's memory is refused (``PackTooLarge``), or with ``shrink`` (``--pack=auto``)
+    split into packs of the largest size that fits, said in a line."""
     seeds = check_seeds(seeds)
     check_steps_per_dispatch(config, steps_per_dispatch)
     configs = [dataclasses.replace(config, seed=seed) for seed in seeds]
@@ -134,12 +135,30 @@ def meta_train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequenc
         by_step[latest.latest.latest_step() or 0].append((c, w))
         latest.close()
     for group in by_step.values():
-        if len(group) < 2:
-            continue
+        _train_group(learner, splits, group, steps_per_dispatch, stop_after_steps, shrink)
+
+
+def _train_group(learner, splits, group, steps_per_dispatch: int,
+                 stop_after_steps: int | None, shrink: bool) -> None:
+    """The runs of ``group`` (at one step) trained as a pack; with ``shrink``, a pack that
+    does not fit as packs of the largest size that does (size 1: each run alone, later)."""
+    if len(group) < 2:
+        return
+    try:
         if learner.recipe.training == "meta":
             _meta_train_pack(learner, splits, group, steps_per_dispatch, stop_after_steps)
         else:
             _pretrain_pack(learner, splits, group, stop_after_steps)
+    except PackTooLarge as error:
+        if not shrink:
+            raise
+        size = max(1, error.fits)
+        progress.say(f"--pack=auto: a pack of {len(group)} {learner.name} runs does not fit the "
+                     f"device's memory (XLA's estimate: {error}); "
+                     + (f"packs of {size} instead" if size > 1 else "each run trains alone"))
+        for i in range(0, len(group), size):
+            _train_group(learner, splits, group[i:i + size], steps_per_dispatch,
+                         stop_after_steps, shrink)
 
 
 def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
@@ -168,15 +187,8 @@ def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
             return loop.TrainState(params, opt_state), out
         return step_fn
 
-    def validate_for(c: TrainConfig):
-        def validate(epoch: int, state):
-            return evaluate(learner.at_epoch(epoch), state.params, splits["val"],
-                            num_tasks=c.val_tasks, seed=c.task_seed, purpose="val",
-                            batch_size=c.eval_batch, cost_metrics=False,
-                            mesh=parallel.make_mesh()), state.params
-        return validate
-
-    _run_pack(phase, group, initial, compile_step, validate_for, stop_after_steps)
+    validation = SharedValidation(learner.at_epoch, splits["val"], config)
+    _run_pack(phase, group, initial, compile_step, validation, stop_after_steps)
 
 
 def _pretrain_pack(learner, splits, group, stop_after_steps: int | None) -> None:
@@ -218,21 +230,14 @@ def _pretrain_pack(learner, splits, group, stop_after_steps: int | None) -> None
             return loop.TrainState(params, opt_state), out
         return step_fn
 
-    def validate_for(c: TrainConfig):
-        params = full[c.seed]
-
-        def validate(epoch: int, state):
-            current = {**params, "embed": state.params["embed"]}
-            return evaluate(learner, current, splits["val"], num_tasks=c.val_tasks,
-                            seed=c.task_seed, purpose="val", batch_size=c.eval_batch,
-                            cost_metrics=False, mesh=parallel.make_mesh()), current
-        return validate
-
-    _run_pack(phase, group, initial, compile_step, validate_for, stop_after_steps)
+    full_params = stack([full[c.seed] for c, _ in group])
+    validation = SharedValidation(lambda epoch: learner, splits["val"], config,
+                                  lambda epoch, params: {**full_params, "embed": params["embed"]})
+    _run_pack(phase, group, initial, compile_step, validation, stop_after_steps)
 
 
 def _run_pack(phase: loop.Phase, group, initial: Sequence[loop.TrainState], compile_step,
-              validate_for, stop_after_steps: int | None) -> None:
+              validation: SharedValidation, stop_after_steps: int | None) -> None:
     """``loop.run`` for the runs of ``group`` at once: each restored from its own checkpoints
     (all at one step), its own hooks on its row; ``compile_step(stacked state)`` gives the
     pack's step function."""
@@ -246,7 +251,7 @@ def _run_pack(phase: loop.Phase, group, initial: Sequence[loop.TrainState], comp
         restored_at.add(state.step)
         outputs.tracking.rewind(phase.name, state.step)  # records after the restored step: redone
         states.append(state)
-        members.append((outputs, _hooks(phase, state.step, outputs, validate_for(c), k)))
+        members.append((outputs, _hooks(phase, state.step, outputs, validation.for_run(k), k)))
     (start,) = restored_at
     if start:
         progress.say(f"[{phase.name}] resuming a pack of {len(group)} runs from step {start}")
@@ -274,17 +279,29 @@ def largest_fitting(need: int, limit: int, size: int) -> int:
     return max(0, int(limit // max(1, -(-need // size))))
 
 
+class PackTooLarge(UserError):
+    """A pack that does not fit the device's memory; ``fits``: the most runs that do."""
+
+    def __init__(self, message: str, fits: int):
+        super().__init__(message)
+        self.fits = fits
+
+
 def check_pack_fits(compiled, size: int, learner_name: str) -> None:
-    """UserError (one line naming --pack and the largest pack that fits) when the compiled
-    pack cannot fit the device's memory (``memory.check_fits``'s estimate), before it runs."""
+    """PackTooLarge (a UserError: one line naming --pack and the largest pack that fits) when
+    the compiled pack cannot fit the device's memory (``memory.check_fits``'s estimate),
+    before it runs."""
     limit, with_arguments = memory.device_limit(jax.local_devices()[0])
     need = memory.needed_bytes(compiled, with_arguments)
     if limit is None or need is None or need <= limit:
         return
     fits = largest_fitting(need, limit, size)
-    memory.check_fits(compiled, f"a pack of {size} {learner_name} runs",
-                      f"--pack={size} is too many: at most --pack={fits} fits (XLA's estimate)"
-                      if fits else "even one run of it does not fit")
+    try:
+        memory.check_fits(compiled, f"a pack of {size} {learner_name} runs",
+                          f"--pack={size} is too many: at most --pack={fits} fits (XLA's "
+                          f"estimate)" if fits else "even one run of it does not fit")
+    except UserError as error:
+        raise PackTooLarge(str(error), fits) from None
 
 
 def _hooks(phase: loop.Phase, start: int, outputs: loop.Outputs, validate, k: int
@@ -295,5 +312,5 @@ def _hooks(phase: loop.Phase, start: int, outputs: loop.Outputs, validate, k: in
             loop.Validation(phase, start, outputs, validate, metrics)]
 
 
-__all__ = ["RunView", "check_pack_fits", "check_seeds", "check_steps_per_dispatch",
+__all__ = ["PackTooLarge", "RunView", "check_pack_fits", "check_seeds", "check_steps_per_dispatch",
            "largest_fitting", "meta_train_pack", "stack", "train_pack"]

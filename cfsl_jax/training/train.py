@@ -1,6 +1,7 @@
 """Meta-training: one jitted step per meta-batch, validation per epoch, best-5 ensemble test.
 
     from cfsl_jax.training.config import TrainConfig
+from cfsl_jax.training.records import EvalRecord
     from cfsl_jax.training.train import train_and_evaluate
     results = train_and_evaluate(TrainConfig(learner="protonets", task="B3"), "/tmp/run")
 
@@ -139,7 +140,8 @@ def per_task_meta_step_macs(config: TrainConfig, learner: Learner, params: Any,
 
 
 def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int | None = None,
-                       mesh: Mesh | None = None, retest: bool = False) -> dict[str, Any]:
+                       mesh: Mesh | None = None, retest: bool = False,
+                       tested: EvalRecord | None = None) -> dict[str, Any]:
     """Train (or pretrain) as the learner asks, test on the test split, write results.
 
     Meta-training, pretraining and evaluation run over ``mesh`` (default: every device). A
@@ -149,7 +151,8 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
     before the run's first checkpoint removes the workdir this call created, so a refused run
     leaves nothing. The workdir is locked while it works (``locks``: a second command on it is
     refused, ``locks.Busy``); a damaged best-epoch checkpoint is re-created by training again
-    (``Checkpoints.repair_best``) before it could enter the ensemble.
+    (``Checkpoints.repair_best``) before it could enter the ensemble. ``tested``: the run's
+    test record from its pack's test (``pack_eval.test_pack``), used instead of testing it.
     """
     new = not files.exists(workdir)
     try:
@@ -166,7 +169,7 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
             started, earlier = time.perf_counter(), runs.earlier_sessions(workdir)
             try:
                 return _train_and_evaluate(config, workdir, stop_after_steps, mesh,
-                                           earlier["seconds"])
+                                           earlier["seconds"], tested)
             finally:  # wall_seconds of a resumed run counts every session
                 runs.end_session(workdir, config, earlier, time.perf_counter() - started)
     except stops.StopRequested as stop:
@@ -204,7 +207,8 @@ def _is_user_error(error: BaseException) -> bool:
 
 
 def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int | None,
-                        mesh: Mesh | None, earlier_seconds: float = 0.0) -> dict[str, Any]:
+                        mesh: Mesh | None, earlier_seconds: float = 0.0,
+                        tested: EvalRecord | None = None) -> dict[str, Any]:
     started, compiled = time.perf_counter() - earlier_seconds, backend.compile_totals()
     mesh = mesh or parallel.make_mesh()
     learner, splits = build(config)
@@ -238,9 +242,10 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
                     ckpt.save_pretrained(pretrained)
             params = pretrained
         try:
-            report = evaluate(learner, params, splits["test"], num_tasks=config.test_tasks,
-                              seed=config.task_seed, purpose="test", batch_size=config.eval_batch,
-                              ensemble=ensemble, mesh=mesh, per_task=True)
+            report = tested if tested is not None else evaluate(
+                learner, params, splits["test"], num_tasks=config.test_tasks,
+                seed=config.task_seed, purpose="test", batch_size=config.eval_batch,
+                ensemble=ensemble, mesh=mesh, per_task=True)
             if learner.recipe.training == "meta":
                 member = jax.device_get(jax.tree.map(lambda x: x[0], params))
                 with progress.stage("[test] counting the MACs of a meta-training step (XLA)"):
