@@ -9,6 +9,7 @@ import signal
 import jax
 import pytest
 
+from conftest import unoptimised_env
 from cfsl_jax.experiments.verify import match_detail, verify
 from cfsl_jax.runtime import stops
 from cfsl_jax.training import loop, pack_eval, packing, results, runs
@@ -164,12 +165,14 @@ PRETRAIN_FLAGS = ["--learner=pretrain_tune", "--learner_option=filters=8",
 
 def launch_pack(workdir: str, log=None):
     """``launch.train`` of the Pretrain+Tune pack of two seeds into ``workdir``, a subprocess
-    (output merged, into the file ``log`` or piped)."""
+    at -O0 (all three commands at one level, so their numbers compare bit for bit; output
+    merged, into the file ``log`` or piped)."""
     import subprocess
     import sys
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return subprocess.Popen([sys.executable, "-m", "launch.train", f"--workdir={workdir}",
-                             *PRETRAIN_FLAGS], cwd=repo, stdout=log or subprocess.PIPE,
+                             *PRETRAIN_FLAGS], cwd=repo, env=unoptimised_env(),
+                            stdout=log or subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
