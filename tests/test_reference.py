@@ -87,12 +87,12 @@ def test_export_refuses_a_run_file_that_fails_its_checksum(fixture_sweep, tmp_pa
     sweep_dir, _ = fixture_sweep
     copy = tmp_path / "sweep"
     shutil.copytree(sweep_dir, copy, ignore=shutil.ignore_patterns("checkpoints"))
-    damaged = next(copy.rglob("results.json"))
+    damaged = sorted(copy.rglob("results.json"))[-1]  # not the first run exported
     damaged.write_text(damaged.read_text().replace('"acc_mean": 0.', '"acc_mean": 1.', 1))
     with pytest.raises(checksums.Corrupt, match="fails its checksum") as caught:
         reference.export(str(copy), str(tmp_path / "out"))
     assert caught.value.path == str(damaged)
-    assert not (tmp_path / "out" / "results.csv").exists()  # nothing written as if it were right
+    assert not (tmp_path / "out").exists()  # nothing written, not even the runs before it
 
 
 def test_a_row_that_differs_from_the_run_is_named_and_reexport_keeps_other_rows(

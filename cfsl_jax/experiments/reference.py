@@ -176,15 +176,17 @@ def export(sweep_dir: str, out_dir: str) -> list[dict[str, Any]]:
     rows = [run_row(workdir, invocations, variants) for workdir in run_dirs(sweep_dir)]
     if not rows:
         raise FileNotFoundError(f"no run (a folder with config.json) under {sweep_dir!r}")
+    copies = {}  # every run file checked against its checksum before anything is written
     for workdir, row in zip(run_dirs(sweep_dir), rows):
-        target = files.join(out_dir, row["run"])
-        files.makedirs(target)
-        for name in RUN_FILES:  # checked against the run's checksums, copied with them
+        for name in RUN_FILES:
             source = files.join(workdir, name)
             if files.exists(source):
                 text = files.read_text(source)
                 checksums.check_text(source, text)
-                checksums.write_text(files.join(target, name), text)
+                copies[files.join(out_dir, row["run"], name)] = text
+    for target, text in copies.items():  # copied with their own checksums
+        files.makedirs(files.dirname(target))
+        checksums.write_text(target, text)
     csv_path = files.join(out_dir, "results.csv")
     ours = {row["run"] for row in rows}
     kept = [row for row in read_rows(csv_path) if row["run"] not in ours] \
