@@ -206,8 +206,8 @@ def main(argv) -> None:
     if slurm_options is not None:
         cluster.run_on_slurm(
             slurm.sweep_work(configs, FLAGS.workdir, pack=pack_size()), FLAGS.workdir,
-            slurm_options, (slurm.PackJob if pack_size() > 1 else slurm.RunJob)(
-                sweep.worker_jax_options(FLAGS.workdir)), "python -m launch.sweep",
+            slurm_options, slurm_job(sweep.worker_jax_options(FLAGS.workdir)),
+            "python -m launch.sweep",
             report=lambda final: _report(), prepare=slurm.prepare_datasets)
         cli.write_flagfile(FLAGS.workdir)
         return
@@ -228,6 +228,14 @@ def main(argv) -> None:
     if bad:
         raise SystemExit(f"{len(bad)} run(s) did not finish: "
                          + ", ".join(f"{o.run.name} ({o.status})" for o in bad))
+
+
+def slurm_job(jax_options):
+    """What each array task of this sweep runs: a whole pack (``--pack``; shrinking to the job's
+    device with ``--pack=auto``), or one run."""
+    if pack_size() > 1:
+        return slurm.PackJob(jax_options, shrink=FLAGS.pack == "auto")
+    return slurm.RunJob(jax_options)
 
 
 def sweep_lock(sweep_dir: str, shard: tuple[int, int] | None) -> tuple[str, str]:

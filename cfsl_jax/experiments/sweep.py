@@ -188,8 +188,10 @@ def execute_pack(config_jsons: list[dict], workdirs: list[str], shrink: bool = F
                                          [TrainConfig(**c) for c in config_jsons], workdirs)
     except KeyboardInterrupt as error:
         return [("interrupted", time.perf_counter() - started, str(error))] * len(workdirs)
-    except Exception:  # noqa: BLE001  (each run alone says what is wrong)
-        pass
+    except Exception as error:  # noqa: BLE001  (each run alone then says what is wrong)
+        last = (str(error).strip().splitlines() or [type(error).__name__])[-1]
+        print(f"[sweep] the pack of {len(workdirs)} ({', '.join(workdirs)}) failed: "
+              f"{type(error).__name__}: {last}; its runs go on one at a time", flush=True)
     return [execute(c, w, tested.get(w)) for c, w in zip(config_jsons, workdirs)]
 
 
