@@ -46,6 +46,24 @@ def test_train_step_compiles_once():
     assert np.isfinite(float(out["loss"]))
 
 
+def test_runs_of_the_same_settings_share_one_evaluation_program():
+    """A second run of the same settings in the process (another seed, as in a sweep worker or
+    a pack) gets the same Learner and traces no new evaluation program; other settings get
+    their own learner."""
+    learner, splits = runs.build(TINY)
+    again, _ = runs.build(dataclasses.replace(TINY, seed=1))
+    assert again is learner
+    assert runs.build(dataclasses.replace(TINY, learner_options={"filters": 4}))[0] is not learner
+    params = [runs.init_params(learner, splits["train"], seed) for seed in (0, 1)]
+    first = evaluate(learner, params[0], splits["val"], TINY.spec, num_tasks=4, batch_size=4,
+                     cost_metrics=False)
+    with traces_counted() as traced:
+        second = evaluate(again, params[1], splits["val"], TINY.spec, num_tasks=4,
+                          batch_size=4, cost_metrics=False)
+    assert traced == [0]
+    assert first["task_fingerprint"] == second["task_fingerprint"]
+
+
 def test_same_seed_same_results_and_resume_is_exact(tmp_path):
     full = train.train_and_evaluate(TINY, str(tmp_path / "full"))
     before = backend.compile_totals()
