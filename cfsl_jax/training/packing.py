@@ -5,8 +5,8 @@
 Params, optimiser states and keys are stacked on a leading run axis and one jitted program
 (``steps.make_steps(..., runs=True)``, ``steps_per_dispatch`` steps per call) trains them all
 (``pack_axis``: the runs vmapped, or one after another with ``lax.map``; ``auto``: map on CPU,
-vmap on GPU/TPU); run k's step s draws its tasks from ``fold_in(its own train key, s)``, the tasks it
-draws alone. Every run keeps its own workdir as an ordinary run: config.json, checkpoints,
+vmap on GPU/TPU); run k's step s draws its tasks from ``fold_in(its own train key, s)``, the
+tasks it draws alone. Every run keeps its own workdir as an ordinary run: config.json, checkpoints,
 ``val_history.json``, metrics and, once the pack is trained, the test and results.json of
 ``train.train_and_evaluate`` (which finds the run's meta-training done). A pack resumes from
 its runs' checkpoints; runs that stand at different steps are packed with the runs at the same
