@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import statistics
 import sys
 import time
@@ -39,6 +40,8 @@ _LEARNERS = flags.DEFINE_list("learners", ["protonets", "maml_low"], "Meta-train
 _CELLS = flags.DEFINE_list("cells", ["B3"], "Paper cells.")
 _PACKS = flags.DEFINE_list("packs", ["1", "3"], "Pack sizes K.")
 _DISPATCH = flags.DEFINE_list("steps_per_dispatch", ["1", "10"], "Steps per call S.")
+_AXES = flags.DEFINE_list("pack_axis", ["vmap"], "How a pack (K > 1) runs its runs: vmap "
+                          "(batched), map (lax.map, one after another in one program), auto.")
 _CALLS = flags.DEFINE_integer("calls", 3, "Timed calls per row (after one warm-up call).")
 _META_BATCH = flags.DEFINE_integer("meta_batch", 1, "Tasks per step per run.")
 _OPTION = flags.DEFINE_multi_string("learner_option", [], "NAME=VALUE for every learner.")
@@ -57,7 +60,7 @@ def build(learner_name: str, cell: str):
     return (config, *runs.build(config))
 
 
-def measure(learner_name: str, cell: str, packs: int, count: int) -> dict:
+def measure(learner_name: str, cell: str, packs: int, count: int, axis: str = "vmap") -> dict:
     config, learner, splits = build(learner_name, cell)
     optimizer = make_optimizer(config)
     seeds = range(packs)
@@ -69,20 +72,25 @@ def measure(learner_name: str, cell: str, packs: int, count: int) -> dict:
     else:
         params, opt_state, key = params[0], optimizer.init(params[0]), keys[0]
     eval_bytes = evaluation_bytes(learner, splits["val"], params, packs > 1)
-    multi = steps.make_steps(learner, optimizer, config.meta_batch, count, runs=packs > 1)
+    multi = steps.make_steps(learner, optimizer, config.meta_batch, count, runs=packs > 1,
+                              pack_axis=axis)
     progress = jnp.zeros((count,), jnp.float32)
     started = time.perf_counter()
     compiled = multi.lower(params, opt_state, splits["train"], key, 0, progress).compile()
     compile_s = time.perf_counter() - started
-    seconds = []
+    seconds, cpu_seconds = [], []
     for call in range(_CALLS.value + 1):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         params, opt_state, out = compiled(params, opt_state, splits["train"], key, call * count,
                                           progress)
         jax.block_until_ready(out)
         seconds.append(time.perf_counter() - started)
+        cpu_seconds.append(time.process_time() - cpu_started)
     per_call = statistics.median(seconds[1:])
     return {"learner": learner_name, "cell": cell, "pack": packs, "steps_per_dispatch": count,
+            "pack_axis": steps.resolve_pack_axis(axis) if packs > 1 else "-",
+            "cpu_s_per_call": statistics.median(cpu_seconds[1:]),
+            "load": os.getloadavg()[0],
             "meta_batch": config.meta_batch, "s_per_call": per_call, "compile_s": compile_s,
             "tasks_per_s_per_run": count * config.meta_batch / per_call,
             "step_bytes": memory.needed_bytes(compiled, True), "eval_bytes": eval_bytes,
@@ -106,17 +114,20 @@ def main(argv):
     for learner in _LEARNERS.value:
         for cell in _CELLS.value:
             base = None
-            for packs in map(int, _PACKS.value):
+            for packs, axis in [(k, a) for k in map(int, _PACKS.value)
+                                for a in (_AXES.value if k > 1 else ["vmap"])]:
                 for count in map(int, _DISPATCH.value):
-                    row = measure(learner, cell, packs, count)
+                    row = measure(learner, cell, packs, count, axis)
                     base = base or row["tasks_per_s_per_run"]
                     row["ratio"] = row["tasks_per_s_per_run"] / base
                     row["tasks_per_s_pack"] = packs * row["tasks_per_s_per_run"]
                     row["pack_ratio"] = row["tasks_per_s_pack"] / base
-                    print(f"{learner} {cell} K={packs} S={count}: "
+                    print(f"{learner} {cell} K={packs} {row['pack_axis']} S={count}: "
                           f"{row['tasks_per_s_per_run']:.2f} tasks/s per run "
                           f"(x{row['ratio']:.2f}), {row['tasks_per_s_pack']:.2f} per pack "
-                          f"(x{row['pack_ratio']:.2f}), compile {row['compile_s']:.1f} s, "
+                          f"(x{row['pack_ratio']:.2f}), cpu {row['cpu_s_per_call']:.2f} s and "
+                          f"wall {row['s_per_call']:.2f} s a call (load {row['load']:.1f}), "
+                          f"compile {row['compile_s']:.1f} s, "
                           f"memory: step {row['step_bytes'] / 2**20:.1f} MiB, evaluation "
                           f"{row['eval_bytes'] / 2**20:.1f} MiB",
                           file=sys.stderr, flush=True)

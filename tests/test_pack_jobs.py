@@ -1,13 +1,20 @@
 """How a sweep's packs are run as jobs: a SLURM array task's pack shrinks with ``--pack=auto``
-as a local sweep's does, and a pack that fails says so before its runs go on alone."""
+as a local sweep's does, a pack that fails says so before its runs go on alone, and a pack
+computed with ``lax.map`` over its runs (``pack_axis="map"``) trains each run as alone."""
 
 import signal
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
 from absl import flags
 
 from launch_inprocess import command_module
 from cfsl_jax.experiments import slurm, sweep
-from cfsl_jax.training import packing
+from cfsl_jax.runtime import seeding
+from cfsl_jax.training import packing, runs, steps, train
+from cfsl_jax.training.config import TrainConfig
 
 
 def test_a_slurm_pack_of_pack_auto_shrinks_and_an_explicit_one_does_not(monkeypatch, tmp_path):
@@ -46,3 +53,63 @@ def test_a_failed_pack_says_so_and_its_runs_go_on_alone(monkeypatch, capsys):
             "3 GiB more; its runs go on one at a time") in out, out
     assert alone == ["w/seed0", "w/seed1"]
     assert [state for state, _, _ in outcomes] == ["finished", "finished"]
+
+
+def test_a_map_packed_maml_run_trains_bit_for_bit_as_it_trains_alone():
+    """``pack_axis="map"`` (``--pack`` on CPU: ``auto``): each run of a MAML++ pack computes the
+    step it computes alone, one run after another in one program; on CPU its losses and params
+    equal the solo one-step loop's bit for bit (elsewhere: within float32 rounding)."""
+    config = TrainConfig(learner="maml_low", learner_options={"filters": 8}, dataset="synthetic",
+                         dataset_options={"num_classes": 60, "samples_per_class": 8}, task="B2",
+                         spec_overrides={"nc": 3, "kt": 2}, meta_batch=2)
+    learner, splits = runs.build(config)
+    split, optimizer = splits["train"], train.make_optimizer(config)
+    seeds, count = (0, 1), 2
+    params = [runs.init_params(learner, split, seed) for seed in seeds]
+    keys = [seeding.purpose_key(seed, "train") for seed in seeds]
+    at = [np.float32(s / 4) for s in range(count)]
+
+    step, alone = train.make_train_step(learner, optimizer, config.meta_batch), []
+    for p, key in zip(params, keys):
+        opt_state, losses = optimizer.init(p), []
+        for s in range(count):
+            p, opt_state, out = step(p, opt_state, split, jax.random.fold_in(key, s), at[s])
+            losses.append(out["loss"])
+        alone.append((p, np.asarray(losses)))
+
+    packed = steps.make_steps(learner, optimizer, config.meta_batch, count, runs=True,
+                              pack_axis="map")
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *params)
+    stacked, _, out = packed(stacked, jax.vmap(optimizer.init)(stacked), split, jnp.stack(keys),
+                             0, jnp.asarray(at))
+    check = (np.testing.assert_array_equal if jax.default_backend() == "cpu" else
+             lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6))
+    for k, (p, losses) in enumerate(alone):
+        check(np.asarray(out["loss"][k]), losses)
+        for mine, theirs in zip(jax.tree.leaves(stacked), jax.tree.leaves(p)):
+            check(np.asarray(mine[k]), np.asarray(theirs))
+    assert not np.allclose(out["loss"][0], out["loss"][1])  # each seed its own tasks
+    with pytest.raises(ValueError, match="pack_axis must be one of"):
+        steps.resolve_pack_axis("pmap")
+
+
+def test_the_macs_of_a_step_are_counted_once_for_runs_that_differ_only_in_their_seeds(
+        monkeypatch):
+    """``train.per_task_meta_step_macs`` (each run's test record; ~10 s of tracing and XLA's
+    cost analysis) is counted once per process for the seeds of one config (a pack's or a
+    sweep's runs), and again for another program (other options, other shapes)."""
+    counted = []
+    monkeypatch.setattr(train, "_MACS", {})
+    monkeypatch.setattr(train, "_per_task_meta_step_macs",
+                        lambda config, learner, params, shape: counted.append(config.seed)
+                        or 1000.0 + len(counted))
+    config = TrainConfig(learner="protonets", learner_options={"filters": 8}, task="B2")
+    params = {"w": np.zeros((3, 8), np.float32)}
+    got = [train.per_task_meta_step_macs(TrainConfig(**{**config.to_json(), "seed": seed}),
+                                         None, params, (28, 28, 1)) for seed in (0, 1, 2)]
+    assert got == [1001.0] * 3 and counted == [0]
+    other = TrainConfig(**{**config.to_json(), "learner_options": {"filters": 16}})
+    assert train.per_task_meta_step_macs(other, None, params, (28, 28, 1)) == 1002.0
+    assert train.per_task_meta_step_macs(config, None, {"w": np.zeros((3, 16), np.float32)},
+                                         (28, 28, 1)) == 1003.0
+    assert counted == [0, 0, 0]

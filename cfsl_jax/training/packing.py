@@ -3,14 +3,16 @@
     out = packing.train_pack(config, seeds=(0, 1, 2), workdirs=["W/seed0", "W/seed1", "W/seed2"])
 
 Params, optimiser states and keys are stacked on a leading run axis and one jitted program
-(``steps.make_steps(..., runs=True)``: a vmap, ``steps_per_dispatch`` steps per call) trains
-them all; run k's step s draws its tasks from ``fold_in(its own train key, s)``, the tasks it
-draws alone. Every run keeps its own workdir as an ordinary run: config.json, checkpoints,
+(``steps.make_steps(..., runs=True)``, ``steps_per_dispatch`` steps per call) trains them all
+(``pack_axis``: the runs vmapped, or one after another with ``lax.map``; ``auto``: map on CPU,
+vmap on GPU/TPU); run k's step s draws its tasks from ``fold_in(its own train key, s)``, the
+tasks it draws alone. Every run keeps its own workdir as an ordinary run: config.json, checkpoints,
 ``val_history.json``, metrics and, once the pack is trained, the test and results.json of
 ``train.train_and_evaluate`` (which finds the run's meta-training done). A pack resumes from
 its runs' checkpoints; runs that stand at different steps are packed with the runs at the same
 step, or run alone. Numbers equal the solo runs' to the rounding of XLA's batched kernels
-(docs/results.md, "Packing runs").
+(vmap), or bit for bit where XLA compiles a run's step in the map as alone (MAML++ on CPU;
+docs/results.md, "Packing runs").
 """
 
 from __future__ import annotations
@@ -112,14 +114,18 @@ def train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequence[str
 
 def meta_train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequence[str],
                     steps_per_dispatch: int = 1, stop_after_steps: int | None = None,
-                    shrink: bool = False) -> None:
+                    shrink: bool = False, pack_axis: str = "auto") -> None:
     """The packed part of ``train_pack``: meta-train (or pretrain on tasks: Pretrain+Tune,
     EWC-Pretrain) the unfinished runs that stand at the same step as packs (a learner that
     trains nothing or pretrains uniformly, or a lone run: nothing). A pack that does not fit
     the device's memory is refused (``PackTooLarge``), or with ``shrink`` (``--pack=auto``)
-    split into packs of the largest size that fits, said in a line."""
+    split into packs of the largest size that fits, said in a line. ``pack_axis``
+    (``steps.resolve_pack_axis``): how a meta-training pack computes its runs; not part of a
+    run's config (it changes how a run is computed, not what: a packed run's config is the solo
+    run's)."""
     seeds = check_seeds(seeds)
     check_steps_per_dispatch(config, steps_per_dispatch)
+    steps.resolve_pack_axis(pack_axis)  # a wrong name: refused before anything is built
     configs = [dataclasses.replace(config, seed=seed) for seed in seeds]
     todo = [(c, w) for c, w in zip(configs, workdirs) if runs.finished_results(w, c) is None]
     if len(todo) < 2:
@@ -135,18 +141,20 @@ def meta_train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequenc
         by_step[latest.latest.latest_step() or 0].append((c, w))
         latest.close()
     for group in by_step.values():
-        _train_group(learner, splits, group, steps_per_dispatch, stop_after_steps, shrink)
+        _train_group(learner, splits, group, steps_per_dispatch, stop_after_steps, shrink,
+                     pack_axis)
 
 
 def _train_group(learner, splits, group, steps_per_dispatch: int,
-                 stop_after_steps: int | None, shrink: bool) -> None:
+                 stop_after_steps: int | None, shrink: bool, pack_axis: str = "auto") -> None:
     """The runs of ``group`` (at one step) trained as a pack; with ``shrink``, a pack that
     does not fit as packs of the largest size that does (size 1: each run alone, later)."""
     if len(group) < 2:
         return
     try:
         if learner.recipe.training == "meta":
-            _meta_train_pack(learner, splits, group, steps_per_dispatch, stop_after_steps)
+            _meta_train_pack(learner, splits, group, steps_per_dispatch, stop_after_steps,
+                             pack_axis)
         else:
             _pretrain_pack(learner, splits, group, stop_after_steps)
     except PackTooLarge as error:
@@ -158,11 +166,11 @@ def _train_group(learner, splits, group, steps_per_dispatch: int,
                      + (f"packs of {size} instead" if size > 1 else "each run trains alone"))
         for i in range(0, len(group), size):
             _train_group(learner, splits, group[i:i + size], steps_per_dispatch,
-                         stop_after_steps, shrink)
+                         stop_after_steps, shrink, pack_axis)
 
 
 def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
-                     stop_after_steps: int | None) -> None:
+                     stop_after_steps: int | None, pack_axis: str = "auto") -> None:
     config = group[0][0]
     optimizer = train.make_optimizer(config)
     phase = loop.phase(config, "train", "meta-training", None, steps_per_dispatch)
@@ -177,7 +185,7 @@ def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
         with progress.stage(f"[train] compiling a pack of {len(group)} {learner.name} "
                             f"meta-training runs, {steps_per_dispatch} step(s) per call"):
             multi = steps.make_steps(learner, optimizer, config.meta_batch, steps_per_dispatch,
-                                     runs=True).lower(
+                                     runs=True, pack_axis=pack_axis).lower(
                 state.params, state.opt_state, split, keys, state.step,
                 np.zeros(steps_per_dispatch, np.float32)).compile()
         check_pack_fits(multi, len(group), learner.name)

@@ -3,6 +3,7 @@
     step = make_train_step(learner, optimizer, meta_batch)          # one step per call
     steps = make_steps(learner, optimizer, meta_batch, steps=10)    # lax.scan over 10 steps
     packed = make_steps(learner, optimizer, meta_batch, steps=10, runs=True)  # vmapped over K runs
+    mapped = make_steps(..., runs=True, pack_axis="map")  # K runs one after another, one program
 
 Step ``s`` of a run draws its tasks from ``fold_in(key, s)`` whichever program runs it, so a
 run trained S steps per call, or packed with other runs (a leading run axis on the params,
@@ -83,8 +84,24 @@ def train_step_fn(learner: Learner, optimizer: optax.GradientTransformation, met
     return step
 
 
+PACK_AXES = ("auto", "vmap", "map")
+
+
+def resolve_pack_axis(pack_axis: str, platform: str | None = None) -> str:
+    """``"vmap"`` or ``"map"`` for ``pack_axis`` (``PACK_AXES``): ``"auto"`` is ``"map"`` on
+    CPU, where the runs' work is compute-bound and vmap's batched kernels only add work
+    (docs/results.md, "Packing runs"), and ``"vmap"`` on GPU/TPU, where batching the runs fills
+    the device."""
+    if pack_axis not in PACK_AXES:
+        raise ValueError(f"pack_axis must be one of {PACK_AXES}, got {pack_axis!r}")
+    if pack_axis == "auto":
+        return "map" if (platform or jax.default_backend()) == "cpu" else "vmap"
+    return pack_axis
+
+
 def make_steps(learner: Learner, optimizer: optax.GradientTransformation, meta_batch: int,
-               steps: int, runs: bool = False, mesh: Mesh | None = None):
+               steps: int, runs: bool = False, mesh: Mesh | None = None,
+               pack_axis: str = "vmap"):
     """A jitted ``multi(params, opt_state, split, key, first, progress) -> (params, opt_state,
     {"loss": [steps], "acc": [steps]})``: ``steps`` training steps in one program
     (``lax.scan``), step ``first + i`` drawing with ``fold_in(key, first + i)`` at
@@ -92,7 +109,10 @@ def make_steps(learner: Learner, optimizer: optax.GradientTransformation, meta_b
 
     ``runs``: a pack; ``params``, ``opt_state`` and ``key`` have a leading run axis [K] (each
     run its own key), and so do the metrics ([K, steps]); ``split``, ``first`` and
-    ``progress`` are shared.
+    ``progress`` are shared. ``pack_axis`` (``resolve_pack_axis``): ``"vmap"`` batches the
+    runs' computations; ``"map"`` runs them one after another in the same program
+    (``lax.map``), each the computation it is alone. Not part of a run's config: like packing
+    itself, it changes how a run is computed, not what.
     """
     body = train_step_fn(learner, optimizer, meta_batch, mesh)
 
@@ -106,6 +126,12 @@ def make_steps(learner: Learner, optimizer: optax.GradientTransformation, meta_b
                                                  (jnp.arange(steps), progress))
         return params, opt_state, outs
 
-    if runs:
+    if runs and resolve_pack_axis(pack_axis) == "map":
+        alone = multi
+
+        def multi(params, opt_state, split, key, first, progress):
+            return jax.lax.map(lambda run: alone(*run[:2], split, run[2], first, progress),
+                               (params, opt_state, key))
+    elif runs:
         multi = jax.vmap(multi, in_axes=(0, 0, None, 0, None, None))
     return jax.jit(multi)

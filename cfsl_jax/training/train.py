@@ -123,8 +123,24 @@ def compile_train_step(learner: Learner, optimizer: optax.GradientTransformation
     return compiled
 
 
+_MACS: dict[str, float] = {}
+
+
 def per_task_meta_step_macs(config: TrainConfig, learner: Learner, params: Any,
                             image_shape: tuple[int, ...]) -> float:
+    """``_per_task_meta_step_macs``, counted once per process for the runs that differ only in
+    their seeds (the count depends on the program's shapes, not on the params' values: the
+    runs of a sweep or a pack reuse it instead of tracing and analysing the step again)."""
+    key = repr((config.learner, config.spec, config.compute_dtype, image_shape,
+                sorted(config.learner_options.items()),
+                jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), params)))
+    if key not in _MACS:
+        _MACS[key] = _per_task_meta_step_macs(config, learner, params, image_shape)
+    return _MACS[key]
+
+
+def _per_task_meta_step_macs(config: TrainConfig, learner: Learner, params: Any,
+                             image_shape: tuple[int, ...]) -> float:
     """XLA's MACs of one task's meta-training step, with every support set counted.
 
     A learner with its own meta-loss is rebuilt with ``unroll=True`` where its
