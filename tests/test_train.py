@@ -46,6 +46,28 @@ def test_train_step_compiles_once():
     assert np.isfinite(float(out["loss"]))
 
 
+def test_a_second_run_of_the_same_settings_compiles_nothing_again():
+    """Runs built separately from the same config share their learner and optimiser objects,
+    so the training step and the evaluation program trace and compile once per process."""
+    def one_run():
+        learner, splits = runs.build(TINY)
+        params = runs.init_params(learner, splits["train"], 0)
+        optimizer = train.make_optimizer(TINY)
+        mesh = parallel.make_mesh()
+        split = parallel.place_split(splits["train"], mesh)
+        opt_state = optimizer.init(params)
+        train.compile_train_step(learner, optimizer, TINY, mesh, params, opt_state, split,
+                                 jax.random.key(0))
+        return evaluate(learner, params, splits["val"], num_tasks=6, batch_size=4,
+                        cost_metrics=False, mesh=mesh)
+
+    first = one_run()
+    with traces_counted() as traced:
+        second = one_run()
+    assert traced == [0]
+    assert second.acc_mean == first.acc_mean and second.ce_mean == first.ce_mean
+
+
 def test_same_seed_same_results_and_resume_is_exact(tmp_path):
     full = train.train_and_evaluate(TINY, str(tmp_path / "full"))
     before = backend.compile_totals()
