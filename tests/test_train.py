@@ -48,7 +48,8 @@ def test_train_step_compiles_once():
 
 def test_a_second_run_of_the_same_settings_compiles_nothing_again():
     """Runs built separately from the same config share their learner and optimiser objects,
-    so the training step and the evaluation program trace and compile once per process."""
+    so the training step, the evaluation program and the MACs' programs trace and compile once
+    per process."""
     def one_run():
         learner, splits = runs.build(TINY)
         params = runs.init_params(learner, splits["train"], 0)
@@ -58,14 +59,16 @@ def test_a_second_run_of_the_same_settings_compiles_nothing_again():
         opt_state = optimizer.init(params)
         train.compile_train_step(learner, optimizer, TINY, mesh, params, opt_state, split,
                                  jax.random.key(0))
-        return evaluate(learner, params, splits["val"], num_tasks=6, batch_size=4,
-                        cost_metrics=False, mesh=mesh)
+        record = evaluate(learner, params, splits["val"], num_tasks=6, batch_size=4,
+                          cost_metrics=False, mesh=mesh)
+        return record, metrics.learner_macs(learner, params, splits["val"].images.shape[1:])
 
-    first = one_run()
+    first, macs = one_run()
     with traces_counted() as traced:
-        second = one_run()
+        second, macs_again = one_run()
     assert traced == [0]
     assert second.acc_mean == first.acc_mean and second.ce_mean == first.ce_mean
+    assert macs_again == macs and macs["macs_per_task"] > 0
 
 
 def test_same_seed_same_results_and_resume_is_exact(tmp_path):
