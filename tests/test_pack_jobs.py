@@ -91,25 +91,3 @@ def test_a_map_packed_maml_run_trains_bit_for_bit_as_it_trains_alone():
     assert not np.allclose(out["loss"][0], out["loss"][1])  # each seed its own tasks
     with pytest.raises(ValueError, match="pack_axis must be one of"):
         steps.resolve_pack_axis("pmap")
-
-
-def test_the_macs_of_a_step_are_counted_once_for_runs_that_differ_only_in_their_seeds(
-        monkeypatch):
-    """``train.per_task_meta_step_macs`` (each run's test record; ~10 s of tracing and XLA's
-    cost analysis) is counted once per process for the seeds of one config (a pack's or a
-    sweep's runs), and again for another program (other options, other shapes)."""
-    counted = []
-    monkeypatch.setattr(train, "_MACS", {})
-    monkeypatch.setattr(train, "_per_task_meta_step_macs",
-                        lambda config, learner, params, shape: counted.append(config.seed)
-                        or 1000.0 + len(counted))
-    config = TrainConfig(learner="protonets", learner_options={"filters": 8}, task="B2")
-    params = {"w": np.zeros((3, 8), np.float32)}
-    got = [train.per_task_meta_step_macs(TrainConfig(**{**config.to_json(), "seed": seed}),
-                                         None, params, (28, 28, 1)) for seed in (0, 1, 2)]
-    assert got == [1001.0] * 3 and counted == [0]
-    other = TrainConfig(**{**config.to_json(), "learner_options": {"filters": 16}})
-    assert train.per_task_meta_step_macs(other, None, params, (28, 28, 1)) == 1002.0
-    assert train.per_task_meta_step_macs(config, None, {"w": np.zeros((3, 16), np.float32)},
-                                         (28, 28, 1)) == 1003.0
-    assert counted == [0, 0, 0]

@@ -46,22 +46,31 @@ def test_train_step_compiles_once():
     assert np.isfinite(float(out["loss"]))
 
 
-def test_runs_of_the_same_settings_share_one_evaluation_program():
-    """A second run of the same settings in the process (another seed, as in a sweep worker or
-    a pack) gets the same Learner and traces no new evaluation program; other settings get
-    their own learner."""
-    learner, splits = runs.build(TINY)
-    again, _ = runs.build(dataclasses.replace(TINY, seed=1))
-    assert again is learner
-    assert runs.build(dataclasses.replace(TINY, learner_options={"filters": 4}))[0] is not learner
-    params = [runs.init_params(learner, splits["train"], seed) for seed in (0, 1)]
-    first = evaluate(learner, params[0], splits["val"], TINY.spec, num_tasks=4, batch_size=4,
-                     cost_metrics=False)
+def test_a_second_run_of_the_same_settings_compiles_nothing_again():
+    """Runs built separately from the same config share their learner and optimiser objects,
+    so the training step, the evaluation program and the MACs' programs trace and compile once
+    per process."""
+    def one_run():
+        learner, splits = runs.build(TINY)
+        params = runs.init_params(learner, splits["train"], 0)
+        optimizer = train.make_optimizer(TINY)
+        mesh = parallel.make_mesh()
+        split = parallel.place_split(splits["train"], mesh)
+        opt_state = optimizer.init(params)
+        train.compile_train_step(learner, optimizer, TINY, mesh, params, opt_state, split,
+                                 jax.random.key(0))
+        record = evaluate(learner, params, splits["val"], num_tasks=6, batch_size=4,
+                          cost_metrics=False, mesh=mesh)
+        return record, metrics.learner_macs(learner, params, splits["val"].images.shape[1:])
+
+    first, macs = one_run()
     with traces_counted() as traced:
-        second = evaluate(again, params[1], splits["val"], TINY.spec, num_tasks=4,
-                          batch_size=4, cost_metrics=False)
+        second, macs_again = one_run()
     assert traced == [0]
-    assert first["task_fingerprint"] == second["task_fingerprint"]
+    assert second.acc_mean == first.acc_mean and second.ce_mean == first.ce_mean
+    assert macs_again == macs and macs["macs_per_task"] > 0
+    other = dataclasses.replace(TINY, learner_options={"filters": 4})  # other settings: its own
+    assert runs.build(other)[0] is not runs.build(TINY)[0]
 
 
 def test_same_seed_same_results_and_resume_is_exact(tmp_path):

@@ -66,33 +66,31 @@ def get_learner(name: str, spec: TaskSpec, compute_dtype: str = "float32",
     the factory's ``state_dtype``.
 
     ``compute_dtype`` other than float32 wraps it with ``precision.with_compute_dtype``.
-
-    The same arguments give the same ``Learner`` object within a process: a learner's functions
-    are pure, and the jitted programs that take it as a static argument (evaluation,
-    pretraining) are traced and compiled once per process for every run, seed or pack of the
-    same settings, not once per run.
     """
     _check_name(name)
-    key = (name, spec, compute_dtype, tuple(image_shape),
-           tuple(sorted((k, type(v), v) for k, v in options.items())))  # 1 is not True
+    extra = {key: options.pop(key) for key in _NOT_OPTIONS if key in options}
+    typed = learner_options(name, options)
+    settings = (name, spec, compute_dtype, tuple(image_shape), typed, tuple(sorted(extra.items())))
     try:
-        hash(key)
-    except TypeError:  # an unhashable option value: built afresh
-        return _build(*key)
-    return _cached_build(*key)
+        hash(settings)
+    except TypeError:  # an unhashable setting: built afresh
+        return _build(*settings)
+    return _built(*settings)
 
 
-def _build(name: str, spec: TaskSpec, compute_dtype: str, image_shape: tuple[int, ...],
-           items: tuple[tuple[str, type, Any], ...]) -> Learner:
+def _build(name: str, spec: TaskSpec, compute_dtype: str, image_shape: tuple[int, int, int],
+           typed: Any, extra: tuple[tuple[str, Any], ...]) -> Learner:
     module, factory, _ = _REGISTRY[name]
     build = getattr(importlib.import_module(f"cfsl_jax.learners.{module}"), factory)
-    options = {k: v for k, _, v in items}
-    extra = {key: options.pop(key) for key in _NOT_OPTIONS if key in options}
-    learner = build(spec, learner_options(name, options), image_shape=image_shape, **extra)
+    learner = build(spec, typed, image_shape=image_shape, **dict(extra))
     return with_compute_dtype(learner, compute_dtype)
 
 
-_cached_build = functools.lru_cache(maxsize=64)(_build)
+# The same settings give the same Learner object, so the programs jitted with the learner as a
+# static argument (evaluation, training steps) compile once per process for all the runs that
+# share its settings (a sweep's seeds, a resumed or repeated run), as module-level jitted steps
+# do in flax/big_vision. A learner is pure functions: sharing one changes no number.
+_built = functools.lru_cache(maxsize=64)(_build)
 
 
 __all__ = ["COMPUTE_DTYPES", "LEARNERS", "Learner", "get_learner", "learner_options",

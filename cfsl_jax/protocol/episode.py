@@ -160,6 +160,13 @@ def meta_step_macs(learner, params, image_shape: tuple[int, ...], dtype=jnp.floa
     ``unroll=True`` option for the same reason. The optimiser update is not
     included (it is per step, not per task).
     """
+    return metrics.counted("meta_step", lambda: _meta_step_macs(
+        learner, params, image_shape, dtype, progress), learner, params, tuple(image_shape),
+        np.dtype(dtype), float(progress))
+
+
+def _meta_step_macs(learner, params, image_shape: tuple[int, ...], dtype, progress: float
+                    ) -> float:
     spec = learner.spec
     support_x = jnp.zeros((spec.nss, spec.support_size, *image_shape), dtype)
     support_y = jnp.zeros((spec.nss, spec.support_size), jnp.int32)

@@ -175,9 +175,36 @@ def xla_macs(fn: Callable, *args, **kwargs) -> float:
     return float(analysis.get("flops", 0.0)) / 2  # a program of constants reports no flops
 
 
+_MACS_COUNTED: dict[Any, Any] = {}  # counts by (what, learner, shapes, settings): see counted
+
+
+def counted(what: str, count: Callable[[], Any], learner, params, *shapes: Any) -> Any:
+    """``count()`` (MACs, from shapes only), counted once per process for the same learner
+    object (``learners.get_learner`` returns one per settings), params' shapes and dtypes,
+    ``shapes``, precision and optimisation level: a later run of the same settings does not
+    compile its programs again to count them."""
+    leaves, tree = jax.tree.flatten(params)
+    key = (what, learner, tree, tuple((np.shape(x), np.result_type(x)) for x in leaves), shapes,
+           backend.precision(), bool(jax.config.read("jax_disable_most_optimizations")))
+    try:
+        hash(key)
+    except TypeError:
+        return count()
+    if key not in _MACS_COUNTED:
+        if len(_MACS_COUNTED) >= 256:
+            _MACS_COUNTED.clear()
+        _MACS_COUNTED[key] = count()
+    return _MACS_COUNTED[key]
+
+
 def learner_macs(learner, params, image_shape: tuple[int, ...], dtype=jnp.float32
                  ) -> dict[str, float]:
     """MACs to adapt to one support set, to predict the target set, and per task."""
+    return dict(counted("learner", lambda: _learner_macs(learner, params, image_shape, dtype),
+                        learner, params, tuple(image_shape), np.dtype(dtype)))
+
+
+def _learner_macs(learner, params, image_shape: tuple[int, ...], dtype) -> dict[str, float]:
     spec = learner.spec
     key = jax.random.key(0)
     state = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),

@@ -11,11 +11,16 @@ optimiser state is then the bare optimiser's).
 
 from __future__ import annotations
 
+import functools
+
 import optax
 
 OPTIMIZERS: tuple[str, ...] = ("adam", "sgd")
 
 
+# The same settings give the same optimiser object (pure functions), so a jitted step that
+# closes over it is found again by a later run with the same settings (``training.steps``).
+@functools.lru_cache(maxsize=64)
 def optimizer(name: str, learning_rate: float, weight_decay: float | None = None,
               momentum: float | None = None) -> optax.GradientTransformation:
     """PyTorch's ``Adam`` or ``SGD(momentum=...)`` with L2 ``weight_decay`` in the gradient."""

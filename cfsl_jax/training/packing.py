@@ -169,6 +169,11 @@ def _train_group(learner, splits, group, steps_per_dispatch: int,
                          stop_after_steps, shrink, pack_axis)
 
 
+# One jitted packed step per settings (as ``train._train_step``): a resumed or repeated pack
+# of the same settings in the process finds it compiled.
+_packed_steps = functools.lru_cache(maxsize=16)(steps.make_steps)
+
+
 def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
                      stop_after_steps: int | None, pack_axis: str = "auto") -> None:
     config = group[0][0]
@@ -184,8 +189,8 @@ def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
     def compile_step(state):
         with progress.stage(f"[train] compiling a pack of {len(group)} {learner.name} "
                             f"meta-training runs, {steps_per_dispatch} step(s) per call"):
-            multi = steps.make_steps(learner, optimizer, config.meta_batch, steps_per_dispatch,
-                                     runs=True, pack_axis=pack_axis).lower(
+            multi = _packed_steps(learner, optimizer, config.meta_batch, steps_per_dispatch,
+                                  runs=True, pack_axis=pack_axis).lower(
                 state.params, state.opt_state, split, keys, state.step,
                 np.zeros(steps_per_dispatch, np.float32)).compile()
         check_pack_fits(multi, len(group), learner.name)

@@ -26,6 +26,7 @@ epoch loop (resume, stops, checkpoints, validation) is ``cfsl_jax.training.loop`
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import time
 from typing import Any
@@ -108,12 +109,19 @@ def meta_train(config: TrainConfig, learner: Learner, params: Any, splits, workd
     return state.params
 
 
+# One jitted step per (learner, optimiser, meta-batch, mesh): learners and optimisers with the
+# same settings are the same objects (``learners.get_learner``, ``optimizers.optimizer``), so a
+# later run of the same settings in the process (a sweep's seeds, a resumed run) finds the
+# compiled step instead of tracing and compiling it again.
+_train_step = functools.lru_cache(maxsize=16)(make_train_step)
+
+
 def compile_train_step(learner: Learner, optimizer: optax.GradientTransformation,
                        config: TrainConfig, mesh: Mesh, params: Any, opt_state: Any,
                        split: data.Split, key: jax.Array):
     """The training step compiled ahead of time (with a progress line), refused with a
     UserError when XLA's estimate of its memory exceeds the device's."""
-    step = make_train_step(learner, optimizer, config.meta_batch, mesh)
+    step = _train_step(learner, optimizer, config.meta_batch, mesh)
     with progress.stage(f"[train] compiling the {learner.name} meta-training step"):
         compiled = step.lower(params, opt_state, split, key, jnp.float32(0)).compile()
     memory.check_fits(compiled, f"one meta-training step of {learner.name} on "
@@ -123,24 +131,8 @@ def compile_train_step(learner: Learner, optimizer: optax.GradientTransformation
     return compiled
 
 
-_MACS: dict[str, float] = {}
-
-
 def per_task_meta_step_macs(config: TrainConfig, learner: Learner, params: Any,
                             image_shape: tuple[int, ...]) -> float:
-    """``_per_task_meta_step_macs``, counted once per process for the runs that differ only in
-    their seeds (the count depends on the program's shapes, not on the params' values: the
-    runs of a sweep or a pack reuse it instead of tracing and analysing the step again)."""
-    key = repr((config.learner, config.spec, config.compute_dtype, image_shape,
-                sorted(config.learner_options.items()),
-                jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), params)))
-    if key not in _MACS:
-        _MACS[key] = _per_task_meta_step_macs(config, learner, params, image_shape)
-    return _MACS[key]
-
-
-def _per_task_meta_step_macs(config: TrainConfig, learner: Learner, params: Any,
-                             image_shape: tuple[int, ...]) -> float:
     """XLA's MACs of one task's meta-training step, with every support set counted.
 
     A learner with its own meta-loss is rebuilt with ``unroll=True`` where its
