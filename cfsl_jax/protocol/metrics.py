@@ -184,7 +184,7 @@ def counted(what: str, count: Callable[[], Any], learner, params, *shapes: Any) 
     ``shapes``, precision and optimisation level: a later run of the same settings does not
     compile its programs again to count them."""
     leaves, tree = jax.tree.flatten(params)
-    key = (what, learner, tree, tuple((np.shape(x), np.result_type(x)) for x in leaves), shapes,
+    key = (what, learner, tree, tuple((np.shape(x), jnp.result_type(x)) for x in leaves), shapes,
            backend.precision(), bool(jax.config.read("jax_disable_most_optimizations")))
     try:
         hash(key)
