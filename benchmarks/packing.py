@@ -60,6 +60,9 @@ def build(learner_name: str, cell: str):
     return (config, *runs.build(config))
 
 
+_EVAL_BYTES: dict[tuple[str, str, int], int | None] = {}
+
+
 def measure(learner_name: str, cell: str, packs: int, count: int, axis: str = "vmap") -> dict:
     config, learner, splits = build(learner_name, cell)
     optimizer = make_optimizer(config)
@@ -71,7 +74,10 @@ def measure(learner_name: str, cell: str, packs: int, count: int, axis: str = "v
         opt_state, key = jax.vmap(optimizer.init)(params), jnp.stack(keys)
     else:
         params, opt_state, key = params[0], optimizer.init(params[0]), keys[0]
-    eval_bytes = evaluation_bytes(learner, splits["val"], params, packs > 1)
+    if (learner_name, cell, packs) not in _EVAL_BYTES:  # one compilation per pack size
+        _EVAL_BYTES[learner_name, cell, packs] = evaluation_bytes(learner, splits["val"], params,
+                                                                  packs > 1)
+    eval_bytes = _EVAL_BYTES[learner_name, cell, packs]
     multi = steps.make_steps(learner, optimizer, config.meta_batch, count, runs=packs > 1,
                               pack_axis=axis)
     progress = jnp.zeros((count,), jnp.float32)

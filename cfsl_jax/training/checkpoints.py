@@ -56,6 +56,7 @@ class Checkpoints:
         self.resume_limit: int | None = None  # restore_latest: no step after it (repair_best)
         self.latest = _manager(files.join(root, "latest"), KEEP_LATEST)
         self.best = _manager(files.join(root, "best"), keep_best, best=True)
+        self.keep_best = keep_best
         self.pretrained = _manager(files.join(root, "pretrained"), 1)
 
     # -- saving ------------------------------------------------------------------
@@ -63,8 +64,12 @@ class Checkpoints:
         _save(self.latest, step, {"params": params, "opt_state": opt_state})
 
     def save_best(self, epoch: int, params: Any, val_acc: float) -> None:
-        if epoch in self.best.all_steps():  # re-validated after a resume: same params
+        kept = self.best.all_steps()
+        if epoch in kept:  # re-validated after a resume: same params
             return
+        full = len(kept) >= self.keep_best and hasattr(self.best, "metrics")  # else: every epoch
+        if full and float(val_acc) < min(float(self.best.metrics(e)["val_acc"]) for e in kept):
+            return  # below every kept epoch: orbax would delete it at once, so no write
         _save(self.best, epoch, {"params": params}, metrics={"val_acc": float(val_acc)})
 
     def save_pretrained(self, params: Any) -> None:
