@@ -3,8 +3,11 @@ pack, and a run trained S steps per call, samples the tasks it samples alone and
 solo run's numbers within the rounding of XLA's batched kernels (docs/results.md)."""
 
 import dataclasses
+import json
 import os
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +15,7 @@ import numpy as np
 import pytest
 
 from cfsl_jax.experiments.verify import match_detail, verify
-from cfsl_jax.runtime import seeding
+from cfsl_jax.runtime import locks, seeding
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training import loop, packing, results, runs, steps, train
 from cfsl_jax.training.config import TrainConfig
@@ -124,6 +127,10 @@ def test_a_packed_run_is_an_ordinary_run_with_the_solo_runs_tasks_and_numbers(
         assert mine["ce_mean"] == pytest.approx(solo_test["ce_mean"], rel=1e-2)
         assert {"checkpoints", "config.json", "results.json", "val_history.json",
                 "metrics.jsonl"} <= set(os.listdir(workdir))
+        # its wall time counts the pack's training (a session) and its own test (another)
+        with open(os.path.join(workdir, "sessions.json")) as f:
+            sessions = json.load(f)
+        assert sessions["sessions"] == 2 and out["wall_seconds"] < sessions["seconds"]
     assert packed[0]["test"]["ce_mean"] != packed[1]["test"]["ce_mean"]
     assert verify(dirs[1]) == []  # launch.verify's MATCH: the re-test is bit-equal
     assert "bit-equal (tolerance 0" in match_detail(metrics=True)
@@ -135,6 +142,24 @@ def test_a_packed_run_is_an_ordinary_run_with_the_solo_runs_tasks_and_numbers(
     for out, back in zip(packed, resumed):
         assert (out["test"]["acc_mean"], out["test"]["ce_mean"]) == (
             back["test"]["acc_mean"], back["test"]["ce_mean"])
+
+
+def test_a_pack_with_a_run_another_process_trains_is_refused_before_writing(tmp_path):
+    dirs = [str(tmp_path / f"seed{s}") for s in PACK_SEEDS]
+    os.makedirs(dirs[1])
+    code = ("import time; from cfsl_jax.runtime import locks\n"
+            f"with locks.held({locks.path_in(dirs[1])!r}, 'x'):\n"
+            "    print('held', flush=True); time.sleep(600)")
+    other = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        with pytest.raises(locks.Busy, match=f"workdir {re.escape(dirs[1])} is in use by host "
+                           f".* pid {other.pid} since "):
+            packing.meta_train_pack(PACKED, PACK_SEEDS, dirs, steps_per_dispatch=2)
+        assert os.listdir(dirs[1]) == [".lock"]  # nothing written into either run
+        assert not os.path.exists(os.path.join(dirs[0], "config.json"))
+    finally:
+        other.kill()
 
 
 def test_repeated_or_missing_seeds_are_refused():

@@ -18,8 +18,10 @@ docs/results.md, "Packing runs").
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
+import time
 from typing import Any, Sequence
 
 import jax
@@ -133,16 +135,19 @@ def meta_train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequenc
     learner, splits = runs.build(config)
     if not runs.selects_epochs(config, learner):
         return
-    for c, w in todo:
-        runs.check_workdir_config(w, c)
-    by_step = collections.defaultdict(list)
-    for c, w in todo:
-        latest = checkpoints.Checkpoints(w, c.keep_best)
-        by_step[latest.latest.latest_step() or 0].append((c, w))
-        latest.close()
-    for group in by_step.values():
-        _train_group(learner, splits, group, steps_per_dispatch, stop_after_steps, shrink,
-                     pack_axis)
+    with contextlib.ExitStack() as held:  # as a solo run: another process's run is refused
+        for _, w in todo:
+            held.enter_context(train.workdir_locked(w))
+        for c, w in todo:
+            runs.check_workdir_config(w, c)
+        by_step = collections.defaultdict(list)
+        for c, w in todo:
+            latest = checkpoints.Checkpoints(w, c.keep_best)
+            by_step[latest.latest.latest_step() or 0].append((c, w))
+            latest.close()
+        for group in by_step.values():
+            _train_group(learner, splits, group, steps_per_dispatch, stop_after_steps, shrink,
+                         pack_axis)
 
 
 def _train_group(learner, splits, group, steps_per_dispatch: int,
@@ -253,7 +258,18 @@ def _run_pack(phase: loop.Phase, group, initial: Sequence[loop.TrainState], comp
               validation: SharedValidation, stop_after_steps: int | None) -> None:
     """``loop.run`` for the runs of ``group`` at once: each restored from its own checkpoints
     (all at one step), its own hooks on its row; ``compile_step(stacked state)`` gives the
-    pack's step function."""
+    pack's step function. The pack's wall time is a session of each run (its
+    ``wall_seconds``: the time it took, shared with the pack's other runs)."""
+    started, earlier = time.perf_counter(), [runs.earlier_sessions(w) for _, w in group]
+    try:
+        _run_hooks(phase, group, initial, compile_step, validation, stop_after_steps)
+    finally:
+        for (c, w), before in zip(group, earlier):
+            runs.end_session(w, c, before, time.perf_counter() - started)
+
+
+def _run_hooks(phase: loop.Phase, group, initial: Sequence[loop.TrainState], compile_step,
+               validation: SharedValidation, stop_after_steps: int | None) -> None:
     members, states, restored_at = [], [], set()
     for k, ((c, w), state) in enumerate(zip(group, initial)):
         outputs = loop.Outputs(w, checkpoints.Checkpoints(w, c.keep_best),
