@@ -176,6 +176,8 @@ def check():
     if slurm_options is not None and FLAGS.workers is not None:
         raise cli.UserError("--workers is for --launcher=local (a SLURM job runs one run)")
     pack = pack_size()
+    train_cli.check_pack_flags(configs, pack > 1, "applies to packs (--pack=N with N >= 2, or "
+                               "auto with two or more --seeds); this sweep trains each run alone")
     if shard:
         configs = sweep_plan.shard(configs, *shard, pack=pack)
     return configs, skipped, shard, slurm_options
@@ -214,7 +216,9 @@ def main(argv) -> None:
     try:
         with locks.held(*sweep_lock(FLAGS.workdir, shard)):
             outcomes = sweep.run_sweep(configs, FLAGS.workdir, workers=FLAGS.workers,
-                                       pack=pack_size(), shrink=FLAGS.pack == "auto")
+                                       pack=pack_size(), shrink=FLAGS.pack == "auto",
+                                       steps_per_dispatch=FLAGS.steps_per_dispatch,
+                                       pack_axis=FLAGS.pack_axis)
     except KeyboardInterrupt:
         cli.write_flagfile(FLAGS.workdir)
         raise
@@ -234,7 +238,9 @@ def slurm_job(jax_options):
     """What each array task of this sweep runs: a whole pack (``--pack``; shrinking to the job's
     device with ``--pack=auto``), or one run."""
     if pack_size() > 1:
-        return slurm.PackJob(jax_options, shrink=FLAGS.pack == "auto")
+        return slurm.PackJob(jax_options, shrink=FLAGS.pack == "auto",
+                             steps_per_dispatch=FLAGS.steps_per_dispatch,
+                             pack_axis=FLAGS.pack_axis)
     return slurm.RunJob(jax_options)
 
 

@@ -24,7 +24,7 @@ from absl import flags
 
 from cfsl_jax.protocol.spec import TaskSpec
 from cfsl_jax.runtime import files, naming, parallel
-from cfsl_jax.training import as_published, budgets, packing, runs, train
+from cfsl_jax.training import as_published, budgets, packing, runs, steps, train
 from cfsl_jax.learners import options_class
 from cfsl_jax.training.config import TrainConfig
 
@@ -58,6 +58,9 @@ define_list("seeds", [], "Seeds. launch.train: train them as one pack (README, \
             "seeds (default 0,1,2).", module=__name__)
 flags.DEFINE_integer("steps_per_dispatch", 1, "Meta-steps per host call in a pack (it divides "
                      "--iters_per_epoch, --log_every and --checkpoint_every).", lower_bound=1)
+flags.DEFINE_enum("pack_axis", "auto", steps.PACK_AXES, "How a pack computes its runs: vmap "
+                  "(batched), map (one after another in one program), auto (map on CPU, vmap "
+                  "on GPU/TPU). Not part of a run's config.")
 define_backend_flags()
 FLAGS = flags.FLAGS
 
@@ -82,7 +85,7 @@ SPEC = config_flags.define(TaskSpec, __name__, overrides=True)
 # The flags that set no TrainConfig field (tests/test_config_flags.py checks the lists).
 NOT_CONFIG = ("workdir", "as_published", "budget", "num_devices", "multihost", "eval_tasks",
               "retest", "list_options", "precision", "compilation_cache_dir", "seeds",
-              "steps_per_dispatch")
+              "steps_per_dispatch", "pack_axis")
 
 
 def flag_words():
@@ -130,11 +133,22 @@ def check() -> TrainConfig:
     check_data_flags()
     check_output_dir("workdir", FLAGS.workdir)
     config = config_from_flags()
-    if FLAGS.seeds:
-        packing.check_steps_per_dispatch(config, FLAGS.steps_per_dispatch)
+    check_pack_flags([config], len(FLAGS.seeds) > 1,
+                     "applies to a pack (--seeds with two or more); this command trains one run")
     for seed, workdir in pack_runs():
         runs.check_workdir_config(workdir, dataclasses.replace(config, seed=seed), create=False)
     return config
+
+
+def check_pack_flags(configs: list[TrainConfig], packed: bool, why_not: str) -> None:
+    """--steps_per_dispatch and --pack_axis say how a pack trains: set without one, refused
+    (``why_not`` says why there is none); S must divide each config's intervals."""
+    given = [f"--{name}={FLAGS[name].value}" for name in ("steps_per_dispatch", "pack_axis")
+             if FLAGS[name].value != FLAGS[name].default]
+    if given and not packed:
+        raise cli.UserError(f"{' '.join(given)}: {why_not}")
+    for config in configs:
+        packing.check_steps_per_dispatch(config, FLAGS.steps_per_dispatch)
 
 
 def pack_runs() -> list[tuple[int, str]]:
@@ -162,7 +176,8 @@ def main(argv) -> None:
     with cli.flags_recorded(FLAGS.workdir):
         if FLAGS.seeds:
             seeds, workdirs = zip(*pack_runs())
-            packing.train_pack(config, seeds, workdirs, FLAGS.steps_per_dispatch)
+            packing.train_pack(config, seeds, workdirs, FLAGS.steps_per_dispatch,
+                               pack_axis=FLAGS.pack_axis)
             return
         train.train_and_evaluate(config, FLAGS.workdir, mesh=mesh, retest=FLAGS.retest)
 

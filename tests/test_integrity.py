@@ -367,3 +367,22 @@ def test_a_retest_is_refused_while_another_command_holds_the_workdir(finished, t
     finally:
         other.kill()
         other.wait()
+
+
+def test_verify_on_another_backend_names_the_backends_and_the_size_of_the_difference(
+        finished, monkeypatch):
+    """A run recorded on one backend and re-tested on another differs by kernel rounding:
+    verify still says DIFFERS (no tolerance), and a note names both backends and the largest
+    relative difference."""
+    _, workdir = finished
+    real = verify.results.test_record
+    monkeypatch.setattr(verify.results, "test_record", lambda recorded: dataclasses.replace(
+        real(recorded), ce_mean=real(recorded).ce_mean * (1 + 2e-5)))  # a GPU's rounding
+    monkeypatch.setattr(verify.jax, "default_backend", lambda: "gpu")  # recorded on cpu
+    differences = verify.verify(workdir)
+    assert differences[0].startswith("ce_mean: recorded ") and len(differences) == 2
+    assert differences[1] == ("note: recorded on cpu, recomputed on gpu: the largest difference "
+                              "is 2.0e-05 relative, the rounding of another backend's kernels; "
+                              "verify on cpu for the bit-for-bit check")
+    monkeypatch.setattr(verify.jax, "default_backend", lambda: "cpu")  # the same backend: no note
+    assert [d[:8] for d in verify.verify(workdir)] == ["ce_mean:"]

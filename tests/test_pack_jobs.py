@@ -2,6 +2,7 @@
 as a local sweep's does, a pack that fails says so before its runs go on alone, and a pack
 computed with ``lax.map`` over its runs (``pack_axis="map"``) trains each run as alone."""
 
+import os
 import signal
 
 import jax
@@ -22,17 +23,22 @@ def test_a_slurm_pack_of_pack_auto_shrinks_and_an_explicit_one_does_not(monkeypa
     large for the job's device (``execute_pack(shrink=True)``); ``--pack=2`` submits ones that
     do not."""
     calls = []
-    monkeypatch.setattr(sweep, "execute_pack", lambda configs, workdirs, shrink=False:
-                        calls.append(shrink) or [("finished", 0.0, "ok")] * len(workdirs))
+    monkeypatch.setattr(sweep, "execute_pack", lambda configs, workdirs, shrink=False,
+                        steps_per_dispatch=1, pack_axis="auto":
+                        calls.append((shrink, steps_per_dispatch, pack_axis))
+                        or [("finished", 0.0, "ok")] * len(workdirs))
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR2)}
     try:
-        for pack, shrinks in (("auto", True), ("2", False)):
+        for pack, more, expected in (("auto", [], (True, 1, "auto")),
+                                     ("2", ["--steps_per_dispatch=5", "--pack_axis=map"],
+                                      (False, 5, "map"))):
             with command_module("sweep") as module:
-                flags.FLAGS(["cfsl-sweep", f"--workdir={tmp_path}", "--seeds=0,1", f"--pack={pack}"])
+                flags.FLAGS(["cfsl-sweep", f"--workdir={tmp_path}", "--seeds=0,1",
+                             f"--pack={pack}", *more])
                 job = module.slurm_job({})
             assert isinstance(job, slurm.PackJob)
             assert job([{}, {}], ["a", "b"]) == "2 runs finished"
-            assert calls.pop() is shrinks
+            assert calls.pop() == expected
     finally:
         for number, handler in handlers.items():
             signal.signal(number, handler)
@@ -41,13 +47,18 @@ def test_a_slurm_pack_of_pack_auto_shrinks_and_an_explicit_one_does_not(monkeypa
 def test_a_failed_pack_says_so_and_its_runs_go_on_alone(monkeypatch, capsys):
     """A pack whose program fails (here: a fault raised by its training) prints one line naming
     the pack and the error, then each run is executed alone, where it reports its own error."""
+    given = []
+
     def broken(*args, **kwargs):
+        given.append((args[3], kwargs["pack_axis"]))
         raise RuntimeError("XLA ran out of something\nRESOURCE_EXHAUSTED: 3 GiB more")
     monkeypatch.setattr(packing, "meta_train_pack", broken)
     alone = []
     monkeypatch.setattr(sweep, "execute", lambda config, workdir, tested=None:
                         alone.append(workdir) or ("finished", 1.0, "test acc 0.5000"))
-    outcomes = sweep.execute_pack([{"seed": 0}, {"seed": 1}], ["w/seed0", "w/seed1"])
+    outcomes = sweep.execute_pack([{"seed": 0}, {"seed": 1}], ["w/seed0", "w/seed1"],
+                                  steps_per_dispatch=4, pack_axis="vmap")
+    assert given == [(4, "vmap")]  # the sweep's --steps_per_dispatch and --pack_axis
     out = capsys.readouterr().out
     assert ("[sweep] the pack of 2 (w/seed0, w/seed1) failed: RuntimeError: RESOURCE_EXHAUSTED: "
             "3 GiB more; its runs go on one at a time") in out, out
@@ -91,3 +102,23 @@ def test_a_map_packed_maml_run_trains_bit_for_bit_as_it_trains_alone():
     assert not np.allclose(out["loss"][0], out["loss"][1])  # each seed its own tasks
     with pytest.raises(ValueError, match="pack_axis must be one of"):
         steps.resolve_pack_axis("pmap")
+
+
+def test_pack_flags_without_a_pack_or_that_do_not_divide_are_refused(tmp_path):
+    """--steps_per_dispatch and --pack_axis say how a pack trains: one line and status 2 where
+    there is no pack, or where S does not divide the intervals; nothing is created."""
+    from test_cli import assert_error, run_cases
+    train = ["--dataset=synthetic", "--task=B2", "--epochs=1", "--iters_per_epoch=10"]
+    one, axis, odd = run_cases("train", [
+        [f"--workdir={tmp_path / 'a'}", *train, "--seeds=0", "--steps_per_dispatch=5"],
+        [f"--workdir={tmp_path / 'b'}", *train, "--pack_axis=map"],
+        [f"--workdir={tmp_path / 'c'}", *train, "--seeds=0,1", "--steps_per_dispatch=7"]])
+    assert_error(one, "--steps_per_dispatch=5: applies to a pack (--seeds with two or more)")
+    assert_error(axis, "--pack_axis=map: applies to a pack")
+    assert_error(odd, "--steps_per_dispatch=7 must divide --iters_per_epoch, --log_every and "
+                      "--checkpoint_every (now 10, 50, 0")
+    alone, = run_cases("sweep", [[f"--workdir={tmp_path / 's'}", "--dataset=synthetic",
+                                  "--cells=B2", "--learners=protonets", "--dry_run",
+                                  "--steps_per_dispatch=2"]])
+    assert_error(alone, "--steps_per_dispatch=2: applies to packs (--pack=N with N >= 2")
+    assert os.listdir(tmp_path) == []

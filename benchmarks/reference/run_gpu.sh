@@ -17,6 +17,18 @@
 # (OUT_DIR/sweep: SWEEP/omniglot-full/protonets/B3/seedS, the CPU grid's layout)
 # is archived as sweep.tar.gz, in 15 MB pieces when larger; export its rows with
 # `python -m benchmarks.reference.export --sweep_dir=...`.
+#
+# On a bare GPU machine with jax (CUDA) installed and no network, install the
+# checkout first, without dependencies, and whatever else is missing from wheels
+# carried along (the 2026-11-27 lease: tensorflow-datasets, array-record, dm-tree,
+# immutabledict, importlib_resources, promise, simple_parsing, docstring_parser,
+# tensorflow-metadata, googleapis-common-protos, termcolor, toml, tensorboardX):
+#   pip install --no-index --no-deps --target /tmp/site WHEELS/*.whl && export PYTHONPATH=/tmp/site
+#   pip install --no-index --no-deps --no-build-isolation -e .
+#   CFSL_COMMIT=$(git rev-parse HEAD) benchmarks/reference/run_gpu.sh $OUT MANUAL DATA 555
+# (docs/results.md, "third lease": what one 15-minute lease gave). To continue a
+# stopped pack on another machine, unpack its sweep.tar.gz into the new OUT_DIR
+# first: the same command resumes each run from its checkpoints.
 set -uo pipefail
 if [[ $# -ne 4 ]]; then
   echo "usage: $0 OUT_DIR MANUAL_DIR DATA_DIR SECONDS" >&2

@@ -169,13 +169,15 @@ def execute(config_json: dict, workdir: str, tested=None) -> tuple[str, float, s
     return "finished", time.perf_counter() - started, f"test acc {out['test']['acc_mean']:.4f}"
 
 
-def execute_pack(config_jsons: list[dict], workdirs: list[str], shrink: bool = False
+def execute_pack(config_jsons: list[dict], workdirs: list[str], shrink: bool = False,
+                 steps_per_dispatch: int = 1, pack_axis: str = "auto"
                  ) -> list[tuple[str, float, str]]:
     """``execute`` for each run of a pack (runs of one config but their seeds), their
     meta-training first packed (``packing.meta_train_pack``), then their test
     (``pack_eval.test_pack``); a pack that fails leaves each run to train alone, where its
     error is reported. ``shrink`` (``--pack=auto``): a pack too large for the device's memory
-    trains as packs of the largest size that fits."""
+    trains as packs of the largest size that fits. ``steps_per_dispatch``, ``pack_axis``: as
+    ``packing.meta_train_pack``'s."""
     if len(workdirs) == 1:
         return [execute(config_jsons[0], workdirs[0])]
     started, tested = time.perf_counter(), {}
@@ -183,7 +185,7 @@ def execute_pack(config_jsons: list[dict], workdirs: list[str], shrink: bool = F
         with progress.prefixed(f"pack of {len(workdirs)}: "):
             packing.meta_train_pack(TrainConfig(**config_jsons[0]),
                                     [c["seed"] for c in config_jsons], workdirs,
-                                    shrink=shrink)
+                                    steps_per_dispatch, shrink=shrink, pack_axis=pack_axis)
             tested = pack_eval.test_pack(TrainConfig(**config_jsons[0]),
                                          [TrainConfig(**c) for c in config_jsons], workdirs)
     except KeyboardInterrupt as error:
@@ -208,7 +210,8 @@ def worker_jax_options(sweep_dir: str) -> dict[str, Any]:
 def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | None = None,
               jax_options: Mapping[str, Any] | None = None,
               log: Callable[[str], None] = print, pack: int = 1,
-              shrink: bool = False) -> list[Outcome]:
+              shrink: bool = False, steps_per_dispatch: int = 1,
+              pack_axis: str = "auto") -> list[Outcome]:
     """Run every run of ``configs`` that is not done; returns one Outcome per run (in the
     order of ``configs``).
 
@@ -216,7 +219,8 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
     process after the ones inherited from this process (``INHERITED_JAX_OPTIONS``);
     with ``workers=0`` the runs use this process's configuration as it is. ``pack``: the runs
     that differ only in their seeds meta-train in packs of at most ``pack`` (``packs``);
-    ``shrink``: a pack too large for the device's memory shrinks (``execute_pack``).
+    ``shrink``: a pack too large for the device's memory shrinks (``execute_pack``);
+    ``steps_per_dispatch`` and ``pack_axis``: how a pack meta-trains (``execute_pack``).
     """
     if workers is not None and workers < 0:
         raise ValueError(f"workers must be >= 0 (0: in this process), got {workers}")
@@ -256,7 +260,8 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
     groups = packs(todo, pack)
     if todo and workers == 0:
         for group in groups:
-            for run, result in zip(group, execute_pack(*_pack_args(group), shrink)):
+            for run, result in zip(group, execute_pack(*_pack_args(group), shrink,
+                                                       steps_per_dispatch, pack_axis)):
                 record(run, result)
                 if result[0] == "interrupted":
                     raise stopped()
@@ -283,8 +288,8 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
                 error = pool.submit(prepare_data, config.to_json()).result()
                 if error:
                     log(f"[sweep] preparing {config.dataset} failed: {error}")
-            futures = {pool.submit(execute_pack, *_pack_args(group), shrink): group
-                       for group in groups}
+            futures = {pool.submit(execute_pack, *_pack_args(group), shrink,
+                                   steps_per_dispatch, pack_axis): group for group in groups}
             for future in concurrent.futures.as_completed(futures):
                 group = futures[future]
                 try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import jax
+
 from cfsl_jax.runtime import checksums, files, progress
 from cfsl_jax.training import checkpoints, results
 from cfsl_jax.training import runs
@@ -97,10 +99,19 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
         report = evaluate(learner, params, splits["test"], num_tasks=config.test_tasks,
                           seed=config.task_seed, batch_size=config.eval_batch,
                           ensemble=runs.selects_epochs(config, learner), cost_metrics=False)
+        relative = []
         for name in CHECKED_METRICS:
             if getattr(report, name) != getattr(stored, name):
                 differences.append(f"{name}: recorded {getattr(stored, name)!r}, "
                                    f"now {getattr(report, name)!r}")
+                relative.append(abs(getattr(report, name) - getattr(stored, name))
+                                / max(abs(getattr(stored, name)), 1e-30))
+        if relative and recorded.get("backend") not in (None, jax.default_backend()):
+            differences.append(
+                f"note: recorded on {recorded['backend']}, recomputed on "
+                f"{jax.default_backend()}: the largest difference is {max(relative):.1e} "
+                f"relative, the rounding of another backend's kernels; verify on "
+                f"{recorded['backend']} for the bit-for-bit check")
     return differences
 
 

@@ -101,12 +101,13 @@ def check_seeds(seeds: Sequence[int]) -> tuple[int, ...]:
 
 
 def train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequence[str],
-               steps_per_dispatch: int = 1, stop_after_steps: int | None = None
-               ) -> list[dict[str, Any]]:
+               steps_per_dispatch: int = 1, stop_after_steps: int | None = None,
+               pack_axis: str = "auto") -> list[dict[str, Any]]:
     """Train and test the runs ``config`` with ``seed`` in ``seeds`` into ``workdirs``, the
     meta-training of the runs that stand at the same step packed, then the test of those
     done (``pack_eval.test_pack``); returns their results."""
-    meta_train_pack(config, seeds, workdirs, steps_per_dispatch, stop_after_steps)
+    meta_train_pack(config, seeds, workdirs, steps_per_dispatch, stop_after_steps,
+                    pack_axis=pack_axis)
     configs = [dataclasses.replace(config, seed=seed) for seed in check_seeds(seeds)]
     tested = pack_eval.test_pack(config, configs, workdirs)
     # each run: its (remaining) training alone, its results (its test if not tested above)
