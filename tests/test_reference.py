@@ -165,3 +165,18 @@ def test_report_reference_from_the_command_line(tmp_path):
     assert done.stderr.strip().splitlines()[-1] == (
         f"error: --reference_dir={tmp_path / 'none'}: holds no results.csv (the reference data: "
         f"a checkout's docs/reference)")
+
+
+def test_the_convergence_axis_is_logarithmic_when_budgets_differ_by_more_than_20x(tmp_path):
+    from cfsl_jax.experiments import reference_report
+    from test_sweep_report import assert_curves_drawn
+    cpu, paper = np.array([400.0, 3200.0]), np.array([500.0, 125_000.0])
+    assert reference_report.log_scale([cpu, paper])  # 125,000 > 20 x 400
+    assert not reference_report.log_scale([cpu, np.array([0.0, 0.0])])  # test-only rows: 0
+    assert not reference_report.log_scale([np.array([0.0])])
+    path = reference_report.plot_convergence(
+        {"B3": {"a (8x50x8)": (cpu, np.array([80.0, 90.0])),
+                "b (paper)": (paper, np.array([85.0, 96.0])),
+                "c (8x50x8)": (np.array([0.0, 0.0]), np.array([20.0, 20.0]))}},
+        str(tmp_path / "c.png"))
+    assert_curves_drawn(path)

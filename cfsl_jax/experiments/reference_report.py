@@ -149,6 +149,13 @@ def curves(reference_dir: str, rows: Sequence[dict]) -> dict[str, dict[str, tupl
     return out
 
 
+def log_scale(xs: Sequence[np.ndarray]) -> bool:
+    """A log axis for training tasks when the budgets differ by more than 20x (a paper-budget
+    run beside the CPU grid's would squash the others against 0 on a linear one)."""
+    positive = [x[x > 0] for x in xs if (x > 0).any()]
+    return bool(positive) and max(p.max() for p in positive) > 20 * min(p.min() for p in positive)
+
+
 def plot_convergence(data: dict[str, dict[str, tuple]], path: str) -> str | None:
     """Validation accuracy against training tasks, a panel per cell; None with no curve."""
     if not data:
@@ -157,9 +164,13 @@ def plot_convergence(data: dict[str, dict[str, tuple]], path: str) -> str | None
     figure, axes = plotting.subplots(1, len(cells), figsize=(4.5 * len(cells), 4),
                                      squeeze=False)
     for axis, cell in zip(axes[0], cells):
+        wide = log_scale([x for x, _ in data[cell].values()])
         for index, (name, (x, y)) in enumerate(sorted(data[cell].items())):
-            axis.plot(x, y, marker="os^vD<>px*"[index % 10], label=name)
-        axis.set(title=cell, xlabel="training tasks", ylabel="validation accuracy (%)")
+            shown = x > 0 if wide else np.ones_like(x, bool)  # a log axis has no 0
+            axis.plot(x[shown], y[shown], marker="os^vD<>px*"[index % 10], label=name,
+                      markevery=max(1, int(shown.sum()) // 12))
+        axis.set(title=cell, xlabel="training tasks" + (" (log scale)" if wide else ""),
+                 ylabel="validation accuracy (%)", xscale="log" if wide else "linear")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7)
     figure.tight_layout()
