@@ -122,3 +122,22 @@ def test_pack_flags_without_a_pack_or_that_do_not_divide_are_refused(tmp_path):
                                   "--steps_per_dispatch=2"]])
     assert_error(alone, "--steps_per_dispatch=2: applies to packs (--pack=N with N >= 2")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_pack_too_large_for_the_device_is_refused_and_leaves_nothing(tmp_path, monkeypatch):
+    """``launch.train --seeds`` whose pack does not fit: one line naming --pack and the largest
+    pack that fits, status 2, and no workdir left behind (as a solo run refused)."""
+    from cfsl_jax.runtime import memory
+    from launch_inprocess import run_in_process
+    monkeypatch.setattr(memory, "needed_bytes", lambda compiled, with_arguments=True:
+                        2 * memory.GIB)  # XLA's estimate of the pack of 2: 1 GiB a run
+    monkeypatch.setattr(memory, "device_limit", lambda device: (int(1.5 * memory.GIB), True))
+    with command_module("train") as module:
+        code, _, err = run_in_process(module, "train", [
+            f"--workdir={tmp_path / 'w'}", "--seeds=0,1", "--dataset=synthetic", "--task=B2",
+            "--learner=protonets", "--learner_option=filters=8", "--epochs=1",
+            "--iters_per_epoch=2", "--val_tasks=2", "--test_tasks=2", "--eval_batch=2"])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: a pack of 2 protonets runs needs 2.0 GiB") and (
+        "--pack=2 is too many: at most --pack=1 fits" in err), err
+    assert os.listdir(tmp_path) == []  # neither run's folder nor W

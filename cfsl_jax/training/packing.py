@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cfsl_jax.runtime import memory, progress, seeding
+from cfsl_jax.runtime import files, memory, progress, seeding
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training import checkpoints, loop, pack_eval, pretrain, runs, steps, train
 from cfsl_jax.training.config import TrainConfig
@@ -136,8 +136,8 @@ def meta_train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequenc
     learner, splits = runs.build(config)
     if not runs.selects_epochs(config, learner):
         return
-    with contextlib.ExitStack() as held:  # as a solo run: another process's run is refused
-        for _, w in todo:
+    with _removed_if_refused([w for _, w in todo]), contextlib.ExitStack() as held:
+        for _, w in todo:  # as a solo run's: another process's run is refused
             held.enter_context(train.workdir_locked(w))
         for c, w in todo:
             runs.check_workdir_config(w, c)
@@ -149,6 +149,28 @@ def meta_train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequenc
         for group in by_step.values():
             _train_group(learner, splits, group, steps_per_dispatch, stop_after_steps, shrink,
                          pack_axis)
+
+
+@contextlib.contextmanager
+def _removed_if_refused(workdirs: Sequence[str]):
+    """As a solo run's (``train.train_and_evaluate``): the workdirs (and their folder) that did
+    not exist before are removed when the pack is refused (a ``UserError`` such as
+    ``PackTooLarge``, a full disk, out of memory) before any of them checkpointed: nothing is
+    left half-written."""
+    created = [w for w in workdirs if not files.exists(w)]
+    parents = {files.dirname(w) for w in created if not files.exists(files.dirname(w))}
+    try:
+        yield
+    except Exception as error:
+        if train.refused(error) and not any(train.has_checkpoints(w) for w in created
+                                            if files.isdir(w)):
+            for w in created:
+                if files.isdir(w):
+                    files.rmtree(w)
+            for parent in parents:
+                if files.isdir(parent) and not files.listdir(parent):
+                    files.rmtree(parent)
+        raise
 
 
 def _train_group(learner, splits, group, steps_per_dispatch: int,

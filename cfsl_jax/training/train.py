@@ -189,8 +189,7 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
         raise loop.interrupted(stop, "between training steps", "its checkpoints are",
                                workdir) from None
     except Exception as error:
-        if new and files.isdir(workdir) and _is_user_error(error) and not isinstance(
-                error, (locks.Busy, NonFiniteLoss)) and not _has_checkpoints(workdir):
+        if new and files.isdir(workdir) and refused(error) and not has_checkpoints(workdir):
             files.rmtree(workdir)
         raise
 
@@ -203,10 +202,17 @@ def workdir_locked(workdir: str):
     return locks.held(locks.path_in(workdir), f"workdir {workdir}")
 
 
-def _has_checkpoints(workdir: str) -> bool:
+def has_checkpoints(workdir: str) -> bool:
     root = files.join(workdir, "checkpoints")
     return any(name.isdigit() for series in ("latest", "best", "pretrained")
                for name in files.listdir(files.join(root, series)))
+
+
+def refused(error: BaseException) -> bool:
+    """A run refused (bad input, a full disk, out of memory) rather than failed: a workdir it
+    created is removed. Not when the workdir is another process's (``locks.Busy``) or the run
+    met a non-finite loss (its checkpoints are kept to look at)."""
+    return _is_user_error(error) and not isinstance(error, (locks.Busy, NonFiniteLoss))
 
 
 def _is_user_error(error: BaseException) -> bool:
