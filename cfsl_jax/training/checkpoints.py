@@ -67,9 +67,10 @@ class Checkpoints:
         kept = self.best.all_steps()
         if epoch in kept:  # re-validated after a resume: same params
             return
-        full = len(kept) >= self.keep_best and hasattr(self.best, "metrics")  # else: every epoch
-        if full and float(val_acc) < min(float(self.best.metrics(e)["val_acc"]) for e in kept):
-            return  # below every kept epoch: orbax would delete it at once, so no write
+        if len(kept) >= self.keep_best and hasattr(self.best, "metrics"):  # else: every epoch
+            accs = [(self.best.metrics(e) or {}).get("val_acc") for e in kept]
+            if None not in accs and float(val_acc) < min(map(float, accs)):
+                return  # below every kept epoch: orbax would delete it at once, so no write
         _save(self.best, epoch, {"params": params}, metrics={"val_acc": float(val_acc)})
 
     def save_pretrained(self, params: Any) -> None:
