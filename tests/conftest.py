@@ -21,8 +21,9 @@ The suite passes on any backend (CPU in CI, a GPU or TPU too):
 
 ``pytest`` runs the modules in three pytest-xdist worker processes (``-n 3 --dist loadfile``
 in pyproject.toml: a module's tests and fixtures stay in one worker); ``pytest -n 0`` runs
-everything in one process. The workers share one persistent compilation cache, and each
-test's compiled programs are released after it (peak memory per worker ~1.9 GB, not 5.5).
+everything in one process. The workers share one persistent compilation cache; a module's
+tests share their compiled programs, which are released after the module (or after a test
+that leaves the worker above 2 GB resident).
 """
 
 import contextlib
@@ -85,13 +86,22 @@ def unoptimised_env(**extra: str) -> dict[str, str]:
             **extra}
 
 
+def compile_unoptimised(unoptimised: bool) -> None:
+    """From here on this process compiles at -O0 (True) or at XLA's default level. jax's
+    in-memory caches do not tell the levels apart, and a module's tests share them: a change of
+    level drops them, so no program compiled at the other level is reused."""
+    if jax.config.values["jax_disable_most_optimizations"] != unoptimised:
+        jax.config.update("jax_disable_most_optimizations", unoptimised)
+        jax.clear_caches()
+
+
 @pytest.fixture
 def full_optimisation():
     """This test compiles at XLA's default level: one whose run time, not its compile time,
     dominates (at -O0 the maml_low training test takes 76 s instead of 48)."""
-    jax.config.update("jax_disable_most_optimizations", False)
+    compile_unoptimised(False)
     yield
-    jax.config.update("jax_disable_most_optimizations", UNOPTIMISED)
+    compile_unoptimised(UNOPTIMISED)
 
 
 def cpu_mesh(num_devices: int | None = None):
@@ -211,17 +221,46 @@ def process_settings_restored():
     before = {name: jax.config.values[name] for name in _PROCESS_SETTINGS}
     yield
     for name, value in before.items():
-        if jax.config.values[name] != value:
+        if name == "jax_disable_most_optimizations":
+            compile_unoptimised(value)
+        elif jax.config.values[name] != value:
             jax.config.update(name, value)
 
 
-@pytest.fixture(autouse=True)
+# A worker's resident memory above which a test's programs are released at once, not at the
+# end of its module (after a module, always): a module's tests share their compiled programs
+# (the library keeps one learner, optimiser, training step and evaluation program per settings
+# per process), and no worker holds more than about this plus one test's programs.
+RELEASE_ABOVE_BYTES = 2_000_000_000
+
+
+def _resident_bytes() -> int | None:
+    """This process's resident memory now (Linux's /proc); None where it cannot be read."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+@pytest.fixture(scope="module", autouse=True)
 def release_compiled_programs():
-    """After each test, its programs are dropped (a later test that needs one again reads it
-    from the persistent cache): the session holds one test's programs at a time, not the whole
-    suite's (several GB)."""
+    """After each module, its programs are dropped (a later module that needs one again reads
+    it from the persistent cache): the session holds one module's programs at a time, not the
+    whole suite's (several GB). Tests that change what jax traces without changing a program's
+    arguments (a module constant read at trace time) clear jax's caches around the change."""
     yield
     _release_memory()
+
+
+@pytest.fixture(autouse=True)
+def memory_bounded():
+    """After a test that leaves the worker above ``RELEASE_ABOVE_BYTES`` (or where its memory
+    cannot be read), its programs are dropped at once."""
+    yield
+    resident = _resident_bytes()
+    if resident is None or resident > RELEASE_ABOVE_BYTES:
+        _release_memory()
 
 
 @pytest.fixture(scope="session")

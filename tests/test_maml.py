@@ -23,6 +23,7 @@ from cfsl_jax.models.densenet import SEDenseNet
 from cfsl_jax.models.norm import PerStepBatchNorm
 from cfsl_jax.protocol.sampler import sample_task, sample_tasks
 from cfsl_jax.protocol.spec import TaskSpec
+from conftest import compile_unoptimised
 
 IMAGE = (28, 28, 1)
 SMALL = (16, 16, 1)
@@ -399,7 +400,7 @@ def test_maml_low_meta_training_improves_c3_accuracy_on_omniglot(omniglot_dir, d
     params = init(learner, IMAGE)
     eval_keys = jax.random.split(jax.random.key(123), 32)
     sample_tasks(eval_keys, val.class_table, val.class_sizes, spec)  # validates the spec
-    jax.config.update("jax_disable_most_optimizations", False)  # restored after the test
+    compile_unoptimised(False)  # restored after the test
     optimizer = optax.adam(1e-2)
     opt_state = optimizer.init(params)
 

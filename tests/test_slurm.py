@@ -30,7 +30,7 @@ from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import experiment
 from cfsl_jax.experiments.verify import verify
-from conftest import TEST_PRECISION
+from conftest import TEST_PRECISION, compile_unoptimised
 from test_cli import assert_error, run_cases
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,9 +71,9 @@ def optimised_programs():
     XLA's default level: each runs 60 steps, which -O0's code runs about 3x slower than it
     compiles faster. (The 6-step runs without a cluster compile at the suite's -O0.)"""
     unoptimised = jax.config.values["jax_disable_most_optimizations"]
-    jax.config.update("jax_disable_most_optimizations", False)
+    compile_unoptimised(False)
     yield
-    jax.config.update("jax_disable_most_optimizations", unoptimised)
+    compile_unoptimised(unoptimised)
 
 
 # -- without SLURM ------------------------------------------------------------------------------
@@ -391,7 +391,7 @@ def test_a_slurm_sweep_equals_the_local_one_with_a_job_preempted_and_a_rerun_sub
 
 @pytest.mark.slurm
 def test_fluid_streams_as_slurm_jobs_equal_the_local_run(cluster, tmp_path):
-    jax.config.update("jax_disable_most_optimizations", True)  # short streams: -O0 is faster
+    compile_unoptimised(True)  # short streams: -O0 is faster
     workdir = str(tmp_path / "fluid")
     flags = ["--preset=small", "--method=ncm", "--num_streams=2", "--stream_classes=6",
              "--stream_length=90", "--head_threshold=15", "--min_pretrain_samples=5",

@@ -20,7 +20,7 @@ from cfsl_jax.training.config import TrainConfig, from_json
 from cfsl_jax.training.evaluate import dataset_identity, evaluate, task_fingerprint
 from cfsl_jax.learners import get_learner
 from cfsl_jax.experiments.verify import verify
-from conftest import UNOPTIMISED, traces_counted
+from conftest import UNOPTIMISED, compile_unoptimised, traces_counted
 
 # A tiny run: 2-support-set, 3-way tasks on a small synthetic set, a narrow ProtoNet.
 TINY = TrainConfig(
@@ -245,7 +245,7 @@ def test_protonets_learns_b3_on_mini_omniglot(omniglot_dir, data_dir, tmp_path, 
     # measured 10 s instead of 95 s, for 28 s more compiling); Init+Tune, which only fine-tunes
     # in the test, at the suite's -O0 (its test program compiled in 14 s instead of 44 s).
     protonets = train.train_and_evaluate(config, str(tmp_path / "pn"), mesh=mesh)["test"]
-    jax.config.update("jax_disable_most_optimizations", UNOPTIMISED)
+    compile_unoptimised(UNOPTIMISED)
     tune = TrainConfig(**{**config.to_json(), "learner": "init_tune"})
     init_tune = train.train_and_evaluate(tune, str(tmp_path / "it"), mesh=mesh)["test"]
     print(f"B3 mini-Omniglot: protonets {protonets['acc_mean']:.3f}, "
