@@ -45,7 +45,7 @@ if __name__ == "__main__":  # the command: its first line before the imports bel
 
 from absl import flags
 
-from cfsl_jax.training import as_published
+from cfsl_jax.training import as_published, packing
 from cfsl_jax.experiments import report, slurm, sweep, sweep_plan
 from cfsl_jax.learners import LEARNERS, options_class, parse_learner_options
 from cfsl_jax.runtime import locks
@@ -216,9 +216,7 @@ def main(argv) -> None:
     try:
         with locks.held(*sweep_lock(FLAGS.workdir, shard)):
             outcomes = sweep.run_sweep(configs, FLAGS.workdir, workers=FLAGS.workers,
-                                       pack=pack_size(), shrink=FLAGS.pack == "auto",
-                                       steps_per_dispatch=FLAGS.steps_per_dispatch,
-                                       pack_axis=FLAGS.pack_axis)
+                                       pack=pack_size(), pack_options=pack_options())
     except KeyboardInterrupt:
         cli.write_flagfile(FLAGS.workdir)
         raise
@@ -234,13 +232,17 @@ def main(argv) -> None:
                          + ", ".join(f"{o.run.name} ({o.status})" for o in bad))
 
 
+def pack_options() -> packing.PackOptions:
+    """How this sweep's packs meta-train: --steps_per_dispatch, --pack=auto's shrinking,
+    --pack_axis."""
+    return packing.PackOptions(FLAGS.steps_per_dispatch, FLAGS.pack == "auto", FLAGS.pack_axis)
+
+
 def slurm_job(jax_options):
     """What each array task of this sweep runs: a whole pack (``--pack``; shrinking to the job's
     device with ``--pack=auto``), or one run."""
     if pack_size() > 1:
-        return slurm.PackJob(jax_options, shrink=FLAGS.pack == "auto",
-                             steps_per_dispatch=FLAGS.steps_per_dispatch,
-                             pack_axis=FLAGS.pack_axis)
+        return slurm.PackJob(jax_options, pack_options())
     return slurm.RunJob(jax_options)
 
 

@@ -20,12 +20,12 @@ from cfsl_jax.training.config import TrainConfig
 
 def test_a_slurm_pack_of_pack_auto_shrinks_and_an_explicit_one_does_not(monkeypatch, tmp_path):
     """``launch.sweep --launcher=slurm --pack=auto`` submits PackJobs that shrink a pack too
-    large for the job's device (``execute_pack(shrink=True)``); ``--pack=2`` submits ones that
+    large for the job's device (``PackOptions(shrink=True)``); ``--pack=2`` submits ones that
     do not."""
     calls = []
-    monkeypatch.setattr(sweep, "execute_pack", lambda configs, workdirs, shrink=False,
-                        steps_per_dispatch=1, pack_axis="auto":
-                        calls.append((shrink, steps_per_dispatch, pack_axis))
+    monkeypatch.setattr(sweep, "execute_pack", lambda configs, workdirs, options:
+                        calls.append((options.shrink, options.steps_per_dispatch,
+                                      options.pack_axis))
                         or [("finished", 0.0, "ok")] * len(workdirs))
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR2)}
     try:
@@ -57,7 +57,7 @@ def test_a_failed_pack_says_so_and_its_runs_go_on_alone(monkeypatch, capsys):
     monkeypatch.setattr(sweep, "execute", lambda config, workdir, tested=None:
                         alone.append(workdir) or ("finished", 1.0, "test acc 0.5000"))
     outcomes = sweep.execute_pack([{"seed": 0}, {"seed": 1}], ["w/seed0", "w/seed1"],
-                                  steps_per_dispatch=4, pack_axis="vmap")
+                                  packing.PackOptions(steps_per_dispatch=4, pack_axis="vmap"))
     assert given == [(4, "vmap")]  # the sweep's --steps_per_dispatch and --pack_axis
     out = capsys.readouterr().out
     assert ("[sweep] the pack of 2 (w/seed0, w/seed1) failed: RuntimeError: RESOURCE_EXHAUSTED: "

@@ -75,23 +75,20 @@ class RunJob(_Job):
 
 class PackJob(_Job):
     """A pack of a sweep's runs (``--pack``): ``sweep.execute_pack``, as a worker of the local
-    pool runs it; the job fails unless every run of the pack finishes. ``shrink``
-    (``--pack=auto``): a pack too large for the job's device trains as packs of the largest size
-    that fits, as in a local sweep. ``steps_per_dispatch``, ``pack_axis``: how the pack
-    meta-trains (``sweep.execute_pack``)."""
+    pool runs it; the job fails unless every run of the pack finishes. ``options``
+    (``packing.PackOptions``): how the pack meta-trains, as in a local sweep (with
+    ``--pack=auto`` a pack too large for the job's device trains as packs of the largest size
+    that fits)."""
 
-    def __init__(self, jax_options: Mapping[str, Any], shrink: bool = False,
-                 steps_per_dispatch: int = 1, pack_axis: str = "auto"):
+    def __init__(self, jax_options: Mapping[str, Any], options: Any = None):
         super().__init__(jax_options)
-        self.shrink, self.steps_per_dispatch, self.pack_axis = (shrink, steps_per_dispatch,
-                                                                 pack_axis)
+        self.options = options  # a packing.PackOptions; None: its defaults
 
     def __call__(self, config_jsons: list[dict], workdirs: list[str]) -> str:
         from cfsl_jax.experiments import sweep
         self._start()
-        outcomes = sweep.execute_pack(config_jsons, workdirs, shrink=self.shrink,
-                                      steps_per_dispatch=self.steps_per_dispatch,
-                                      pack_axis=self.pack_axis)
+        from cfsl_jax.training.packing import PackOptions
+        outcomes = sweep.execute_pack(config_jsons, workdirs, self.options or PackOptions())
         for workdir, (state, seconds, detail) in zip(workdirs, outcomes):
             print(f"{workdir}: {state} in {seconds:.1f}s: {detail}", flush=True)
         if any(state == "interrupted" for state, _, _ in outcomes):

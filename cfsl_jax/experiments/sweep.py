@@ -169,15 +169,14 @@ def execute(config_json: dict, workdir: str, tested=None) -> tuple[str, float, s
     return "finished", time.perf_counter() - started, f"test acc {out['test']['acc_mean']:.4f}"
 
 
-def execute_pack(config_jsons: list[dict], workdirs: list[str], shrink: bool = False,
-                 steps_per_dispatch: int = 1, pack_axis: str = "auto"
+def execute_pack(config_jsons: list[dict], workdirs: list[str],
+                 options: packing.PackOptions = packing.PackOptions()
                  ) -> list[tuple[str, float, str]]:
     """``execute`` for each run of a pack (runs of one config but their seeds), their
     meta-training first packed (``packing.meta_train_pack``), then their test
     (``pack_eval.test_pack``); a pack that fails leaves each run to train alone, where its
-    error is reported. ``shrink`` (``--pack=auto``): a pack too large for the device's memory
-    trains as packs of the largest size that fits. ``steps_per_dispatch``, ``pack_axis``: as
-    ``packing.meta_train_pack``'s."""
+    error is reported. ``options``: how the pack meta-trains (``--pack=auto``'s shrinking, steps
+    per call, pack axis)."""
     if len(workdirs) == 1:
         return [execute(config_jsons[0], workdirs[0])]
     started, tested = time.perf_counter(), {}
@@ -185,7 +184,8 @@ def execute_pack(config_jsons: list[dict], workdirs: list[str], shrink: bool = F
         with progress.prefixed(f"pack of {len(workdirs)}: "):
             packing.meta_train_pack(TrainConfig(**config_jsons[0]),
                                     [c["seed"] for c in config_jsons], workdirs,
-                                    steps_per_dispatch, shrink=shrink, pack_axis=pack_axis)
+                                    options.steps_per_dispatch, shrink=options.shrink,
+                                    pack_axis=options.pack_axis)
             tested = pack_eval.test_pack(TrainConfig(**config_jsons[0]),
                                          [TrainConfig(**c) for c in config_jsons], workdirs)
     except KeyboardInterrupt as error:
@@ -210,8 +210,7 @@ def worker_jax_options(sweep_dir: str) -> dict[str, Any]:
 def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | None = None,
               jax_options: Mapping[str, Any] | None = None,
               log: Callable[[str], None] = print, pack: int = 1,
-              shrink: bool = False, steps_per_dispatch: int = 1,
-              pack_axis: str = "auto") -> list[Outcome]:
+              pack_options: packing.PackOptions = packing.PackOptions()) -> list[Outcome]:
     """Run every run of ``configs`` that is not done; returns one Outcome per run (in the
     order of ``configs``).
 
@@ -219,8 +218,7 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
     process after the ones inherited from this process (``INHERITED_JAX_OPTIONS``);
     with ``workers=0`` the runs use this process's configuration as it is. ``pack``: the runs
     that differ only in their seeds meta-train in packs of at most ``pack`` (``packs``);
-    ``shrink``: a pack too large for the device's memory shrinks (``execute_pack``);
-    ``steps_per_dispatch`` and ``pack_axis``: how a pack meta-trains (``execute_pack``).
+    ``pack_options``: how a pack meta-trains (``execute_pack``).
     """
     if workers is not None and workers < 0:
         raise ValueError(f"workers must be >= 0 (0: in this process), got {workers}")
@@ -260,8 +258,7 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
     groups = packs(todo, pack)
     if todo and workers == 0:
         for group in groups:
-            for run, result in zip(group, execute_pack(*_pack_args(group), shrink,
-                                                       steps_per_dispatch, pack_axis)):
+            for run, result in zip(group, execute_pack(*_pack_args(group), pack_options)):
                 record(run, result)
                 if result[0] == "interrupted":
                     raise stopped()
@@ -288,8 +285,8 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
                 error = pool.submit(prepare_data, config.to_json()).result()
                 if error:
                     log(f"[sweep] preparing {config.dataset} failed: {error}")
-            futures = {pool.submit(execute_pack, *_pack_args(group), shrink,
-                                   steps_per_dispatch, pack_axis): group for group in groups}
+            futures = {pool.submit(execute_pack, *_pack_args(group), pack_options): group
+                       for group in groups}
             for future in concurrent.futures.as_completed(futures):
                 group = futures[future]
                 try:

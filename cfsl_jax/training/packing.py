@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 import functools
 import time
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -78,6 +78,14 @@ class Member(loop.Hook):
 
     def on_stop(self, state):
         self._each("on_stop", state)
+
+
+class PackOptions(NamedTuple):
+    """How a sweep's packs meta-train (``meta_train_pack``'s settings; none is part of a run's
+    config: they change how its runs are computed, not what)."""
+    steps_per_dispatch: int = 1  # S: meta-steps per host call
+    shrink: bool = False  # --pack=auto: a pack too large for the device trains as smaller ones
+    pack_axis: str = "auto"  # steps.resolve_pack_axis: vmap | map | auto
 
 
 def check_steps_per_dispatch(config: TrainConfig, steps_per_dispatch: int) -> None:
@@ -364,5 +372,5 @@ def _hooks(phase: loop.Phase, start: int, outputs: loop.Outputs, validate, k: in
             loop.Validation(phase, start, outputs, validate, metrics)]
 
 
-__all__ = ["PackTooLarge", "RunView", "check_pack_fits", "check_seeds", "check_steps_per_dispatch",
+__all__ = ["PackOptions", "PackTooLarge", "RunView", "check_pack_fits", "check_seeds", "check_steps_per_dispatch",
            "largest_fitting", "meta_train_pack", "stack", "train_pack"]

@@ -90,8 +90,8 @@ PACK_AXES = ("auto", "vmap", "map")
 def resolve_pack_axis(pack_axis: str, platform: str | None = None) -> str:
     """``"vmap"`` or ``"map"`` for ``pack_axis`` (``PACK_AXES``): ``"auto"`` is ``"map"`` on
     CPU, where the runs' work is compute-bound: vmap's batched kernels do the same work there
-    in K runs' memory, map in one run's (docs/results.md, "Packing runs"), and ``"vmap"`` on GPU/TPU, where batching the runs fills
-    the device."""
+    in K runs' memory, map in one run's (docs/results.md, "Packing runs"), and ``"vmap"`` on
+    GPU/TPU, where batching the runs fills the device."""
     if pack_axis not in PACK_AXES:
         raise ValueError(f"pack_axis must be one of {PACK_AXES}, got {pack_axis!r}")
     if pack_axis == "auto":
