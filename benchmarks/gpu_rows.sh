@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The packed-training rows a GPU lease measures first (issue 28), in order of need, each
+# `benchmarks/accelerator.py --kinds=pack` call cut at its share of a deadline:
+#
+#   benchmarks/gpu_rows.sh OUT_DIR SECONDS
+#
+# 1. ProtoNets B3 with each convolution (gemm_grad, the default; im2col; xla): K = 1, 3
+#    (and 16 for the default), S = 10 -- which convolution a ProtoNets pack should use;
+# 2. MAML++ L, SCA, MAML++ H B3: K = 1, 3 (a cell's seeds), S = 10 -- the grid's packs;
+# 3. MAML++ L B3 on SlimageNet64-sized images (--synthetic_colour: 64x64x3): K = 1, 3;
+# 4. MAML++ L and SCA B10: K = 1, 3 (the dearest cell), with whatever time is left.
+# Rows (one JSON line each, with the device, precision, jax version, compile seconds and
+# XLA's memory estimate) are appended to OUT_DIR/rows.jsonl, readable lines go to
+# OUT_DIR/rows.log. A call reaching its cap is stopped with SIGINT: its complete rows stay.
+# ROWS replaces the list (a cap in seconds and one call's flags per line); PYTHON names the
+# interpreter; CFSL_COMMIT the commit where the copy has no git.
+set -uo pipefail
+if [[ $# -ne 2 ]]; then
+  echo "usage: $0 OUT_DIR SECONDS" >&2
+  exit 2
+fi
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=$(realpath -m "$1"); total=$2; start=$SECONDS
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+commit=${CFSL_COMMIT:-$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)}
+echo "=== $(date -u +%FT%TZ) commit $commit, $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo no GPU)" >> "$out/rows.log"
+default_rows="90 --pack_learners=protonets --packs=1,3,16 --learner_option=conv=gemm_grad
+60 --pack_learners=protonets --packs=1,3 --learner_option=conv=im2col
+60 --pack_learners=protonets --packs=1,3 --learner_option=conv=xla
+260 --pack_learners=maml_low,sca,maml_high --packs=1,3
+90 --pack_learners=maml_low --packs=1,3 --synthetic_colour
+9999 --pack_learners=maml_low,sca --cells=B10 --packs=1,3"
+while read -r cap flags; do
+  [[ -z $cap ]] && continue
+  left=$(( total - (SECONDS - start) ))
+  if (( left < 30 )); then
+    echo "=== +$((SECONDS - start))s skipped (${left}s left): $flags" | tee -a "$out/rows.log"
+    continue
+  fi
+  (( cap > left )) && cap=$left
+  echo "=== +$((SECONDS - start))s at most ${cap}s: $flags" | tee -a "$out/rows.log"
+  # shellcheck disable=SC2086  # flags is a list of flags
+  timeout -s INT -k 10 "$cap" "${PYTHON:-python3}" "$root/benchmarks/accelerator.py" \
+    --kinds=pack --cells=B3 --pack_steps=10 --repeats=5 $flags --out="$out/rows.jsonl" \
+    2>&1 >/dev/null | grep -v "^[IW][0-9]\|^$" >> "$out/rows.log"
+done <<< "${ROWS:-$default_rows}"
+cat "$out/rows.log"
