@@ -4,15 +4,18 @@
 #
 #   benchmarks/gpu_rows.sh OUT_DIR SECONDS
 #
-# 1. ProtoNets B3 with each convolution (gemm_grad, the default; im2col; xla): K = 1, 3
-#    (and 16 for the default), S = 10 -- which convolution a ProtoNets pack should use;
-# 2. MAML++ L, SCA, MAML++ H B3: K = 1, 3 (a cell's seeds), S = 10 -- the grid's packs;
-# 3. MAML++ L B3 on SlimageNet64-sized images (--synthetic_colour: 64x64x3): K = 1, 3;
-# 4. MAML++ L and SCA B10: K = 1, 3 (the dearest cell), with whatever time is left.
+# 1. SCA B3 at K = 3 (its solo row is in docs/results.md, "fourth lease");
+# 2. MAML++ H B3: K = 1, 3;
+# 3. MAML++ L B3 on SlimageNet64-sized images (--synthetic_colour: 64x64x3) at K = 3;
+# 4. MAML++ L B10: K = 1, 3 (the dearest cell), with whatever time is left.
+# The fourth lease measured ProtoNets' convolutions and MAML++ L at K = 1, 3 (ROWS below brings
+# them back). A MAML-family program took 44-74 s to compile there: caps allow about 90 s each.
 # Rows (one JSON line each, with the device, precision, jax version, compile seconds and
 # XLA's memory estimate) are appended to OUT_DIR/rows.jsonl, readable lines go to
 # OUT_DIR/rows.log. A call reaching its cap is stopped with SIGINT: its complete rows stay.
-# ROWS replaces the list (a cap in seconds and one call's flags per line); PYTHON names the
+# ROWS replaces the list (a cap in seconds and one call's flags per line; the fourth lease's:
+#   ROWS="90 --pack_learners=protonets --packs=1,3,16 --learner_option=conv=gemm_grad
+#   60 --pack_learners=protonets --packs=1,3 --learner_option=conv=im2col ..."); PYTHON names the
 # interpreter; CFSL_COMMIT the commit where the copy has no git.
 set -uo pipefail
 if [[ $# -ne 2 ]]; then
@@ -25,12 +28,10 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 commit=${CFSL_COMMIT:-$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)}
 echo "=== $(date -u +%FT%TZ) commit $commit, $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo no GPU)" >> "$out/rows.log"
-default_rows="90 --pack_learners=protonets --packs=1,3,16 --learner_option=conv=gemm_grad
-60 --pack_learners=protonets --packs=1,3 --learner_option=conv=im2col
-60 --pack_learners=protonets --packs=1,3 --learner_option=conv=xla
-260 --pack_learners=maml_low,sca,maml_high --packs=1,3
-90 --pack_learners=maml_low --packs=1,3 --synthetic_colour
-9999 --pack_learners=maml_low,sca --cells=B10 --packs=1,3"
+default_rows="150 --pack_learners=sca --packs=3
+200 --pack_learners=maml_high --packs=1,3
+120 --pack_learners=maml_low --packs=3 --synthetic_colour
+9999 --pack_learners=maml_low --cells=B10 --packs=1,3"
 while read -r cap flags; do
   [[ -z $cap ]] && continue
   left=$(( total - (SECONDS - start) ))
