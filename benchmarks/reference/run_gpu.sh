@@ -8,7 +8,8 @@
 # OUT_DIR: where the logs, the benchmark's JSON lines and the sweep folder's tar go;
 # MANUAL_DIR: full Omniglot's two zips; DATA_DIR: the prepared TFDS data (as
 # run_cpu.sh's); SECONDS: the wall time the whole script may take.
-# PACKS (default "protonets:B3"): LEARNER:CELL items, trained one after another, each
+# PACKS (default "protonets:A3 protonets:C3 protonets:D4 maml_low:B3", issue 29's order after
+# ProtoNets B3, done on the third lease): LEARNER:CELL items, trained one after another, each
 # a pack of SEEDS (default 0,1,2) with STEPS steps per call (default 50). Together
 # they get RUN_SHARE % of the time (default 65); the pack running at the deadline is
 # stopped with SIGTERM (each run checkpoints) and the later ones are left for the next
@@ -30,6 +31,7 @@
 #   pip install --no-index --no-deps --target /tmp/site WHEELS/*.whl && export PYTHONPATH=/tmp/site
 #   pip install --no-index --no-deps --no-build-isolation -e .
 #   CFSL_COMMIT=$(git rev-parse HEAD) benchmarks/reference/run_gpu.sh $OUT MANUAL DATA 555
+# A lease measures benchmarks/gpu_rows.sh's missing packed rows first (issue 28), then this.
 # (docs/results.md, "third lease": what one 15-minute lease gave).
 set -uo pipefail
 if [[ $# -ne 4 ]]; then
@@ -54,7 +56,7 @@ if [[ -n ${RESUME:-} ]]; then  # an earlier lease's folder (pieces joined), then
   cat "${RESUME%.00}"* | tar -C "$out" -xzf - && note "unpacked $RESUME"
 fi
 
-for item in ${PACKS:-protonets:B3}; do
+for item in ${PACKS:-protonets:A3 protonets:C3 protonets:D4 maml_low:B3}; do
   learner=${item%%:*}; cell=${item##*:}
   left=$(( run_end - (SECONDS - start) ))
   if (( left < 60 )); then
