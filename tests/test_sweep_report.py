@@ -295,14 +295,31 @@ def test_gpu_workers_share_the_gpus_that_exist(monkeypatch):
     # More workers than GPUs: each worker sees one GPU that exists, round-robin (a worker given
     # a GPU index past the last one fails CUDA's start and falls back to the CPU).
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert [sweep.worker_env("gpu", slot, 1) for slot in range(3)] == [
-        {"CUDA_VISIBLE_DEVICES": "0"}] * 3
-    assert [sweep.worker_env("cuda", slot, 2)["CUDA_VISIBLE_DEVICES"] for slot in range(3)] == [
+    assert [sweep.worker_env("gpu", slot, 1, 3)["CUDA_VISIBLE_DEVICES"] for slot in range(3)] == [
+        "0"] * 3
+    assert [sweep.worker_env("cuda", slot, 2, 3)["CUDA_VISIBLE_DEVICES"] for slot in range(3)] == [
         "0", "1", "0"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
-    assert [sweep.worker_env("gpu", slot, 2)["CUDA_VISIBLE_DEVICES"] for slot in range(3)] == [
+    assert [sweep.worker_env("gpu", slot, 2, 3)["CUDA_VISIBLE_DEVICES"] for slot in range(3)] == [
         "4", "6", "4"]
-    assert sweep.worker_env("cpu", 1, 1) == {}
+    assert sweep.worker_env("cpu", 1, 1, 2) == {}
+
+
+def test_gpu_workers_sharing_a_gpu_split_its_memory(monkeypatch):
+    # jax's default preallocation gives the first process 75 % of the GPU, so a second worker
+    # on it would run out of memory: workers sharing a GPU each get an equal share of 0.9.
+    for name in ("CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_MEM_FRACTION",
+                 "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_ALLOCATOR"):
+        monkeypatch.delenv(name, raising=False)
+    fractions = [sweep.worker_env("gpu", slot, 1, 3).get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+                 for slot in range(3)]
+    assert fractions == ["0.300"] * 3
+    two_gpus = [sweep.worker_env("cuda", slot, 2, 3) for slot in range(3)]
+    assert [env.get("XLA_PYTHON_CLIENT_MEM_FRACTION") for env in two_gpus] == [
+        "0.450", None, "0.450"]  # GPU 0 holds slots 0 and 2, GPU 1 slot 1 alone
+    assert sweep.worker_env("gpu", 0, 1, 1) == {"CUDA_VISIBLE_DEVICES": "0"}
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # the user's own setting
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in sweep.worker_env("gpu", 1, 1, 3)
 
 
 def test_figure4_says_which_learners_lines_coincide(tmp_path):

@@ -91,14 +91,23 @@ def default_workers(platform: str, devices: int) -> int:
     return 1  # TPU: one process owns the host's chips
 
 
-def worker_env(platform: str, slot: int, devices: int) -> dict[str, str]:
-    """Environment variables of worker ``slot``: on GPU, the one GPU it may see (workers share
-    the ``devices`` GPUs round-robin when there are more workers than GPUs)."""
-    if platform in ("gpu", "cuda", "rocm"):
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        ids = visible.split(",") if visible else [str(i) for i in range(max(devices, 1))]
-        return {"CUDA_VISIBLE_DEVICES": ids[slot % len(ids)]}
-    return {}
+def worker_env(platform: str, slot: int, devices: int, workers: int) -> dict[str, str]:
+    """Environment variables of worker ``slot`` of ``workers``: on GPU, the one GPU it may see
+    (workers share the ``devices`` GPUs round-robin when there are more workers than GPUs) and,
+    where several workers share a GPU, an equal share of its memory for each
+    (``XLA_PYTHON_CLIENT_MEM_FRACTION``: 0.9 over the workers on that GPU; jax's default, 0.75
+    for the first process, would leave the others none). Memory settings of the user's own
+    (``XLA_PYTHON_CLIENT_MEM_FRACTION``, ``_PREALLOCATE``, ``_ALLOCATOR``) are kept."""
+    if platform not in ("gpu", "cuda", "rocm"):
+        return {}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(max(devices, 1))]
+    env = {"CUDA_VISIBLE_DEVICES": ids[slot % len(ids)]}
+    sharing = len(range(slot % len(ids), workers, len(ids)))
+    if sharing > 1 and not any(f"XLA_PYTHON_CLIENT_{name}" in os.environ
+                               for name in ("MEM_FRACTION", "PREALLOCATE", "ALLOCATOR")):
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{int(900 / sharing) / 1000:.3f}"
+    return env
 
 
 _stopping = False  # a worker that saw Ctrl-C starts no further run
@@ -115,13 +124,13 @@ def _on_interrupt(signum, frame) -> None:
         stops.handle(signum, frame)
 
 
-def _init_worker(slots, platform: str, devices: int, jax_options: dict,
+def _init_worker(slots, platform: str, devices: int, workers: int, jax_options: dict,
                  parent: int | None = None) -> None:
     """Runs first in every worker process, before its jax backend starts."""
     stops.install(_on_interrupt)
     if parent is not None:
         orphans.end_with_parent(parent, lambda: _busy.is_set())
-    os.environ.update(worker_env(platform, slots.get(), devices))  # read at backend start
+    os.environ.update(worker_env(platform, slots.get(), devices, workers))  # read at start
     for name, value in jax_options.items():
         jax.config.update(name, value)
 
@@ -274,7 +283,7 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
         log(f"[sweep] {workers} worker process(es) on {platform}")
         pool = concurrent.futures.ProcessPoolExecutor(
             workers, mp_context=context, initializer=_init_worker,
-            initargs=(slots, platform, devices,
+            initargs=(slots, platform, devices, workers,
                       {**worker_jax_options(sweep_dir), **(jax_options or {})}, os.getpid()))
         try:
             sources = {(c.dataset, c.data_dir, c.manual_dir, json.dumps(c.dataset_options,
