@@ -18,7 +18,8 @@ import sys
 
 from absl import flags
 
-from cfsl_jax.experiments.verify import load, match_detail, reference_row_differences, verify
+from cfsl_jax.experiments.verify import (load, match_detail, packs_note,
+                                         reference_row_differences, verify)
 from cfsl_jax.runtime import files
 
 from . import cli
@@ -53,12 +54,17 @@ def main(argv) -> None:
                          manual_dir=_MANUAL_DIR.value)
     if _REFERENCE_CSV.value:
         differences += reference_row_differences(_WORKDIR.value, _REFERENCE_CSV.value)
+    note = packs_note(load(_WORKDIR.value, data_dir=_DATA_DIR.value,
+                           manual_dir=_MANUAL_DIR.value)[1])
+    differences += [f"note: {note}"] if differences and note else []
     if differences:
         print("DIFFERS")
         for line in differences:
             print(f"  {line}")
         sys.exit(1)
     print(f"  {match_detail(_METRICS.value)}")
+    if note:
+        print(f"  {note}")
     if _REFERENCE_CSV.value:
         print(f"  {_REFERENCE_CSV.value}: the run's row equals its results.json")
     print("MATCH")

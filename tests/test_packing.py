@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cfsl_jax.experiments.verify import match_detail, verify
+from cfsl_jax.experiments.verify import match_detail, packs_note, verify
 from cfsl_jax.runtime import locks, seeding
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training import loop, packing, results, runs, steps, train
@@ -131,8 +131,15 @@ def test_a_packed_run_is_an_ordinary_run_with_the_solo_runs_tasks_and_numbers(
         with open(os.path.join(workdir, "sessions.json")) as f:
             sessions = json.load(f)
         assert sessions["sessions"] == 2 and out["wall_seconds"] < sessions["seconds"]
+        # it says that a pack computed its steps (its numbers are the pack's, not the solo's)
+        pack = {"seeds": list(seeds), "axis": steps.resolve_pack_axis("auto"),
+                "steps_per_dispatch": 2}
+        assert out["packs"] == [{"phase": "train", "from_step": 0, "pack": pack}]
+        assert "packs" not in alone and not os.path.exists(tmp_path / f"solo{seed}/packs.json")
     assert packed[0]["test"]["ce_mean"] != packed[1]["test"]["ce_mean"]
     assert verify(dirs[1]) == []  # launch.verify's MATCH: the re-test is bit-equal
+    assert packs_note(packed[1]).startswith("a pack computed its train steps from 0 (seeds 0,1, ")
+    assert packs_note(alone) is None  # the solo run
     assert "bit-equal (tolerance 0" in match_detail(metrics=True)
     # a pack stopped after step 2, resumed, ends where the uninterrupted pack ends, bit for bit
     again = [str(tmp_path / f"again/seed{s}") for s in seeds]
@@ -142,6 +149,16 @@ def test_a_packed_run_is_an_ordinary_run_with_the_solo_runs_tasks_and_numbers(
     for out, back in zip(packed, resumed):
         assert (out["test"]["acc_mean"], out["test"]["ce_mean"]) == (
             back["test"]["acc_mean"], back["test"]["ce_mean"])
+        assert [(e["from_step"], e["pack"]["seeds"]) for e in back["packs"]] == [
+            (0, list(seeds)), (2, list(seeds))]
+    # a packed run stopped, then trained on alone: its record says from which step it was alone
+    mixed = [str(tmp_path / f"mixed/seed{s}") for s in seeds]
+    with pytest.raises(loop.Interrupted):
+        packing.train_pack(PACKED, seeds, mixed, steps_per_dispatch=2, stop_after_steps=2)
+    alone = train.train_and_evaluate(dataclasses.replace(PACKED, seed=seeds[0]), mixed[0])
+    assert [(e["from_step"], e["pack"] and e["pack"]["seeds"]) for e in alone["packs"]] == [
+        (0, list(seeds)), (2, None)]
+    assert "its train steps 0 to 2 (seeds 0,1, " in packs_note(alone)
 
 
 def test_a_pack_with_a_run_another_process_trains_is_refused_before_writing(tmp_path):

@@ -123,6 +123,25 @@ def match_detail(metrics: bool) -> str:
             f"every run, packed or not, is tested alone by the program verify re-runs)")
 
 
+def packs_note(recorded: dict) -> str | None:
+    """A line saying which of the run's steps a pack computed (its results.json's ``packs``),
+    or None. verify re-tests and does not re-train; a re-training is bit-equal with the same
+    pack settings, and alone may differ by rounding (vmap's batched kernels, or S > 1)."""
+    entries = recorded.get("packs", [])
+    parts = []
+    for i, e in enumerate(entries):
+        if e["pack"]:
+            after = [n["from_step"] for n in entries[i + 1:] if n["phase"] == e["phase"]]
+            steps = (f"{e['from_step']} to {after[0]}" if after else f"from {e['from_step']}")
+            parts.append(f"{e['phase']} steps {steps} (seeds "
+                         f"{','.join(map(str, e['pack']['seeds']))}, {e['pack']['axis']}, "
+                         f"{e['pack']['steps_per_dispatch']} per call)")
+    if not parts:
+        return None
+    return (f"a pack computed its {'; '.join(parts)}: re-train it with those settings for the "
+            f"same numbers")
+
+
 def reference_row_differences(workdir: str, csv_path: str) -> list[str]:
     """How the row of ``workdir``'s run in a reference results.csv (``experiments.reference``)
     differs from its results.json; a missing row is a difference."""

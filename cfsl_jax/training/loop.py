@@ -319,6 +319,8 @@ def run(phase: Phase, state: TrainState, step_for: Callable[[int, TrainState], S
         state = TrainState(*restored[1:], step=restored[0])
         progress.say(f"[{phase.name}] resuming from step {state.step}")
     outputs.tracking.rewind(phase.name, state.step)  # records after the restored step: redone
+    if state.step < phase.total:
+        results.record_steps(outputs.workdir, phase.name, state.step, None)
     state = TrainState(*place(tuple(state[:2])), step=state.step)  # the step: a host int
     metrics = Metrics(phase, state.step, outputs)
     checkpoint = Checkpoint(phase, state.step, outputs, metrics)

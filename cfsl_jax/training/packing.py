@@ -30,7 +30,7 @@ import numpy as np
 
 from cfsl_jax.runtime import files, memory, progress, seeding
 from cfsl_jax.runtime.errors import UserError
-from cfsl_jax.training import checkpoints, loop, pack_eval, pretrain, runs, steps, train
+from cfsl_jax.training import checkpoints, loop, pack_eval, pretrain, results, runs, steps, train
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.pack_eval import SharedValidation, stack
 from cfsl_jax.training.tracking import Tracking
@@ -237,7 +237,8 @@ def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
         return step_fn
 
     validation = SharedValidation(learner.at_epoch, splits["val"], config)
-    _run_pack(phase, group, initial, compile_step, validation, stop_after_steps)
+    how = {"axis": steps.resolve_pack_axis(pack_axis), "steps_per_dispatch": steps_per_dispatch}
+    _run_pack(phase, group, initial, compile_step, validation, stop_after_steps, how)
 
 
 def _pretrain_pack(learner, splits, group, stop_after_steps: int | None) -> None:
@@ -282,25 +283,30 @@ def _pretrain_pack(learner, splits, group, stop_after_steps: int | None) -> None
     full_params = stack([full[c.seed] for c, _ in group])
     validation = SharedValidation(lambda epoch: learner, splits["val"], config,
                                   lambda epoch, params: {**full_params, "embed": params["embed"]})
-    _run_pack(phase, group, initial, compile_step, validation, stop_after_steps)
+    how = {"axis": "vmap", "steps_per_dispatch": 1}
+    _run_pack(phase, group, initial, compile_step, validation, stop_after_steps, how)
 
 
 def _run_pack(phase: loop.Phase, group, initial: Sequence[loop.TrainState], compile_step,
-              validation: SharedValidation, stop_after_steps: int | None) -> None:
+              validation: SharedValidation, stop_after_steps: int | None,
+              how: dict[str, Any]) -> None:
     """``loop.run`` for the runs of ``group`` at once: each restored from its own checkpoints
     (all at one step), its own hooks on its row; ``compile_step(stacked state)`` gives the
     pack's step function. The pack's wall time is a session of each run (its
     ``wall_seconds``: the time it took, shared with the pack's other runs)."""
     started, earlier = time.perf_counter(), [runs.earlier_sessions(w) for _, w in group]
     try:
-        _run_hooks(phase, group, initial, compile_step, validation, stop_after_steps)
+        _run_hooks(phase, group, initial, compile_step, validation, stop_after_steps, how)
     finally:
         for (c, w), before in zip(group, earlier):
             runs.end_session(w, c, before, time.perf_counter() - started)
 
 
 def _run_hooks(phase: loop.Phase, group, initial: Sequence[loop.TrainState], compile_step,
-               validation: SharedValidation, stop_after_steps: int | None) -> None:
+               validation: SharedValidation, stop_after_steps: int | None,
+               how: dict[str, Any]) -> None:
+    """``_run_pack``'s work; ``how``: the pack's axis and steps per call, recorded in each
+    run's ``packs.json`` with the pack's seeds (``results.record_steps``)."""
     members, states, restored_at = [], [], set()
     for k, ((c, w), state) in enumerate(zip(group, initial)):
         outputs = loop.Outputs(w, checkpoints.Checkpoints(w, c.keep_best),
@@ -315,6 +321,9 @@ def _run_hooks(phase: loop.Phase, group, initial: Sequence[loop.TrainState], com
     (start,) = restored_at
     if start:
         progress.say(f"[{phase.name}] resuming a pack of {len(group)} runs from step {start}")
+    seeds = [c.seed for c, _ in group]
+    for _, w in group:
+        results.record_steps(w, phase.name, start, {"seeds": seeds, **how})
     state = loop.TrainState(stack([s.params for s in states]),
                             stack([s.opt_state for s in states]), step=start)
     step_fn = compile_step(state)

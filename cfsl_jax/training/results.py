@@ -31,6 +31,24 @@ def split_sizes(splits) -> dict[str, dict[str, int]]:
             for name, s in splits.items()}
 
 
+PACKS_FILE = "packs.json"  # how a pack computed a run's steps (``record_steps``)
+
+
+def record_steps(workdir: str, phase: str, from_step: int, pack: dict[str, Any] | None) -> None:
+    """Note in ``workdir/packs.json`` that a session computes ``phase``'s steps from
+    ``from_step`` on, in a pack (``pack``: its seeds, axis and steps per call) or alone
+    (None). A pack's numbers equal its runs' solo numbers only up to the rounding of batched
+    kernels, so a run says where a pack trained it; only runs a pack ever trained have the
+    file. An entry of ``phase`` from ``from_step`` or later is replaced (a session's steps after
+    its last checkpoint are redone by the next). ``results.json``'s ``packs`` copies the file."""
+    path = files.join(workdir, PACKS_FILE)
+    if (pack is None and not files.exists(path)) or not is_primary():
+        return
+    kept = [entry for entry in read_json(path, default=[])
+            if entry["phase"] != phase or entry["from_step"] < from_step]
+    write_json(path, [*kept, {"phase": phase, "from_step": from_step, "pack": pack}])
+
+
 def record(config, learner, splits, report: EvalRecord, workdir: str,
            wall_seconds: float, best_epochs: list[int],
            compile_since: dict[str, float] | None = None,
@@ -62,6 +80,9 @@ def record(config, learner, splits, report: EvalRecord, workdir: str,
         "test": report.to_json(),
         "task_fingerprint": report.task_fingerprint,
     }
+    packs = read_json(files.join(workdir, PACKS_FILE), default=[])
+    if packs:
+        out["packs"] = packs
     if is_primary():
         write_json(files.join(workdir, "results.json"), out)
         write_csv_row(files.join(workdir, "results.csv"), csv_row(out, retest))
