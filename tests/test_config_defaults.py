@@ -1,6 +1,8 @@
 """A changed learner-option default never changes what an existing workdir computes: config.json
 records every learner option (given or default), and one saved before that (only the options
-given on its command line) reads back with the defaults it ran with (ProtoNets' conv=gemm_grad)."""
+given on its command line) reads back with the defaults it ran with (ProtoNets' conv=gemm_grad),
+also under a later default (``conv_default_auto``: ProtoNets' conv default made "auto", as the
+other learners')."""
 
 import dataclasses
 import json
@@ -26,6 +28,23 @@ TINY = TrainConfig(
     dataset_options={"num_classes": 60, "samples_per_class": 8}, task="B2",
     spec_overrides={"nc": 3, "kt": 2}, epochs=1, iters_per_epoch=2, meta_batch=2, val_tasks=4,
     test_tasks=5, eval_batch=5, keep_best=1)
+
+
+def later_defaults(monkeypatch, **defaults) -> None:
+    """Make ProtoNets' options class one whose ``defaults`` differ, everywhere it is looked up."""
+    later = dataclasses.make_dataclass(
+        "Later", [(name, type(value), dataclasses.field(default=value))
+                  for name, value in defaults.items()], bases=(ProtoNetsOptions,), frozen=True)
+    real = learners.options_class
+    lookup = lambda name: later if name == "protonets" else real(name)  # noqa: E731
+    monkeypatch.setattr(learners, "options_class", lookup)
+    monkeypatch.setattr(config_module, "options_class", lookup)
+
+
+@pytest.fixture
+def conv_default_auto(monkeypatch):
+    later_defaults(monkeypatch, conv="auto")
+    assert learners.learner_options("protonets", {}).conv == "auto"
 
 
 def as_saved_before_resolving(workdir: str, given: dict) -> None:
@@ -55,7 +74,7 @@ def old_run(tmp_path_factory):
     return workdir, written
 
 
-def test_a_run_records_every_learner_option(old_run, tmp_path):
+def test_a_run_records_every_learner_option(old_run, tmp_path, conv_default_auto):
     _, written = old_run
     every = {field.name for field in dataclasses.fields(ProtoNetsOptions)}
     for name, config in written.items():
@@ -65,15 +84,15 @@ def test_a_run_records_every_learner_option(old_run, tmp_path):
     workdir = str(tmp_path / "new")
     runs.check_workdir_config(workdir, TINY)  # what a new run writes first
     saved = json.load(open(os.path.join(workdir, "config.json")))
-    assert saved["learner_options"] == {**dataclasses.asdict(ProtoNetsOptions()), "filters": 8}
-    assert saved["learner_options"]["conv"] == "auto"
+    assert saved["learner_options"] == {**dataclasses.asdict(ProtoNetsOptions()), "filters": 8,
+                                        "conv": "auto"}
 
 
-def test_an_old_protonets_config_reads_as_gemm_grad_and_verifies_bit_equal(old_run):
+def test_an_old_protonets_config_reads_as_gemm_grad_and_verifies_bit_equal(
+        old_run, conv_default_auto):
     workdir, _ = old_run
     assert json.load(open(os.path.join(workdir, "config.json")))["learner_options"] == {
         "filters": 8}
-    assert ProtoNetsOptions().conv == "auto"
     config = runs.load_config(workdir)
     assert config.learner_options["conv"] == "gemm_grad"
     assert config.learner_options["filters"] == 8
@@ -84,7 +103,8 @@ def test_an_old_protonets_config_reads_as_gemm_grad_and_verifies_bit_equal(old_r
     assert "bit-equal (tolerance 0" in match_detail(True)
 
 
-def test_resuming_an_old_run_with_its_flags_names_the_option_whose_default_changed(old_run):
+def test_resuming_an_old_run_with_its_flags_names_the_option_whose_default_changed(
+        old_run, conv_default_auto):
     workdir, _ = old_run
     before = {name: open(os.path.join(workdir, name), "rb").read()
               for name in sorted(os.listdir(workdir)) if os.path.isfile(os.path.join(workdir, name))}
@@ -105,29 +125,21 @@ def test_resuming_an_old_run_with_its_flags_names_the_option_whose_default_chang
 
 def test_a_changed_default_does_not_change_what_a_workdir_resumes_with(tmp_path, monkeypatch):
     workdir = str(tmp_path / "run")
-    runs.check_workdir_config(workdir, TINY)  # written with today's defaults (conv=auto)
-
-    @dataclasses.dataclass(frozen=True)
-    class Later(ProtoNetsOptions):  # a release that changed two defaults
-        conv: str = "xla"
-        bn_stats: str = "batch"
-
-    real = learners.options_class
-    later = lambda name: Later if name == "protonets" else real(name)  # noqa: E731
-    monkeypatch.setattr(learners, "options_class", later)
-    monkeypatch.setattr(config_module, "options_class", later)
+    runs.check_workdir_config(workdir, TINY)  # written with today's defaults
+    assert ProtoNetsOptions().bn_stats == "running"
+    later_defaults(monkeypatch, conv="xla", bn_stats="batch")  # a release that changed two
     assert learners.learner_options("protonets", {}).conv == "xla"
     resumed = runs.load_config(workdir)
-    assert resumed.learner_options["conv"] == "auto"
+    assert resumed.learner_options["conv"] == ProtoNetsOptions().conv
     assert resumed.learner_options["bn_stats"] == "running"
     assert dataclasses.asdict(learners.learner_options("protonets", resumed.learner_options)) == (
         dataclasses.asdict(ProtoNetsOptions(filters=8)))
     runs.check_workdir_config(workdir, resumed, create=False)  # resuming it: the same run
     with pytest.raises(ValueError, match=(
             r"different config: learner_options bn_stats: the workdir ran running, this command "
-            r"gives batch; learner_options conv: the workdir ran auto, this command gives xla "
-            r"\(add --learner_option=bn_stats=running --learner_option=conv=auto to continue "
-            r"it\)$")):
+            rf"gives batch; learner_options conv: the workdir ran {ProtoNetsOptions().conv}, this "
+            rf"command gives xla \(add --learner_option=bn_stats=running "
+            rf"--learner_option=conv={ProtoNetsOptions().conv} to continue it\)$")):
         runs.check_workdir_config(workdir, TINY, create=False)  # the same flags, later defaults
 
 

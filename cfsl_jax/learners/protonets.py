@@ -85,7 +85,7 @@ class ProtoNetsOptions:
     bn_stats: str = option("running", "Batch norm at validation and test: running averages "
                            "kept in meta-training (the authors' nn.BatchNorm2d) or each set's "
                            "own statistics.", choices=BN_STATS)
-    conv: str = option("auto", "Convolution implementation (models.conv; 'auto': "
+    conv: str = option("gemm_grad", "Convolution implementation (models.conv; 'auto': "
                        "models.conv.AUTO_IMPLS, im2col on every backend).", choices=CONV_IMPLS)
 
     def __post_init__(self):
