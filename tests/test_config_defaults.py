@@ -58,6 +58,12 @@ def as_saved_before_resolving(workdir: str, given: dict) -> None:
     results.write_json(os.path.join(workdir, "results.json"), stored)
 
 
+def file_bytes(folder: str) -> dict[str, bytes]:
+    """The bytes of each file directly in ``folder``."""
+    paths = {name: os.path.join(folder, name) for name in sorted(os.listdir(folder))}
+    return {name: open(path, "rb").read() for name, path in paths.items() if os.path.isfile(path)}
+
+
 @pytest.fixture(scope="module")
 def old_run(tmp_path_factory):
     """A finished ProtoNets run trained with the convolution old runs used (given explicitly),
@@ -106,8 +112,7 @@ def test_an_old_protonets_config_reads_as_gemm_grad_and_verifies_bit_equal(
 def test_resuming_an_old_run_with_its_flags_names_the_option_whose_default_changed(
         old_run, conv_default_auto):
     workdir, _ = old_run
-    before = {name: open(os.path.join(workdir, name), "rb").read()
-              for name in sorted(os.listdir(workdir)) if os.path.isfile(os.path.join(workdir, name))}
+    before = file_bytes(workdir)
     with command_module("train") as module:
         code, out, err = run_in_process(module, "train", [*ARGS, f"--workdir={workdir}"])
     assert code == 2, out + err
@@ -115,8 +120,7 @@ def test_resuming_an_old_run_with_its_flags_names_the_option_whose_default_chang
         f"error: workdir {workdir!r} holds a run with a different config: learner_options conv: "
         f"the workdir ran gemm_grad, this command gives auto (add "
         f"--learner_option=conv=gemm_grad to continue it)"]
-    after = {name: open(os.path.join(workdir, name), "rb").read()
-             for name in sorted(os.listdir(workdir)) if os.path.isfile(os.path.join(workdir, name))}
+    after = file_bytes(workdir)
     assert after == before  # nothing written
     # With the option the line names, it is the same run: nothing to refuse.
     runs.check_workdir_config(workdir, dataclasses.replace(
