@@ -2,6 +2,7 @@
 ``eval_seed``: per-sample test predictions on real images, PyTorch's running-average rule, the
 training step folding in every forward pass, and old workdirs read with their old defaults."""
 
+import dataclasses
 import json
 
 import jax
@@ -15,6 +16,7 @@ from cfsl_jax.protocol import episode
 from cfsl_jax.training import runs, train
 from cfsl_jax.training.evaluate import task_fingerprint
 from cfsl_jax.learners import get_learner
+from cfsl_jax.learners.protonets import ProtoNetsOptions
 from cfsl_jax.models.norm import absorb
 from cfsl_jax.protocol.sampler import sample_task
 from cfsl_jax.protocol.spec import TaskSpec
@@ -124,11 +126,12 @@ def test_evaluation_tasks_follow_eval_seed_not_the_training_seed():
 
 def test_a_workdir_saved_before_eval_seed_keeps_its_tasks_and_batch_statistics(tmp_path):
     saved = {k: v for k, v in TINY.to_json().items() if k != "eval_seed"}
-    saved["seed"] = 3
+    saved.update(seed=3, learner_options=TINY.learner_options)  # only the options given
     (tmp_path / "config.json").write_text(json.dumps(saved))
     config = runs.load_config(str(tmp_path))
     assert config.task_seed == 3 and config.eval_seed is None
-    assert config.learner_options == {"filters": 8, "bn_stats": "batch"}
+    assert config.learner_options == {**dataclasses.asdict(ProtoNetsOptions()), "filters": 8,
+                                      "bn_stats": "batch", "conv": "gemm_grad"}
     assert runs.build(config)[0].recipe.running_bn is None
     today = train.TrainConfig(**{**TINY.to_json(), "seed": 3})
     assert runs.config_differences(saved, today) == ["eval_seed", "learner_options"]

@@ -38,7 +38,7 @@ from cfsl_jax.experiments.sweep_plan import safe_name
 from cfsl_jax.runtime import checksums, files
 from cfsl_jax.training import budgets
 from cfsl_jax.training import results as results_io
-from cfsl_jax.training.config import TrainConfig, from_json
+from cfsl_jax.training.config import TrainConfig, from_json, resolved
 
 COLUMNS: tuple[str, ...] = (
     "learner", "dataset", "cell", "seed", "budget", "paper_budget", "status", "options",
@@ -106,6 +106,13 @@ def _data_key(config: TrainConfig) -> str:
     return json.dumps([config.dataset, config.dataset_options], sort_keys=True)
 
 
+def _changed_options(config: TrainConfig) -> dict[str, Any]:
+    """The run's learner options that differ from today's defaults (config.json records them
+    all; a run that ran a default since changed shows it)."""
+    defaults = resolved(config.learner, {})
+    return {k: v for k, v in config.learner_options.items() if defaults.get(k) != v}
+
+
 def run_row(workdir: str, invocations: Sequence[dict] = (),
             variants: dict[str, str] | None = None) -> dict[str, Any]:
     """The row of one run folder (complete or partial); ``run`` is its folder under runs/.
@@ -124,7 +131,7 @@ def run_row(workdir: str, invocations: Sequence[dict] = (),
            "budget": budget, "paper_budget": budget == "paper",
            "status": "complete" if result else "partial",
            "options": json.dumps({**config.dataset_options, **config.spec_overrides,
-                                  **config.learner_options}, sort_keys=True),
+                                  **_changed_options(config)}, sort_keys=True),
            "epochs": config.epochs, "iters_per_epoch": config.iters_per_epoch,
            "meta_batch": config.meta_batch,
            "training_tasks": training_tasks(config, config.epochs if result else len(history)),

@@ -7,10 +7,14 @@
 ``cfsl_jax.training.budgets``). ``from_json`` reads a saved ``config.json``: a field the file
 lacks takes its ``LEGACY_DEFAULTS`` value where the default changed since such files were
 written, else today's default; every reader of a workdir (resuming, comparing, reporting)
-goes through it. ``to_json`` writes the dataset's preprocessing option
-(``cfsl_jax.datasets.preprocessing``) even when it was left at its default, so a
-``config.json`` without it was saved before the option existed and reads back with the
-value such runs used (LANCZOS Omniglot, SlimageNet64 in [0, 1]).
+goes through it. ``to_json`` writes what a default would otherwise leave implicit: every
+option of the learner's options class with its value, given or default (``resolved``), and the
+dataset's preprocessing option (``cfsl_jax.datasets.preprocessing``), so a changed default
+never changes what an existing workdir computes. A ``config.json`` saved before that holds
+only the learner options given on its command line: an option it lacks reads back as the
+value such runs used (``LEGACY_LEARNER_OPTIONS``: ProtoNets' ``conv`` was ``gemm_grad``), else
+today's default; one without the preprocessing option reads back as LANCZOS Omniglot and
+SlimageNet64 in [0, 1].
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 
 from cfsl_jax.data import DATASETS
 from cfsl_jax.datasets.preprocessing import with_preprocessing
-from cfsl_jax.learners import COMPUTE_DTYPES, LEARNERS
+from cfsl_jax.learners import COMPUTE_DTYPES, LEARNERS, options_class
 from cfsl_jax.runtime.options import check_limits, option
 from cfsl_jax.protocol.spec import TaskSpec
 
@@ -107,30 +111,59 @@ class TrainConfig:
         self.spec  # noqa: B018  (validates the task)
 
     def to_json(self) -> dict[str, Any]:
-        """The fields, with the dataset's preprocessing option written out (module doc)."""
+        """The fields, with every learner option and the dataset's preprocessing option
+        written out (module doc)."""
         out = dataclasses.asdict(self)
+        out["learner_options"] = resolved(self.learner, self.learner_options)
         out["dataset_options"] = with_preprocessing(self.dataset, self.dataset_options)
         return out
+
+
+def resolved(learner: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Every option of ``learner``'s options class: ``options`` over the class's defaults (an
+    unknown learner's ``options`` unchanged: ``check`` refuses it)."""
+    if learner not in LEARNERS:
+        return dict(options)
+    return {**dataclasses.asdict(options_class(learner)()), **options}
 
 
 # What ``from_json`` reads for a field a config.json was saved without, where the default has
 # changed since (runs saved before pretrain_data existed pretrained on uniform images; before
 # eval_seed existed, the evaluation tasks followed the training seed).
 LEGACY_DEFAULTS: dict[str, Any] = {"pretrain_data": "uniform", "eval_seed": None}
-# Learner options whose default changed when eval_seed was added: a config.json saved without
-# eval_seed ran these learners with batch-statistics batch norm.
-LEGACY_LEARNER_OPTIONS: dict[str, dict[str, Any]] = {
-    name: {"bn_stats": "batch"} for name in ("protonets", "maml_high", "sca")}
+# What ``from_json`` reads for a learner option a config.json was saved without (one saved before
+# config.json recorded every option, or before the option existed), where the default has changed
+# since: learner -> option -> (value, ``since``). ``since`` is a field that every config.json saved
+# after the change holds (the file then lacks the option because it ran today's default), or None
+# (every file that lacks the option ran ``value``). ProtoNets ran gemm_grad convolutions until its
+# default became auto; protonets, maml_high and sca ran batch-statistics batch norm until
+# eval_seed was added.
+LEGACY_LEARNER_OPTIONS: dict[str, dict[str, tuple[Any, str | None]]] = {
+    "protonets": {"bn_stats": ("batch", "eval_seed"), "conv": ("gemm_grad", None)},
+    "maml_high": {"bn_stats": ("batch", "eval_seed")},
+    "sca": {"bn_stats": ("batch", "eval_seed")},
+}
+
+
+def legacy_learner_options(saved: dict[str, Any]) -> dict[str, Any]:
+    """The learner options of a saved config.json: its own, with each one it lacks that ran
+    another value than today's default (``LEGACY_LEARNER_OPTIONS``) at that value."""
+    learner = saved.get("learner", TrainConfig.learner)
+    options = saved.get("learner_options", {})
+    changed = LEGACY_LEARNER_OPTIONS.get(learner, {})
+    legacy = {name: value for name, (value, since) in changed.items()
+              if name not in options and (since is None or since not in saved)}
+    return {**legacy, **options}
 
 
 def with_legacy_defaults(saved: dict[str, Any]) -> dict[str, Any]:
-    """A saved config.json's fields, with what runs saved before a default changed used."""
+    """A saved config.json's fields, with what runs saved before a default changed used, and
+    every learner option (``resolved``)."""
     out = {**LEGACY_DEFAULTS, **saved}
     out["dataset_options"] = with_preprocessing(saved.get("dataset", TrainConfig.dataset),
                                                 saved.get("dataset_options", {}), legacy=True)
-    if "eval_seed" not in saved:
-        legacy = LEGACY_LEARNER_OPTIONS.get(saved.get("learner", TrainConfig.learner), {})
-        out["learner_options"] = {**legacy, **saved.get("learner_options", {})}
+    out["learner_options"] = resolved(out.get("learner", TrainConfig.learner),
+                                      legacy_learner_options(saved))
     return out
 
 

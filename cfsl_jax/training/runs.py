@@ -105,6 +105,27 @@ def config_differences(saved: dict, config: TrainConfig) -> list[str]:
                   if saved.get(k) != current.get(k) and k not in _NOT_IDENTITY)
 
 
+def describe_differences(saved: dict, config: TrainConfig) -> str:
+    """How ``config`` differs from a saved ``config.json``, as the end of a refusal ('' if it
+    does not): the fields, or, where only learner options differ, each option with both values
+    and the flags that continue the saved run."""
+    differs = config_differences(saved, config)
+    if differs != ["learner_options"]:
+        return f" (fields: {', '.join(differs)}); use a new workdir" if differs else ""
+    ran = from_json(saved).learner_options  # both resolved: every option of the learner
+    given = config.to_json()["learner_options"]
+    names = sorted(k for k in set(ran) | set(given) if ran.get(k) != given.get(k))
+    words = "; ".join(f"learner_options {k}: the workdir ran {_flag_value(ran.get(k))}, this "
+                      f"command gives {_flag_value(given.get(k))}" for k in names)
+    flags = " ".join(f"--learner_option={k}={_flag_value(ran.get(k))}" for k in names)
+    return f": {words} (add {flags} to continue it)"
+
+
+def _flag_value(value: Any) -> str:
+    """An option's value as --learner_option takes it (a string bare, others as JSON)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 # Config fields that do not change what a run computes (where the files are read from -- the
 # dataset variant and split sizes are recorded in results.json and checked by verify -- and
 # where its metrics are also sent).
@@ -118,10 +139,9 @@ def check_workdir_config(workdir: str, config: TrainConfig, create: bool = True)
     if not files.exists(path):
         _check_no_other_results(workdir)
     if files.exists(path):
-        differs = config_differences(results.read_json(path), config)
+        differs = describe_differences(results.read_json(path), config)
         if differs:
-            raise UserError(f"workdir {workdir!r} holds a run with a different config "
-                            f"(fields: {', '.join(differs)}); use a new workdir")
+            raise UserError(f"workdir {workdir!r} holds a run with a different config{differs}")
     elif create:
         files.makedirs(workdir)
         results.write_json(path, config.to_json())
