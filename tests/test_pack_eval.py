@@ -4,6 +4,7 @@ stopped during its validation or its test resumes exactly."""
 
 import dataclasses
 import os
+import shutil
 import signal
 
 import jax
@@ -73,7 +74,7 @@ def test_the_runs_of_a_pack_are_evaluated_as_each_alone_bit_for_bit():
         assert together[0]["ce_mean"] != together[1]["ce_mean"]
 
 
-def test_a_pack_validates_and_tests_once_and_each_run_verifies(packed):
+def test_a_pack_validates_and_tests_once_and_each_run_verifies(packed, tmp_path):
     """One validation per epoch and one test for the pack, not one per run; each run's own
     val_history.json and results.json; launch.verify's lone re-test is bit-equal."""
     dirs, out, calls = packed
@@ -82,9 +83,21 @@ def test_a_pack_validates_and_tests_once_and_each_run_verifies(packed):
         history = results.read_json(os.path.join(workdir, "val_history.json"))
         assert [h["epoch"] for h in history] == list(range(CONFIG.epochs))
         assert run["best_epochs"] and run["test"]["num_tasks"] == CONFIG.test_tasks
+        assert run["test_in_pack"] is True
         assert verify(workdir) == []  # MATCH
     assert "bit-equal (tolerance 0" in match_detail(metrics=True)
     assert out[0]["test"]["ce_mean"] != out[1]["test"]["ce_mean"]
+    # a pack's test that the lone re-test does not reproduce bit for bit (im2col's may differ
+    # by rounding) is DIFFERS, with a note saying whose test was recorded and by how much
+    copy = str(tmp_path / "copy")
+    shutil.copytree(dirs[0], copy)
+    stored = results.read_json(os.path.join(copy, "results.json"))
+    stored["test"]["ce_mean"] *= 1 + 3e-8
+    results.write_json(os.path.join(copy, "results.json"), stored)
+    differences = verify(copy)
+    assert differences[0].startswith("ce_mean: recorded") and len(differences) == 2
+    assert differences[1].startswith("note: the recorded test is its pack's")
+    assert "the largest difference is 3.0e-08 relative" in differences[1]
 
 
 @pytest.mark.parametrize("moment", [("val", 2), ("test", 1)])

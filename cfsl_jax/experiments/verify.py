@@ -106,6 +106,12 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
                                    f"now {getattr(report, name)!r}")
                 relative.append(abs(getattr(report, name) - getattr(stored, name))
                                 / max(abs(getattr(stored, name)), 1e-30))
+        if relative and recorded.get("test_in_pack"):
+            differences.append(
+                f"note: the recorded test is its pack's (the pack's runs tested in one "
+                f"program), recomputed alone: the largest difference is {max(relative):.1e} "
+                f"relative, the rounding of the two programs (bit-equal with ProtoNets' "
+                f"default gemm_grad convolutions, not always with im2col: docs/results.md)")
         if relative and recorded.get("backend") not in (None, jax.default_backend()):
             differences.append(
                 f"note: recorded on {recorded['backend']}, recomputed on "

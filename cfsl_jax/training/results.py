@@ -52,14 +52,16 @@ def record_steps(workdir: str, phase: str, from_step: int, pack: dict[str, Any] 
 def record(config, learner, splits, report: EvalRecord, workdir: str,
            wall_seconds: float, best_epochs: list[int],
            compile_since: dict[str, float] | None = None,
-           run_stats: dict[str, Any] | None = None, retest: bool = False) -> dict[str, Any]:
+           run_stats: dict[str, Any] | None = None, retest: bool = False,
+           pack_test: bool = False) -> dict[str, Any]:
     """Write workdir/results.json (``test``: ``report.to_json()``) and workdir/results.csv,
     print the table; return the results.json dict.
 
     ``dataset`` is the variant the splits came from (``omniglot/small``, not ``omniglot``);
     ``compile_since``: ``backend.compile_totals()`` at the run's start (its own compile
     statistics are recorded, not the process's); ``run_stats`` (a re-test: the training run's
-    compile statistics) replace them; ``retest``: the row is marked a re-test's."""
+    compile statistics) replace them; ``retest``: the row is marked a re-test's; ``pack_test``:
+    its pack's one program tested the run (``pack_eval.test_pack``: ``test_in_pack``)."""
     spec = learner.spec
     out = {
         "learner": learner.name,
@@ -80,6 +82,8 @@ def record(config, learner, splits, report: EvalRecord, workdir: str,
         "test": report.to_json(),
         "task_fingerprint": report.task_fingerprint,
     }
+    if pack_test:
+        out["test_in_pack"] = True
     packs = read_json(files.join(workdir, PACKS_FILE), default=[])
     if packs:
         out["packs"] = packs

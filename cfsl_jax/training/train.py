@@ -272,7 +272,7 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
         out = results.record(config, learner, splits, report, workdir,
                              wall_seconds=time.perf_counter() - started,
                              best_epochs=ckpt.best_epochs() if ensemble else [],
-                             compile_since=compiled)
+                             compile_since=compiled, pack_test=tested is not None)
         tracking.scalars("test", config.epochs * config.iters_per_epoch if ensemble else 0, {
             k: report[k] for k in (
                 "acc_mean", "acc_std", "acc_ci95", "ce_mean", "ce_std", "group_acc", "atm",
