@@ -230,7 +230,7 @@ def test_nss_640_evaluation_completes_in_bounded_memory(many_classes, name, monk
         return compiled.memory_analysis().temp_size_in_bytes
 
     # 64 filters: the same memory pattern, 3x the seconds; 5 inner steps (the default): the
-    # same temp bytes, 1.7x the seconds (measured 177 s instead of 105 s for both learners).
+    # same pattern, 1.7x the seconds (measured 177 s instead of 105 s for both learners).
     narrow = {"filters": 16, "inner_steps": 2}
     # TARGET_CHUNK is read when the program is traced, and a learner of the same settings is
     # the same object (get_learner): drop the traced programs whenever it changes.
