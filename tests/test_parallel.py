@@ -229,7 +229,9 @@ def test_nss_640_evaluation_completes_in_bounded_memory(many_classes, name, monk
             learner, parallel.replicate(params, mesh), split, keys, False, mesh).compile()
         return compiled.memory_analysis().temp_size_in_bytes
 
-    narrow = {"filters": 16}  # 64 filters: the same memory pattern, 3x the seconds
+    # 64 filters: the same memory pattern, 3x the seconds; 5 inner steps (the default): the
+    # same pattern, 1.7x the seconds (measured 177 s instead of 105 s for both learners).
+    narrow = {"filters": 16, "inner_steps": 2}
     # TARGET_CHUNK is read when the program is traced, and a learner of the same settings is
     # the same object (get_learner): drop the traced programs whenever it changes.
     monkeypatch.setattr(episode, "TARGET_CHUNK", spec.target_size)  # the target set in one piece
@@ -239,7 +241,7 @@ def test_nss_640_evaluation_completes_in_bounded_memory(many_classes, name, monk
     jax.clear_caches()
     learner, params = build(name, spec, image=image, **narrow)
     chunked = temp_bytes(learner, params)
-    assert chunked < 2**29 and whole > 4 * chunked, (chunked, whole)
+    assert chunked < 2**29 and whole > 4 * chunked, (chunked, whole)  # measured: 131 MB, 1.22 GB
     report = evaluation.evaluate(learner, params, many_classes, num_tasks=1, mesh=mesh)
     correct = report["acc_mean"] * spec.target_size  # one task: a count of target samples
     # a float32 mean of 16,000 zeros and ones, times 16,000: a whole count to float32 rounding
