@@ -245,7 +245,7 @@ def test_protonets_learns_b3_on_mini_omniglot(omniglot_dir, data_dir, tmp_path, 
     # measured 10 s instead of 95 s, for 28 s more compiling); everything else, Init+Tune's
     # fine-tuning included, at the suite's -O0 (its test program compiled in 14 s instead of 44 s).
     protonets = train.train_and_evaluate(config, str(tmp_path / "pn"), mesh=mesh)["test"]
-    tune = TrainConfig(**{**config.to_json(), "learner": "init_tune"})
+    tune = dataclasses.replace(config, learner="init_tune")  # its given options (filters)
     init_tune = train.train_and_evaluate(tune, str(tmp_path / "it"), mesh=mesh)["test"]
     print(f"B3 mini-Omniglot: protonets {protonets['acc_mean']:.3f}, "
           f"init_tune {init_tune['acc_mean']:.3f}")
