@@ -22,6 +22,10 @@ if [[ $# -ne 2 ]]; then
   echo "usage: $0 OUT_DIR SECONDS" >&2
   exit 2
 fi
+if ! [[ ${2} =~ ^[1-9][0-9]*$ ]]; then
+  echo "error: SECONDS=${2}: give the wall time as a whole number of seconds, at least 1" >&2
+  exit 2
+fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=$(realpath -m "$1"); total=$2; start=$SECONDS
 mkdir -p "$out"

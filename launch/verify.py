@@ -21,6 +21,7 @@ from absl import flags
 from cfsl_jax.experiments.verify import (load, match_detail, packs_note,
                                          reference_row_differences, verify)
 from cfsl_jax.runtime import files
+from cfsl_jax.training import results
 
 from . import cli
 from .checks import check_data_flags, check_input_file
@@ -54,12 +55,10 @@ def main(argv) -> None:
                          manual_dir=_MANUAL_DIR.value)
     if _REFERENCE_CSV.value:
         differences += reference_row_differences(_WORKDIR.value, _REFERENCE_CSV.value)
-    note = packs_note(load(_WORKDIR.value, data_dir=_DATA_DIR.value,
-                           manual_dir=_MANUAL_DIR.value)[1])
-    differences += [f"note: {note}"] if differences and note else []
+    note = packs_note(results.read_json(files.join(_WORKDIR.value, "results.json")))
     if differences:
         print("DIFFERS")
-        for line in differences:
+        for line in differences + ([f"note: {note}"] if note else []):
             print(f"  {line}")
         sys.exit(1)
     print(f"  {match_detail(_METRICS.value)}")

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from cfsl_jax.experiments.verify import match_detail, packs_note, verify
-from cfsl_jax.runtime import locks, seeding
+from cfsl_jax.runtime import checksums, locks, seeding
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training import loop, packing, results, runs, steps, train
 from cfsl_jax.training.config import TrainConfig
@@ -135,6 +135,7 @@ def test_a_packed_run_is_an_ordinary_run_with_the_solo_runs_tasks_and_numbers(
         pack = {"seeds": list(seeds), "axis": steps.resolve_pack_axis("auto"),
                 "steps_per_dispatch": 2}
         assert out["packs"] == [{"phase": "train", "from_step": 0, "pack": pack}]
+        assert "packs.json" in checksums.recorded(workdir)  # its bytes are checked when read
         assert "packs" not in alone and not os.path.exists(tmp_path / f"solo{seed}/packs.json")
     assert packed[0]["test"]["ce_mean"] != packed[1]["test"]["ce_mean"]
     assert verify(dirs[1]) == []  # launch.verify's MATCH: the re-test is bit-equal

@@ -38,6 +38,10 @@ if [[ $# -ne 4 ]]; then
   echo "usage: $0 OUT_DIR MANUAL_DIR DATA_DIR SECONDS" >&2
   exit 2
 fi
+if ! [[ ${4} =~ ^[1-9][0-9]*$ ]]; then
+  echo "error: SECONDS=${4}: give the wall time as a whole number of seconds, at least 1" >&2
+  exit 2
+fi
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 out=$(realpath -m "$1"); manual=$(realpath -m "$2"); data=$(realpath -m "$3"); total=$4

@@ -8,7 +8,7 @@
 Two kinds of manifest:
 
 - ``<folder>/checksums.json`` for a run's JSON files (``CHECKED``: config.json,
-  val_history.json, results.json): ``{name: [sha256, ...]}``. A write records the new
+  val_history.json, results.json, and packs.json for a run a pack trained): ``{name: [sha256, ...]}``. A write records the new
   checksum next to the current one, replaces the file atomically, then keeps only the new one:
   a kill at any instant leaves a file whose checksum is recorded (never a false alarm).
 - ``<checkpoint folder>/cfsl_checksums.json``: ``{relative path: sha256}`` of every file orbax
@@ -31,7 +31,7 @@ from cfsl_jax.runtime.errors import UserError
 
 MANIFEST = "checksums.json"
 SEAL = "cfsl_checksums.json"
-CHECKED = ("config.json", "val_history.json", "results.json")
+CHECKED = ("config.json", "val_history.json", "results.json", "packs.json")
 _noted: set[str] = set()  # legacy folders already noted in this process
 
 
