@@ -110,8 +110,8 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
             differences.append(
                 f"note: the recorded test is its pack's (the pack's runs tested in one "
                 f"program), recomputed alone: the largest difference is {max(relative):.1e} "
-                f"relative, the rounding of the two programs (bit-equal with ProtoNets' "
-                f"default gemm_grad convolutions, not always with im2col: docs/results.md)")
+                f"relative, the rounding of the two programs (bit-equal on CPU at XLA's "
+                f"default optimisation level, measured; not at -O0: docs/results.md)")
         if relative and recorded.get("backend") not in (None, jax.default_backend()):
             differences.append(
                 f"note: recorded on {recorded['backend']}, recomputed on "
@@ -126,7 +126,7 @@ def match_detail(metrics: bool) -> str:
     if not metrics:
         return "task_fingerprint equal; test metrics not recomputed (--nometrics)"
     return (f"task_fingerprint equal; test {', '.join(CHECKED_METRICS)} bit-equal (tolerance 0: "
-            f"every run, packed or not, is tested alone by the program verify re-runs)")
+            f"verify re-tests every run alone, a packed one too)")
 
 
 def packs_note(recorded: dict) -> str | None:

@@ -85,8 +85,9 @@ class ProtoNetsOptions:
     bn_stats: str = option("running", "Batch norm at validation and test: running averages "
                            "kept in meta-training (the authors' nn.BatchNorm2d) or each set's "
                            "own statistics.", choices=BN_STATS)
-    conv: str = option("gemm_grad", "Convolution implementation (models.conv; 'auto': "
-                       "models.conv.AUTO_IMPLS, im2col on every backend).", choices=CONV_IMPLS)
+    conv: str = option("auto", "Convolution implementation (models.conv; 'auto': "
+                       "models.conv.AUTO_IMPLS, im2col on every backend; runs saved before "
+                       "this default ran 'gemm_grad').", choices=CONV_IMPLS)
 
     def __post_init__(self):
         check_fields(self)
