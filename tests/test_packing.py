@@ -21,11 +21,9 @@ from cfsl_jax.training import loop, packing, results, runs, steps, train
 from cfsl_jax.training.config import TrainConfig
 from conftest import TEST_PRECISION, unoptimised_env
 
-# conv=gemm_grad: a pack's test and launch.verify's lone re-test are bit-equal with it at the
-# suite's -O0 too; with the default im2col only at XLA's default level (test_pack_eval).
 CONFIG = TrainConfig(
-    learner="protonets", learner_options={"filters": 8, "conv": "gemm_grad"},
-    dataset="synthetic", dataset_options={"num_classes": 60, "samples_per_class": 8}, task="B2",
+    learner="protonets", learner_options={"filters": 8}, dataset="synthetic",
+    dataset_options={"num_classes": 60, "samples_per_class": 8}, task="B2",
     spec_overrides={"nc": 3, "kt": 2}, epochs=2, iters_per_epoch=4, meta_batch=2,
     val_tasks=6, test_tasks=7, eval_batch=4, keep_best=2, log_every=2)
 SEEDS = (0, 1, 2)
@@ -241,8 +239,7 @@ def test_a_shard_and_a_slurm_array_task_hold_whole_packs(tmp_path):
     assert_error(zero, "--pack=0: give an integer >= 1 or auto")
 
 
-PACK_FLAGS = ["--learner=protonets", "--learner_option=filters=8",
-              "--learner_option=conv=gemm_grad", "--dataset=synthetic",
+PACK_FLAGS = ["--learner=protonets", "--learner_option=filters=8", "--dataset=synthetic",
               "--dataset_option=num_classes=60", "--dataset_option=samples_per_class=8",
               "--task=B2", "--nc=3", "--kt=2", "--epochs=2", "--iters_per_epoch=4",
               "--meta_batch=2", "--val_tasks=6", "--test_tasks=7", "--eval_batch=4",

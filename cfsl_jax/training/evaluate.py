@@ -206,7 +206,7 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
         return _record(values, report, per_task)
     num_runs = values["acc"].shape[0]
     return [_record({name: v[k] for name, v in values.items() if name not in FINGERPRINTED},
-                    report, per_task) for k in range(num_runs)]
+                    {**report, "pack_runs": num_runs}, per_task) for k in range(num_runs)]
 
 
 def _record(values: dict[str, np.ndarray], common: dict[str, Any], per_task: bool

@@ -42,6 +42,7 @@ class EvalRecord:
     macs_per_meta_step: float | None = None  # meta-trained learners, after training
     retest_compile_seconds: float | None = None  # a re-test's own compile seconds
     per_task: Mapping[str, list[float]] | None = None  # {"acc", "ce"}: each task's, in order
+    pack_runs: int | None = None  # evaluate(runs=True): the runs its one program evaluated
 
     def __getitem__(self, name: str) -> Any:
         if name not in _FIELDS:
