@@ -72,7 +72,8 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
     Checks every checksum first (``check_files``). Recomputes the test tasks' fingerprint
     from (split, spec, seed) and, when
     ``metrics`` and the run has finished, the test metrics from its
-    checkpoints (equal bit for bit on the same backend). ``data_dir`` / ``manual_dir``
+    checkpoints (equal bit for bit on the same backend; a run its pack tested is re-tested as
+    its pack's program where its lone re-test rounds differently). ``data_dir`` / ``manual_dir``
     replace the recorded folders where given.
     """
     check_files(workdir)
