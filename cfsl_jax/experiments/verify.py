@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import jax
@@ -97,19 +98,17 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
     if metrics and not differences:
         params = runs.restore_params(config, learner, splits, workdir, ensemble=True)
         from cfsl_jax.training.evaluate import evaluate
-
-        def retest(params, runs_: bool = False):
-            return evaluate(learner, params, splits["test"], num_tasks=config.test_tasks,
-                            seed=config.task_seed, batch_size=config.eval_batch,
-                            ensemble=runs.selects_epochs(config, learner), cost_metrics=False,
-                            runs=runs_)
+        retest = functools.partial(evaluate, learner, split=splits["test"],
+                                   num_tasks=config.test_tasks, seed=config.task_seed,
+                                   batch_size=config.eval_batch, cost_metrics=False,
+                                   ensemble=runs.selects_epochs(config, learner))
         report = retest(params)
         relative = _relative_differences(report, stored)
-        if relative and recorded.get("test_in_pack") and stored.pack_runs:
+        if relative and stored.pack_runs:  # tested by its pack (results.json's test_in_pack)
             # its pack's program, K runs under lax.map, each computing only from its own params:
             # K copies of this run's params give this run's numbers as its pack gave them
             alone = max(relative.values())
-            report = retest(pack_eval.stack([params] * stored.pack_runs), runs_=True)[0]
+            report = retest(pack_eval.stack([params] * stored.pack_runs), runs=True)[0]
             relative = _relative_differences(report, stored)
             if not relative:
                 progress.say(f"[verify] the lone re-test differs by {alone:.1e} relative, the "

@@ -132,8 +132,8 @@ def protonets(spec: TaskSpec, opts: ProtoNetsOptions = ProtoNetsOptions(), *,
     # evaluation of runs saved before auto was the default
     evaluated = embed.clone(conv_impl="gemm_grad") if opts.conv == "auto" else embed
     if not running:
-        return learner(embed, Recipe(evaluation=learner(evaluated))
-                       if evaluated is not embed else Recipe())
+        return learner(embed, Recipe(evaluation=None if evaluated is embed
+                                     else learner(evaluated)))
 
     def moments(params, support_x, target_x):
         def of(x):
