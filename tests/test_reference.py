@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 
-from cfsl_jax.experiments import paper_era, reference, reference_report, sweep_plan
+from cfsl_jax.experiments import paper_era, paper_results, reference, reference_report, sweep_plan
 from cfsl_jax.experiments.verify import reference_row_differences
 from cfsl_jax.runtime import checksums
 from cfsl_jax.training import loop, train
@@ -153,7 +153,37 @@ def test_paper_era_cells_follow_only_the_last_support_set_counts():
     assert "last support" in paper_era.note("maml_low", "D8")
     # a learner that carries its state on a D cell: the 1/CCI cap, p/CCI (ProtoNets A3 98.73)
     assert paper_era.predicted("protonets", "D4") == pytest.approx(98.73 / 2)
-    assert "1/CCI" in paper_era.note("sca", "D8") and paper_era.note("init_tune", "D4") is None
+    assert "1/CCI" in paper_era.note("sca", "D8") and paper_era.note("sca", "B3") is None
+    # the fine-tuners re-copied their weights too: C cells by the formula (Init+Tune A3 44.76),
+    # A cells are the authors' one-support-set result (43.0), B and D have no closed form
+    assert paper_era.predicted("init_tune", "C3") == pytest.approx(100 * (0.4476 / 3 + 2 / 15))
+    assert paper_era.predicted("ewc_pretrain", "C10") == pytest.approx(30.14 / 10 + 18)
+    assert [paper_era.predicted("init_tune", c) for c in ("A3", "A10")] == [43.0, 43.0]
+    assert paper_era.predicted("pretrain_tune", "A5") == 33.1
+    assert paper_era.predicted("ewc_init", "A3") is None  # no EWC row in the authors' file
+    assert {paper_era.predicted("init_tune", c) for c in ("B3", "D4", "D8")} == {None}
+    assert "one-support-set" in paper_era.note("pretrain_tune", "A3")
+    assert "no commit holds EWC code" in paper_era.note("ewc_init", "D4")
+    assert {row[0] for row in paper_era.table()[1:]} == {
+        "protonets", "maml_low", "maml_high", "sca", "init_tune", "pretrain_tune", "ewc_init",
+        "ewc_pretrain"}
+
+
+def test_reference_beside_table1_shows_the_difference_or_the_paper_era_note():
+    def row(learner, cell, acc):
+        return {"dataset": "omniglot/full", "budget": "cpu", "learner": learner, "cell": cell,
+                "seed": "0", "status": "complete", "test_acc_mean": str(acc),
+                "val_acc_last": "", "training_tasks": "3200"}
+    rows = [row("sca", "B3", 0.9), row("protonets", "C3", 0.5), row("init_tune", "B3", 0.2)]
+    table = {(r[1], r[2]): r[-1] for r in reference_report.beside_table1(
+        rows, paper_results.TABLE1)[1:]}
+    sca_b3 = paper_results.TABLE1["values"]["omniglot"]["sca"]["B3"]["mean"]
+    assert table[("sca", "B3")] == f"{90 - sca_b3:+.2f}"
+    assert table[("protonets", "C3")].startswith("paper-era cell: ProtoNets' paper-era prototype")
+    assert "that alone predicts 46.24" in table[("protonets", "C3")]
+    assert table[("init_tune", "B3")] == (
+        f"paper-era cell: {paper_era.note('init_tune', 'B3')}; its closed form needs a number "
+        "Table 1 does not give, so no difference is shown")
 
 
 def test_report_reference_from_the_command_line(tmp_path):

@@ -6,11 +6,12 @@
 
 In the paper-era code (``docs/fidelity.md``, rows "As published 4(b)" and "4(c)"),
 **only the last support set of a task reaches the target set**: ProtoNets' prototype
-of a label is its last support sample (``last_sample_prototype``), MAML++ L re-copies
-the meta-weights at every support set (``restart_each_support_set``). A target of the
-last support set is then classified as well as in a one-support-set task (accuracy
-``p``; Table 1's A cell of the same NSS: the A tasks repeat one class group, so they
-measure that accuracy), and every other target is at best a guess:
+of a label is its last support sample (``last_sample_prototype``), MAML++ L and the
+fine-tuners re-copy their weights at every support set (``restart_each_support_set``;
+the published EWC rows show the same signature, though no commit holds EWC code). A
+target of the last support set is then classified as well as in a one-support-set task
+(accuracy ``p``; Table 1's A cell of the same NSS: the A tasks repeat one class group, so
+they measure that accuracy), and every other target is at best a guess:
 
 - C (overwrite, CCI=1): labels 0..NC-1 are reused by every support set, so a target of
   an earlier support set is right by chance, 1/NC:
@@ -28,6 +29,14 @@ measure that accuracy), and every other target is at best a guess:
   every support set counts, but a group's classes carry CCI labels, one per support
   set, and a target is right for one of them: ``p/CCI`` (the cap near 50 % of every D
   cell of Table 1).
+- The fine-tuners (Init+Tune, Pretrain+Tune, EWC-Init, EWC-Pretrain): an A cell is the
+  one-support-set accuracy itself, flat in NSS; ``predicted`` gives the authors' own
+  NSS=1 result where their results file has one (``paper_results.
+  AUTHORS_CSV_ONE_SUPPORT_SET``: Init+Tune 43.0, Pretrain+Tune 33.1). C cells: the
+  formula above. B and D: five SGD steps on the last support set leave an earlier
+  target's label almost never chosen (not a uniform guess), so a cell is ``p_B/NSS``
+  with ``p_B`` the last set's accuracy among NSS*NC outputs, which Table 1 does not give:
+  the note only, no prediction.
 
 With ``p`` = Table 1's A cell of the same learner with the most support sets not
 above the cell's NSS (A3 for B3, C3 and D4; A5 for D8), this gives ProtoNets C3/C5/C10 46.24/35.75/27.87
@@ -43,21 +52,35 @@ from cfsl_jax.experiments import paper_results
 from cfsl_jax.protocol.spec import TaskSpec
 
 # (learner, task type) -> what the cell measures in the paper-era code
+_RESTART = "re-copied its weights at every support set (fidelity 4(b))"
+_LAST = "only the last support set counts"
 PAPER_ERA: dict[tuple[str, str], str] = {
     ("protonets", "C"): "ProtoNets' paper-era prototype was the label's last support sample "
-                        "(fidelity 4(c)): only the last support set counts",
-    ("maml_low", "C"): "MAML++ L re-copied its weights at every support set (fidelity 4(b)): "
-                       "only the last support set counts",
-    ("maml_low", "B"): "MAML++ L re-copied its weights at every support set (fidelity 4(b)): "
-                       "only the last support set counts",
-    ("maml_low", "D"): "MAML++ L re-copied its weights at every support set (fidelity 4(b)) "
-                       "and the Apr-2020 labels were offset per support set: only the last "
-                       "support set counts, and its group's other sets are always wrong",
+                        f"(fidelity 4(c)): {_LAST}",
+    ("maml_low", "C"): f"MAML++ L {_RESTART}: {_LAST}",
+    ("maml_low", "B"): f"MAML++ L {_RESTART}: {_LAST}",
+    ("maml_low", "D"): f"MAML++ L {_RESTART} and the Apr-2020 labels were offset per support "
+                       f"set: {_LAST}, and its group's other sets are always wrong",
 }
 _CAP = ("the Apr-2020 labels were offset per support set, so the CCI support sets of a group "
         "show its classes under CCI labels and at most 1/CCI of the group's targets can be right")
 for _learner in ("protonets", "maml_high", "sca"):
     PAPER_ERA[(_learner, "D")] = _CAP
+_FINE_TUNE_NOTE = {
+    "A": f"{_LAST}, so an A cell is one-support-set (one-shot) accuracy, flat in NSS",
+    "B": f"{_LAST}; an earlier support set's targets are almost never right",
+    "C": f"{_LAST}; an earlier support set's targets are right by chance",
+    "D": f"{_LAST} (Apr-2020 labels); an earlier support set's targets are almost never right",
+}
+for _learner, _who in (("init_tune", "Init+Tune"), ("pretrain_tune", "Pretrain+Tune")):
+    for _type, _what in _FINE_TUNE_NOTE.items():
+        PAPER_ERA[(_learner, _type)] = f"the paper-era {_who} {_RESTART}: {_what}"
+for _learner, _who in (("ewc_init", "EWC-Init"), ("ewc_pretrain", "EWC-Pretrain")):
+    for _type, _what in _FINE_TUNE_NOTE.items():  # no code: the published numbers' signature
+        PAPER_ERA[(_learner, _type)] = (
+            f"the published {_who} row has the paper-era fine-tuners' signature (no commit holds "
+            f"EWC code; fidelity 4(b)): {_what}")
+FINE_TUNERS = ("init_tune", "pretrain_tune", "ewc_init", "ewc_pretrain")
 
 
 def note(learner: str, cell: str) -> str | None:
@@ -75,10 +98,16 @@ def _single_set_accuracy(learner: str, nss: int, dataset: str) -> float:
 
 
 def predicted(learner: str, cell: str, dataset: str = "omniglot") -> float | None:
-    """The closed-form accuracy (percent) of a paper-era cell (module doc); None elsewhere."""
+    """The closed-form accuracy (percent) of a paper-era cell (module doc); None elsewhere, and
+    where the closed form needs a number Table 1 does not give (a fine-tuner's B and D cells,
+    an EWC A cell)."""
     if note(learner, cell) is None:
         return None
     spec = TaskSpec.preset(cell)
+    if learner in FINE_TUNERS and spec.task_type != "C":
+        one_set = paper_results.AUTHORS_CSV_ONE_SUPPORT_SET.get(learner)
+        return one_set["mean"] if spec.task_type == "A" and one_set and dataset == "omniglot" \
+            else None
     p = _single_set_accuracy(learner, spec.nss, dataset)
     others = 1.0 - 1.0 / spec.nss
     if spec.task_type == "C":
@@ -93,13 +122,14 @@ def predicted(learner: str, cell: str, dataset: str = "omniglot") -> float | Non
 
 
 def table(dataset: str = "omniglot") -> list[list[str]]:
-    """Rows (header first): learner, cell, predicted, published, published - predicted."""
+    """Rows (header first): learner, cell, predicted, published, published - predicted, for
+    every paper-era cell with a prediction."""
     rows = [["learner", "cell", "predicted (%)", "Table 1 (%)", "difference (points)"]]
     values = paper_results.TABLE1["values"][dataset]
     for learner, task_type in PAPER_ERA:
         for cell in values[learner]:
-            if TaskSpec.preset(cell).task_type == task_type:
-                guess = predicted(learner, cell, dataset)
+            guess = predicted(learner, cell, dataset)
+            if TaskSpec.preset(cell).task_type == task_type and guess is not None:
                 published = values[learner][cell]["mean"]
                 rows.append([learner, cell, f"{guess:.2f}", f"{published:.2f}",
                              f"{published - guess:+.2f}"])

@@ -244,6 +244,21 @@ AUTHORS_CSV_FEB2020: dict = {
     "source": AUTHORS_CSV_SOURCE,
     "table": "the authors' results file of Feb 2020 (not the published Table 1)",
     "note": ("Omniglot only, one decimal; its D cells and fine-tuning rows differ from "
-             "the published Table 1. The NSS=1 row (not a grid cell) is left out."),
+             "the published Table 1. Its NSS=1 rows (not a grid cell) are "
+             "AUTHORS_CSV_ONE_SUPPORT_SET."),
     "values": {"omniglot": _csv_values(_CSV_ROWS)},
+}
+
+# The same file's NSS=1 rows (Overwrite 0, NSS 1, CCI 1: a task of one support set), copied
+# as printed: {learner: {"mean", "std"}}. Where only the last support set reached the target
+# set (the paper-era fine-tuners), an A cell measures exactly this task (experiments.paper_era).
+AUTHORS_CSV_ONE_SUPPORT_SET: dict[str, dict[str, float]] = {
+    AUTHORS_CSV_MODELS[model]: {"mean": mean, "std": std} for model, mean, std in (
+        ("intrinsic-densenet-embedding-based", 99.8, 0.01),
+        ("standard-densenet-embedding-based", 99.5, 0.03),
+        ("standard-vgg-based", 99.5, 0.03),
+        ("standard-vgg-fine-tune-pretrained", 33.1, 2.04),
+        ("standard-vgg-fine-tune-scratch", 43.0, 0.00),
+        ("standard-vgg-matching-network", 98.5, 0.04),
+    )
 }

@@ -82,9 +82,11 @@ def beside_table1(rows: Sequence[dict], paper: dict) -> list[list[str]]:
         if theirs is None:
             comparison = "-"
         elif note:
-            guess = paper_era.predicted(learner, cell)
-            comparison = (f"paper-era cell: {note}; that alone predicts {guess:.2f} "
-                          f"(docs/results.md), so no difference is shown")
+            guess = paper_era.predicted(learner, cell, paper_results.PAPER_DATASETS.get(
+                dataset, dataset))
+            predicts = (f"that alone predicts {guess:.2f} (docs/results.md)" if guess is not None
+                        else "its closed form needs a number Table 1 does not give")
+            comparison = f"paper-era cell: {note}; {predicts}, so no difference is shown"
         else:
             comparison = f"{100 * np.mean(done) - theirs['mean']:+.2f}" if done else "-"
         tasks = group[0]["training_tasks"]

@@ -51,7 +51,8 @@ _NOT_REPRODUCED = (
     "together; the specification's data flow shows a learner one support set at a time, so "
     "the running averages here are folded in per support set and per target set",
     "EWC-Init and EWC-Pretrain: no commit of the authors' repository contains EWC; their rows "
-    "run cfsl_jax's own EWC unchanged",
+    "run cfsl_jax's own EWC unchanged (Table 1's EWC rows carry the fine-tuners' restart "
+    "signature, docs/results.md; --learner_option=restart_each_support_set=True adds it)",
 )
 
 # Settings where the paper-era code differs and a preset leaves today's default in place.
