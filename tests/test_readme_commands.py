@@ -106,6 +106,9 @@ def test_the_extraction_finds_every_kind_of_command():
 def materialise(name: str, argv: list[str], folder: str) -> list[str]:
     """``argv`` with its placeholders and output paths under ``folder`` (inputs made real)."""
     os.makedirs(folder)
+    # evaluate with train flags (--learner) tests a learner that needs no training into a new
+    # workdir; without them it re-tests the finished run in --workdir
+    fresh = any(token.startswith("--learner=") for token in argv)
     result = []
     for token in argv:
         flag, sep, value = token[2:].partition("=")
@@ -117,7 +120,7 @@ def materialise(name: str, argv: list[str], folder: str) -> list[str]:
             value = os.path.join(folder, os.path.basename(value))
         elif flag in OUTPUTS:
             value = _path_for(flag, value, folder)
-        if flag == "workdir" and name in ("evaluate", "verify"):
+        if flag == "workdir" and (name == "verify" or name == "evaluate" and not fresh):
             write_tiny_workdir(value)  # a finished run to re-test or verify
             with open(os.path.join(value, "results.json"), "w") as f:
                 json.dump({}, f)
