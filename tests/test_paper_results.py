@@ -78,6 +78,13 @@ def test_the_feb_2020_csv_is_a_separate_source_that_differs_from_table1():
               if round(table[learner][cell]["mean"], 1) != csv[learner][cell]["mean"]]
     assert len(differ) == 11
     assert paper_results.AUTHORS_CSV_FEB2020["source"] != paper_results.TABLE1["source"]
+    # its NSS=1 rows (a one-support-set task): the fine-tuners' A cells lie near them, flat in NSS
+    one_set = paper_results.AUTHORS_CSV_ONE_SUPPORT_SET
+    assert set(one_set) == set(csv) and one_set["init_tune"] == {"mean": 43.0, "std": 0.0}
+    assert one_set["pretrain_tune"] == {"mean": 33.1, "std": 2.04}
+    for learner in ("init_tune", "pretrain_tune"):
+        assert all(abs(table[learner][cell]["mean"] - one_set[learner]["mean"]) < 3
+                   for cell in ("A3", "A5", "A10"))
 
 
 def test_report_wording_for_one_seed_and_one_epoch():
