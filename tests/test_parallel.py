@@ -90,6 +90,32 @@ def test_gradient_learner_evaluation_on_8_devices_matches(split):
     assert reports[0]["ce_mean"] == pytest.approx(float(ce[0].mean()), rel=1e-6)
 
 
+def test_per_task_weight_learners_train_and_evaluate_on_8_devices(split):
+    # A per-task-weight learner on CPU walks each device's tasks inside shard_map
+    # (parallel.map_tasks); the params and split it needs enter as shard_map inputs. Closed
+    # over instead, they kept the mesh's global sharding and an op copying it failed on 8
+    # devices: MAML++ L's step at sample_task's gather, EWC-Init's evaluation at
+    # zeros_like (launch.train exited 1 for MAML++ L/H, SCA and both EWC learners).
+    maml, maml_params = build("maml_low", filters=8, inner_steps=1)
+    ewc, ewc_params = build("ewc_init", filters=8)
+    optimizer = optax.sgd(0.03)
+    results = []
+    for n in (1, FAKE_DEVICES):
+        mesh = cpu_mesh(n)
+        assert episode.sequential(maml, mesh) and episode.sequential(ewc, mesh)
+        step = make_train_step(maml, optimizer, meta_batch=8, mesh=mesh)
+        p, state = parallel.replicate((maml_params, optimizer.init(maml_params)), mesh)
+        _, _, out = step(p, state, parallel.place_split(split, mesh), jax.random.key(0),
+                         jnp.float32(0))
+        report = evaluation.evaluate(ewc, ewc_params, split, num_tasks=8, batch_size=8,
+                                     cost_metrics=False, mesh=mesh, per_task=True)
+        results.append((float(out["loss"]), report))
+    (loss_one, one), (loss_eight, eight) = results
+    assert loss_one == pytest.approx(loss_eight, rel=1e-5)
+    assert one["task_fingerprint"] == eight["task_fingerprint"]
+    assert one["per_task"]["acc"] == pytest.approx(eight["per_task"]["acc"], abs=1e-6)
+
+
 def test_meta_training_on_8_devices_matches_one_and_compiles_once(split):
     # Plain SGD: Adam would turn the float-noise gradients of the conv biases (which
     # BatchStatNorm cancels: true gradient 0) into full +-lr steps of either sign.

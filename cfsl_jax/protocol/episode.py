@@ -146,9 +146,9 @@ def run_tasks(learner: Learner, params: Params, support_x: jax.Array, support_y:
     ``parallel.map_tasks``; ``sequential(learner)`` decides vmap or one at a time.
     """
     mesh = mesh or parallel.make_mesh(1)
-    return parallel.map_tasks(lambda sx, sy, tx, k: run_task(learner, params, sx, sy, tx, k),
+    return parallel.map_tasks(lambda sx, sy, tx, k, p: run_task(learner, p, sx, sy, tx, k),
                               (support_x, support_y, target_x, keys), mesh,
-                              sequential(learner, mesh))
+                              sequential(learner, mesh), shared=params)
 
 
 def meta_step_macs(learner, params, image_shape: tuple[int, ...], dtype=jnp.float32,

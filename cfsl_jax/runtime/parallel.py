@@ -105,31 +105,35 @@ def to_host(x: jax.Array) -> np.ndarray:
     return np.asarray(x)
 
 
-def map_tasks(fn, tasks: tuple, mesh: Mesh, sequential: bool):
-    """``fn(*task)`` for every task of a batch laid along the mesh (leading axis B).
+def map_tasks(fn, tasks: tuple, mesh: Mesh, sequential: bool, shared: Any = ()):
+    """``fn(*task, shared)`` for every task of a batch laid along the mesh (leading axis B).
 
     ``sequential=False``: one ``vmap`` over the batch, sharded over the mesh.
     ``sequential=True`` (per-task-weight learners on CPU, ``episode.sequential``): each device walks
     its own contiguous block of tasks one at a time (a ``lax.map`` inside
     ``shard_map``), so it holds one task's activations at a time and runs the
-    same program as a single device would. Values ``fn`` closes over are
-    replicated. B must be a multiple of the mesh size.
+    same program as a single device would. ``shared`` (a pytree: the params, the split, a
+    scalar) is the same for every task and enters whole on every device: pass the traced
+    arrays ``fn`` needs here, not in its closure, since an array closed over inside
+    ``shard_map`` keeps the mesh's global sharding, and an op that copies that sharding
+    (``zeros_like``, a gather) fails on a mesh of more than one device. B must be a
+    multiple of the mesh size.
     """
     size = jax.tree.leaves(tasks)[0].shape[0]
     if size % mesh.size:
         raise ValueError(f"a batch of {size} tasks does not split over {mesh.size} devices")
     if not sequential:
-        return jax.vmap(fn)(*constrain(tasks, mesh))
+        return jax.vmap(lambda *task: fn(*task, shared))(*constrain(tasks, mesh))
 
-    def walk(*local):  # the tasks of one device, one after another
-        return jax.lax.map(lambda args: fn(*args), local)
+    def walk(shared, *local):  # the tasks of one device, one after another
+        return jax.lax.map(lambda args: fn(*args, shared), local)
 
     if mesh.size == 1:
-        return walk(*tasks)
+        return walk(shared, *tasks)
     # check_vma=False: fn differentiates inside (per task); nothing is differentiated
     # across the shard_map boundary, so its replication type checks are not needed.
-    return jax.shard_map(walk, mesh=mesh, in_specs=P(TASKS), out_specs=P(TASKS),
-                         check_vma=False)(*tasks)
+    return jax.shard_map(walk, mesh=mesh, in_specs=(P(), *[P(TASKS)] * len(tasks)),
+                         out_specs=P(TASKS), check_vma=False)(shared, *tasks)
 
 
 def is_sharded(x: jax.Array) -> bool:

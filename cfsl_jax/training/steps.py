@@ -51,7 +51,7 @@ def train_step_fn(learner: Learner, optimizer: optax.GradientTransformation, met
 
     grad_fn = jax.value_and_grad(task_loss, has_aux=True)
 
-    def task_grads(params, split, key, progress):
+    def task_grads(params, split, progress, key):
         task = sample_task(key, split.class_table, split.class_sizes, spec)
         args = (data.gather_normalised(split, task.support_idx), task.support_labels,
                 data.gather_normalised(split, task.target_idx), task.target_labels,
@@ -66,8 +66,8 @@ def train_step_fn(learner: Learner, optimizer: optax.GradientTransformation, met
         keys = keys[jnp.arange(padded) % meta_batch]  # padding: repeated tasks, weighted 0
         weights = (jnp.arange(padded) < meta_batch).astype(jnp.float32) / meta_batch
         loss, acc, grads, moments = parallel.map_tasks(
-            lambda k: task_grads(params, split, k, progress), (keys,), mesh,
-            episode.sequential(learner, mesh))
+            lambda k, shared: task_grads(*shared, k), (keys,), mesh,
+            episode.sequential(learner, mesh), shared=(params, split, progress))
         loss, acc, grads = jax.tree.map(lambda x: jnp.tensordot(weights, x, axes=1),
                                         (loss, acc, grads))
         updates, opt_state = optimizer.update(grads, opt_state, params)
