@@ -335,7 +335,7 @@ def pretrain_losses(workdir: str) -> list[float]:
 def test_pretraining_on_tasks_packs_as_meta_training_does(tmp_path, capsys):
     """Pretrain+Tune's pretraining of two seeds as one program: each run's losses follow its
     solo run's (the same tasks from the same head), the same test tasks, its numbers to the
-    rounding of batched kernels; stopped after a step and resumed, bit for bit."""
+    rounding of batched kernels."""
     seeds = (0, 1)
     dirs = [str(tmp_path / f"pack/seed{s}") for s in seeds]
     packed = packing.train_pack(PRETRAIN, seeds, dirs)
@@ -352,10 +352,4 @@ def test_pretraining_on_tasks_packs_as_meta_training_does(tmp_path, capsys):
         assert abs(out["test"]["acc_mean"] - alone["test"]["acc_mean"]) <= 0.03
         assert out["test"]["ce_mean"] == pytest.approx(alone["test"]["ce_mean"], rel=2e-2)
     assert pretrain_losses(dirs[0]) != pretrain_losses(dirs[1])  # each run its own seed
-    again = [str(tmp_path / f"again/seed{s}") for s in seeds]
-    with pytest.raises(loop.Interrupted):
-        packing.train_pack(PRETRAIN, seeds, again, stop_after_steps=1)
-    resumed = packing.train_pack(PRETRAIN, seeds, again)
-    for out, back in zip(packed, resumed):
-        assert (out["test"]["acc_mean"], out["test"]["ce_mean"]) == (
-            back["test"]["acc_mean"], back["test"]["ce_mean"])
+    # a stopped pretraining pack resumes bit for bit: tests/test_pack_eval.py, with SIGTERM
