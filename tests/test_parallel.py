@@ -105,13 +105,19 @@ def test_per_task_weight_learners_train_and_evaluate_on_8_devices(split):
         assert episode.sequential(maml, mesh) and episode.sequential(ewc, mesh)
         step = make_train_step(maml, optimizer, meta_batch=8, mesh=mesh)
         p, state = parallel.replicate((maml_params, optimizer.init(maml_params)), mesh)
-        _, _, out = step(p, state, parallel.place_split(split, mesh), jax.random.key(0),
-                         jnp.float32(0))
+        stepped, _, out = step(p, state, parallel.place_split(split, mesh), jax.random.key(0),
+                               jnp.float32(0))
         report = evaluation.evaluate(ewc, ewc_params, split, num_tasks=8, batch_size=8,
                                      cost_metrics=False, mesh=mesh, per_task=True)
-        results.append((float(out["loss"]), report))
-    (loss_one, one), (loss_eight, eight) = results
+        results.append((float(out["loss"]), jax.device_get(stepped), report))
+    (loss_one, p_one, one), (loss_eight, p_eight, eight) = results
     assert loss_one == pytest.approx(loss_eight, rel=1e-5)
+    # the same update: every leaf agrees to 1% of how far the step moved it
+    for start, a, b in zip(jax.tree.leaves(maml_params), jax.tree.leaves(p_one),
+                           jax.tree.leaves(p_eight)):
+        assert np.abs(a - b).max() <= 0.01 * np.abs(a - start).max() + 1e-7
+    assert max(float(np.abs(a - s).max()) for s, a in zip(jax.tree.leaves(maml_params),
+                                                          jax.tree.leaves(p_one))) > 1e-4
     assert one["task_fingerprint"] == eight["task_fingerprint"]
     assert one["per_task"]["acc"] == pytest.approx(eight["per_task"]["acc"], abs=1e-6)
 

@@ -184,6 +184,14 @@ def test_reference_beside_table1_shows_the_difference_or_the_paper_era_note():
     assert table[("init_tune", "B3")] == (
         f"paper-era cell: {paper_era.note('init_tune', 'B3')}; its closed form needs a number "
         "Table 1 does not give, so no difference is shown")
+    # a dataset Table 1 does not have, compared with one's own numbers: the note, no prediction
+    theirs = {"source": "mine", "values": {"synthetic": {"protonets": {"C3": {
+        "mean": 50.0, "std": 1.0}}}}}
+    mine = [{**row("protonets", "C3", 0.5), "dataset": "synthetic"}]
+    assert reference_report.beside_table1(mine, theirs)[1][-1].endswith(
+        "its closed form needs a number Table 1 does not give, so no difference is shown")
+    assert paper_era.predicted("protonets", "C3", "synthetic") is None
+    assert paper_era.predicted("protonets", "C3", "slimagenet64") is not None
 
 
 def test_report_reference_from_the_command_line(tmp_path):

@@ -251,7 +251,8 @@ AUTHORS_CSV_FEB2020: dict = {
 
 # The same file's NSS=1 rows (Overwrite 0, NSS 1, CCI 1: a task of one support set), copied
 # as printed: {learner: {"mean", "std"}}. Where only the last support set reached the target
-# set (the paper-era fine-tuners), an A cell measures exactly this task (experiments.paper_era).
+# set (the paper-era fine-tuners), an A cell measures this task's accuracy (experiments.paper_era;
+# Init+Tune's A cells lie 1.8-2.6 points above its 43.0).
 AUTHORS_CSV_ONE_SUPPORT_SET: dict[str, dict[str, float]] = {
     AUTHORS_CSV_MODELS[model]: {"mean": mean, "std": std} for model, mean, std in (
         ("intrinsic-densenet-embedding-based", 99.8, 0.01),

@@ -10,8 +10,8 @@ a fresh clone without training anything. Writes ``reference.md`` and
 - **Beside Table 1**: per dataset, budget, learner and cell, the reference test accuracy
   (mean over its complete seeds, with the budget and training tasks), Table 1's number,
   and the difference; where Table 1's cell measures a paper-era behaviour
-  (``paper_era.note``), the note and the closed-form prediction stand in place of a bare
-  difference.
+  (``paper_era.note``), the note and the closed-form prediction (where Table 1's numbers
+  give one) stand in place of a bare difference.
 - **Paired differences**: within each (dataset, budget), each learner against its cell's
   most accurate one over the shared test tasks (``report.paired_rows``).
 - **Your runs** (``sweep_dir``): each run of the sweep beside the reference run of the

@@ -116,8 +116,9 @@ def map_tasks(fn, tasks: tuple, mesh: Mesh, sequential: bool, shared: Any = ()):
     scalar) is the same for every task and enters whole on every device: pass the traced
     arrays ``fn`` needs here, not in its closure, since an array closed over inside
     ``shard_map`` keeps the mesh's global sharding, and an op that copies that sharding
-    (``zeros_like``, a gather) fails on a mesh of more than one device. B must be a
-    multiple of the mesh size.
+    (``zeros_like``, a gather) fails on a mesh of more than one device (a split sharded by
+    ``place_split`` would be gathered whole for it: training never shards one on CPU, the
+    only platform with ``sequential``). B must be a multiple of the mesh size.
     """
     size = jax.tree.leaves(tasks)[0].shape[0]
     if size % mesh.size:
