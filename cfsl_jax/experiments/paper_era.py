@@ -74,15 +74,15 @@ _FINE_TUNE_NOTE = {
     "C": f"{_LAST}; an earlier support set's targets are right by chance",
     "D": f"{_LAST} (Apr-2020 labels); an earlier support set's targets are almost never right",
 }
-for _learner, _who in (("init_tune", "Init+Tune"), ("pretrain_tune", "Pretrain+Tune")):
+_EWC = "row has the paper-era fine-tuners' signature (no commit holds EWC code; fidelity 4(b))"
+_FINE_TUNERS = {"init_tune": f"the paper-era Init+Tune {_RESTART}",
+                "pretrain_tune": f"the paper-era Pretrain+Tune {_RESTART}",
+                "ewc_init": f"the published EWC-Init {_EWC}",  # no code: the numbers' signature
+                "ewc_pretrain": f"the published EWC-Pretrain {_EWC}"}
+for _learner, _why in _FINE_TUNERS.items():
     for _type, _what in _FINE_TUNE_NOTE.items():
-        PAPER_ERA[(_learner, _type)] = f"the paper-era {_who} {_RESTART}: {_what}"
-for _learner, _who in (("ewc_init", "EWC-Init"), ("ewc_pretrain", "EWC-Pretrain")):
-    for _type, _what in _FINE_TUNE_NOTE.items():  # no code: the published numbers' signature
-        PAPER_ERA[(_learner, _type)] = (
-            f"the published {_who} row has the paper-era fine-tuners' signature (no commit holds "
-            f"EWC code; fidelity 4(b)): {_what}")
-FINE_TUNERS = ("init_tune", "pretrain_tune", "ewc_init", "ewc_pretrain")
+        PAPER_ERA[(_learner, _type)] = f"{_why}: {_what}"
+FINE_TUNERS = tuple(_FINE_TUNERS)
 
 
 def note(learner: str, cell: str) -> str | None:
@@ -106,9 +106,9 @@ def predicted(learner: str, cell: str, dataset: str = "omniglot") -> float | Non
     if note(learner, cell) is None or dataset not in paper_results.TABLE1["values"]:
         return None
     spec = TaskSpec.preset(cell)
-    if learner in FINE_TUNERS and spec.task_type != "C":
+    if learner in FINE_TUNERS and spec.task_type != "C":  # A: the authors' file (Omniglot only)
         one_set = paper_results.AUTHORS_CSV_ONE_SUPPORT_SET.get(learner)
-        return one_set["mean"] if spec.task_type == "A" and one_set and dataset == "omniglot" \
+        return one_set["mean"] if spec.task_type == "A" and dataset == "omniglot" and one_set \
             else None
     p = _single_set_accuracy(learner, spec.nss, dataset)
     others = 1.0 - 1.0 / spec.nss
