@@ -218,3 +218,29 @@ def test_the_convergence_axis_is_logarithmic_when_budgets_differ_by_more_than_20
                 "c (8x50x8)": (np.array([0.0, 0.0]), np.array([20.0, 20.0]))}},
         str(tmp_path / "c.png"))
     assert_curves_drawn(path)
+
+
+def test_remaining_names_the_learners_a_grid_still_has_to_run():
+    def row(learner, cell, seed, budget="8x50x8", status="complete",
+            dataset="omniglot/full_nearest"):
+        return {"learner": learner, "cell": cell, "seed": str(seed), "budget": budget,
+                "status": status, "dataset": dataset}
+    rows = [row("protonets", "B3", 0), row("maml_low", "B3", 0), row("protonets", "B3", 1),
+            row("maml_low", "B3", 1, status="partial"), row("init_tune", "C3", 0, "paper"),
+            row("ewc_init", "C3", 0, dataset="slimagenet64_nearest"), row("sca", "C3", 0)]
+    assert reference.remaining(rows, "8x50x8", "protonets,maml_low", "B3", "0") == []
+    # a partial row is still to run; one missing seed of several is enough
+    assert reference.remaining(rows, "8x50x8", "maml_low,protonets", "B3", "0,1") == [
+        "maml_low"]
+    assert reference.remaining(rows, "8x50x8", "protonets", "B3", "0,1,2") == ["protonets"]
+    # another budget, dataset or cell does not count
+    assert reference.remaining(rows, "8x50x8", "init_tune,ewc_init,sca", "C3", "0") == [
+        "init_tune", "ewc_init"]
+    assert reference.remaining(rows, "4x25x8", "sca", "C3", "0") == ["sca"]
+    assert reference.remaining(rows, "8x50x8", "protonets", "B3", "0", "slimagenet64") == [
+        "protonets"]
+    # the committed rows: B3 at the CPU budget and ProtoNets B3 at the paper's are complete
+    committed = reference.read_rows(os.path.join(REPO, "docs", "reference", "results.csv"))
+    assert reference.remaining(committed, "8x50x8", "protonets,maml_low,init_tune,"
+                               "pretrain_tune,ewc_init,ewc_pretrain", "B3", "0") == []
+    assert reference.remaining(committed, "paper", "protonets", "B3", "0,1,2") == []

@@ -2,7 +2,9 @@
 # The CPU reference grid (issue 29), in the order its rows are wanted: one
 # `launch.sweep` invocation per group, all into one sweep folder. A sweep skips
 # finished runs and resumes interrupted ones exactly, so re-running this script
-# (after a stop, in a later session) continues where it stopped.
+# (after a stop, in a later session) continues where it stopped. On a new machine (an
+# empty SWEEP_DIR) it continues from the repository's rows: a learner whose rows of a
+# cell are all complete in docs/reference/results.csv (or $REFERENCE_CSV) is skipped.
 #
 #   nice -n 19 benchmarks/reference/run_cpu.sh SWEEP_DIR MANUAL_DIR [DATA_DIR] >> LOG 2>&1 &
 #
@@ -30,10 +32,22 @@ commit=$(git -C "$root" rev-parse HEAD 2>/dev/null || cat "$root/COMMIT")
 if git -C "$root" rev-parse 2>/dev/null && [[ -n $(git -C "$root" status --porcelain) ]]; then
   commit="$commit+dirty"
 fi
-cheap=protonets,maml_low,init_tune,pretrain_tune,ewc_init,ewc_pretrain
-costly=sca,maml_high
+reference_csv=$(realpath -m "${REFERENCE_CSV:-$root/docs/reference/results.csv}")
+# the learners that train nothing (minutes each) first, the longest last
+cheap=init_tune,ewc_init,protonets,maml_low,ewc_pretrain,pretrain_tune
+costly=maml_high,sca
+declare -A budget=([cpu_3200.flags]=8x50x8 [cpu_800.flags]=4x25x8)  # the CSV's budget names
 
 sweep() {  # sweep FLAGFILE LEARNERS CELL SEEDS
+  local learners
+  learners=$(python -c 'import sys; from cfsl_jax.experiments import reference as r
+print(",".join(r.remaining(r.read_rows(sys.argv[1]), *sys.argv[2:])))' \
+    "$reference_csv" "${budget[$1]}" "$2" "$3" "$4")
+  if [[ -z $learners ]]; then
+    echo "=== $(date -u +%FT%TZ) $2 on $3, seeds $4 ($1): complete in $reference_csv"
+    return
+  fi
+  set -- "$1" "$learners" "$3" "$4"
   echo "=== $(date -u +%FT%TZ) $2 on $3, seeds $4 ($1), commit $commit"
   # provenance.jsonl: which commit ran which runs, from when (the export reads it)
   printf '{"start": "%s", "commit": "%s", "flagfile": "%s", "learners": "%s", "cell": "%s", "seeds": "%s"}\n' \

@@ -172,6 +172,19 @@ def read_rows(csv_path: str) -> list[dict[str, str]]:
     return list(csv.DictReader(io.StringIO(files.read_text(csv_path))))
 
 
+def remaining(rows: Iterable[dict[str, str]], budget: str, learners: str, cell: str,
+              seeds: str, dataset: str = "omniglot/full") -> list[str]:
+    """The comma-separated ``learners`` that lack a complete row (``dataset``'s variants,
+    ``cell``, ``budget``) for one of the comma-separated ``seeds``, in the order given: what a
+    sweep on another machine still has to run (``benchmarks/reference/run_cpu.sh``)."""
+    done = {(row["learner"], int(row["seed"])) for row in rows
+            if row["status"] == "complete" and row["budget"] == budget and row["cell"] == cell
+            and row["dataset"].split("_")[0] == dataset}
+    wanted = [int(seed) for seed in seeds.split(",")]
+    return [learner for learner in learners.split(",")
+            if any((learner, seed) not in done for seed in wanted)]
+
+
 def export(sweep_dir: str, out_dir: str) -> list[dict[str, Any]]:
     """Write ``out_dir/results.csv`` and ``out_dir/runs/...`` from ``sweep_dir``; the rows."""
     invocations = _provenance(sweep_dir)
