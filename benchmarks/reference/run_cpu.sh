@@ -68,5 +68,7 @@ for cell in B3 A3 C3 D4; do
   sweep cpu_3200.flags "$cheap" "$cell" 0
   sweep cpu_800.flags "$costly" "$cell" 0
 done
+# unpacked: on 2 CPU cores a pack saves nothing (docs/results.md: 0.95-1.01 of the unpacked
+# sweep's wall time) and a lone run's numbers are the bit-exact ones
 sweep cpu_3200.flags protonets,maml_low B3 1,2
 echo "=== $(date -u +%FT%TZ) the CPU reference grid is complete"
