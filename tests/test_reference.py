@@ -244,3 +244,34 @@ def test_remaining_names_the_learners_a_grid_still_has_to_run():
     assert reference.remaining(committed, "8x50x8", "protonets,maml_low,init_tune,"
                                "pretrain_tune,ewc_init,ewc_pretrain", "B3", "0") == []
     assert reference.remaining(committed, "paper", "protonets", "B3", "0,1,2") == []
+
+
+def test_every_committed_row_is_its_checksummed_run_files_and_a_cell_shares_its_test_tasks():
+    """docs/reference as committed: a wrong number there would be reported as right."""
+    out = os.path.join(REPO, "docs", "reference")
+    rows = reference.read_rows(os.path.join(out, "results.csv"))
+    assert [row["run"] for row in rows] == [row["run"] for row in reference.sorted_rows(rows)]
+    assert len({row["run"] for row in rows}) == len(rows)
+    fingerprints = {}
+    for row in rows:
+        folder = os.path.join(out, row["run"])
+        for name in reference.RUN_FILES:  # each copied file is the one its checksum recorded
+            path = os.path.join(folder, name)
+            if os.path.exists(path):
+                checksums.check_text(path, open(path, "rb").read())
+        assert checksums.has_manifest(folder), row["run"]
+        config = json.load(open(os.path.join(folder, "config.json")))
+        assert (config["learner"], config["task"], config["seed"]) == (
+            row["learner"], row["cell"], int(row["seed"]))
+        if row["status"] != "complete":
+            assert not os.path.exists(os.path.join(folder, "results.json")), row["run"]
+            continue
+        result = json.load(open(os.path.join(folder, "results.json")))
+        assert reference.row_differences(row, result) == [], row["run"]
+        assert int(row["test_tasks"]) == 600
+        fingerprints.setdefault((row["dataset"], row["cell"]), set()).add(
+            row["task_fingerprint"])
+    assert fingerprints and all(len(found) == 1 for found in fingerprints.values()), fingerprints
+    on_disk = {os.path.relpath(root, out) for root, _, names in os.walk(os.path.join(out, "runs"))
+               if "config.json" in names}
+    assert on_disk == {row["run"] for row in rows}  # no run folder without its row
