@@ -15,7 +15,8 @@ from cfsl_jax.datasets.synthetic import generate
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.learners import get_learner
 from cfsl_jax.learners.finetune import (EwcOptions, EwcState, FinetuneOptions, TuneState,
-                                        ewc_init, init_tune, merge, pretrain_tune, split_norm)
+                                        ewc_init, ewc_pretrain, init_tune, merge, pretrain_tune,
+                                        split_norm)
 from cfsl_jax.models import init as weight_init
 from cfsl_jax.models.conv4 import Conv4, LinearHead
 from cfsl_jax.models.fisher import empirical_fisher
@@ -305,6 +306,112 @@ def test_pretrain_tune_fresh_head_option_draws_a_head_per_task():
     assert sq_distance(a["head"], again["head"]) == 0.0
 
 
+# ---- the authors' per-step batch-norm rows (per_step_bn_rows) --------------------------------
+
+def with_norm(params, values):
+    """``params`` with every norm layer's scale and bias replaced by ``values(leaf, index)``."""
+    flat = traverse_util.flatten_dict(params)
+    return traverse_util.unflatten_dict({
+        path: values(leaf, i) if "BatchStatNorm" in str(path) else leaf
+        for i, (path, leaf) in enumerate(flat.items())})
+
+
+@pytest.fixture(scope="module")
+def pretrained():
+    """pretrain_tune's params with a norm scale/bias far from the init, as pretraining leaves
+    them, and the same params with the initial scale 1 / bias 0 (the authors' untrained rows)."""
+    params = pretrain_tune(B3).init_params(jax.random.key(30), jnp.zeros((1, *IMAGE)), B3)
+    moved = with_norm(params, lambda leaf, i: leaf + 0.5 * jax.random.uniform(
+        jax.random.key(31 + i), leaf.shape, minval=-1.0, maxval=1.0))
+    initial = with_norm(params, lambda leaf, i: leaf)  # init_params: scale 1, bias 0
+    for path, leaf in traverse_util.flatten_dict(initial).items():
+        if "BatchStatNorm" in str(path):
+            np.testing.assert_array_equal(leaf, 1.0 if path[-1] == "scale" else 0.0)
+    return moved, initial
+
+
+def sgd_steps(networks, weights, x, y, learning_rate=0.01):
+    """One plain SGD step on ``x, y`` per network in ``networks``, written out."""
+    for apply in networks:
+        grads = jax.grad(lambda w: metrics.cross_entropy(apply(w, x), y))(weights)
+        weights = jax.tree.map(lambda w, g: w - learning_rate * g, weights, grads)
+    return weights
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_per_step_bn_rows_use_the_trained_affine_only_at_a_tasks_first_step(
+        pretrained, two_sets, glyphs, restart):
+    # 39025a3: row 0 of each per-step BN table is the only one pretraining trains; support
+    # step k of a task (counted across its support sets) reads row k, the target row NSS*S.
+    params, initial = pretrained
+    (x1, y1), (x2, y2) = two_sets
+    trained_net, untrained_net = network(15, params), network(15, initial)
+    learner = pretrain_tune(B3, FinetuneOptions(inner_steps=2, per_step_bn_rows=True,
+                                                restart_each_support_set=restart))
+    state1 = learner.adapt(params, learner.init(params, jax.random.key(2), B3), x1, y1)
+    expected1 = sgd_steps([trained_net, untrained_net], adapted(params), x1, y1)
+    assert sq_distance(state1.weights, expected1) < 1e-6 and int(state1.step) == 2
+    state2 = learner.adapt(params, state1, x2, y2)
+    start = adapted(params) if restart else state1.weights
+    expected2 = sgd_steps([untrained_net, untrained_net], start, x2, y2)
+    assert sq_distance(state2.weights, expected2) < 1e-6 and int(state2.step) == 4
+    # (rounding apart: a step with the other affine moves the weights by far more)
+    assert sq_distance(expected1, sgd_steps([untrained_net] * 2, adapted(params), x1, y1)) > 1e-4
+    assert sq_distance(expected2, sgd_steps([trained_net, untrained_net], start, x2, y2)) > 1e-4
+    target = glyphs[:10, 1]
+    np.testing.assert_allclose(learner.predict(params, state2, target),
+                               untrained_net(state2.weights, target), rtol=1e-5, atol=1e-5)
+    # Off (the default): every step and the prediction use params' (the trained) affine.
+    default = pretrain_tune(B3, FinetuneOptions(inner_steps=2, restart_each_support_set=restart))
+    off = default.adapt(params, default.init(params, jax.random.key(2), B3), x1, y1)
+    assert off.step is None
+    assert sq_distance(off.weights, sgd_steps([trained_net] * 2, adapted(params), x1, y1)) < 1e-6
+    np.testing.assert_allclose(default.predict(params, off, target),
+                               trained_net(off.weights, target), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(default.predict(params, off, target),
+                           learner.predict(params, state1, target), atol=1e-2)
+
+
+def test_per_step_bn_rows_under_restart_equal_a_model_with_the_initial_affine(pretrained,
+                                                                              glyphs):
+    # As published (restart + per-step rows), only the last support set reaches the target and
+    # none of its steps reads row 0: the prediction is the default learner's on params whose
+    # pretrained scale/bias are put back to their init.
+    params, initial = pretrained
+    support_x = glyphs[:15, 0].reshape(3, 5, *IMAGE)
+    support_y = jnp.arange(15, dtype=jnp.int32).reshape(3, 5)
+    target_x = glyphs[:15, 1].reshape(-1, *IMAGE)
+    key = jax.random.key(19)
+    published = get_learner("pretrain_tune", B3, inner_steps=2, restart_each_support_set=True,
+                            per_step_bn_rows=True)
+    default = get_learner("pretrain_tune", B3, inner_steps=2, restart_each_support_set=True)
+    logits = episode.run_task(published, params, support_x, support_y, target_x, key)
+    np.testing.assert_allclose(logits, episode.run_task(default, initial, support_x, support_y,
+                                                        target_x, key), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(logits, episode.run_task(default, params, support_x, support_y,
+                                                    target_x, key), atol=1e-2)
+
+
+def test_per_step_bn_rows_counts_steps_for_ewc_and_leaves_init_learners_alone(pretrained,
+                                                                            two_sets):
+    params, initial = pretrained
+    (x1, y1), _ = two_sets
+    # EWC-Pretrain: the Fisher is the prediction's, with the initial affine; 4 more ATM bytes.
+    learner = ewc_pretrain(B3, EwcOptions(inner_steps=2, per_step_bn_rows=True))
+    state = learner.adapt(params, learner.init(params, jax.random.key(2), B3), x1, y1)
+    fisher = empirical_fisher(network(15, initial), state.weights, x1, y1)
+    assert sq_distance(state.fisher, fisher) < 1e-16 and int(state.step) == 2
+    plain = ewc_pretrain(B3, EwcOptions(inner_steps=2))
+    assert metrics.atm(learner, params, IMAGE) * metrics.support_bytes(B3, IMAGE) == (
+        metrics.atm(plain, params, IMAGE) * metrics.support_bytes(B3, IMAGE) + 4)
+    # Init+Tune's norm layers are never trained (nor are the authors'): no counter, no change.
+    rows = init_tune(B3, FinetuneOptions(inner_steps=2, per_step_bn_rows=True))
+    assert rows.init(params, jax.random.key(2), B3).step is None
+    default = init_tune(B3, FinetuneOptions(inner_steps=2))
+    assert sq_distance(rows.adapt(params, rows.init(params, None, B3), x1, y1).weights,
+                       default.adapt(params, default.init(params, None, B3), x1, y1).weights) == 0
+
+
 @pytest.fixture(scope="module")
 def small_split():
     """The train classes of a 20-class synthetic set: 15 classes x 10 samples."""
@@ -376,6 +483,9 @@ def test_pretrain_refuses_bad_values(small_split, pretrainer):
     (dict(weight_init="original"), r"weight_init='original' must be one of \('xavier', 'torch', "
                                    r"'lecun'\)"),
     (dict(inner_step=2), "learner 'ewc_init': no option inner_step; valid: activation, "),
+    (dict(per_step_bn_rows="yes"), r"option per_step_bn_rows='yes' must be a bool \(true or "),
+    (dict(per_step_bn_rows=True, adapt_norm=True), r"per_step_bn_rows=True needs adapt_norm=False "
+                                                   r"\(the authors' per-step rows are never"),
 ])
 def test_bad_options_are_refused(options, message):
     with pytest.raises(UserError, match=message):

@@ -50,10 +50,19 @@ Options: ``FinetuneOptions`` (``EwcOptions`` for the EWC learners: plus
 ``ewc_lambda``, default 1e4: a fitted support set's empirical Fisher is tiny,
 so lambda must be large to matter). ``restart_each_support_set=True`` ("as
 published") makes every support set restart from ``params`` instead of the
-carried weights, so only the last support set reaches the target (with EWC
-the Fisher and the anchors still accumulate). ``conv="auto"`` is im2col on
-every platform (``models.conv``). docs/fidelity.md gives the sources of the
-defaults, docs/results.md the measurements behind them.
+carried weights, so only the last support set reaches the target (with EWC the
+Fisher and the anchors still accumulate). ``per_step_bn_rows=True`` ("as
+published"; pretrain_tune and ewc_pretrain, a no-op for the init learners,
+whose norm layers are never trained) normalises as the authors' per-step
+batch-norm tables did: their pretraining trains row 0 only, and fine-tuning
+step k of a task (counted across its support sets) and the target prediction
+read rows k and NSS*S, so only a task's very first step uses the pretrained
+scale/bias, and every later step, the prediction and, with EWC, the Fisher use
+the initial scale 1 / bias 0; the state then carries an int32 step counter (4
+bytes of ATM). Statistics are the batch's either way, as in their code.
+``conv="auto"`` is im2col on every platform (``models.conv``).
+docs/fidelity.md gives the sources of the defaults, docs/results.md the
+measurements behind them.
 """
 
 from __future__ import annotations
@@ -80,12 +89,14 @@ from cfsl_jax.protocol.spec import TaskSpec
 
 class TuneState(NamedTuple):
     weights: Params  # float32 fast weights: the adapted leaves of {"embed": Conv4, "head": head}
+    step: jax.Array | None = None  # int32 [] steps taken in this task; only per_step_bn_rows
 
 
 class EwcState(NamedTuple):
     weights: Params  # float32 fast weights, as in TuneState
     fisher: Params  # float32, tree of ``weights``: diagonal Fisher summed over the sets seen
     anchors: Params  # float32, tree of ``weights``: theta*, the weights after the last set
+    step: jax.Array | None = None  # as in TuneState
 
 
 def ewc_proximal(weights: Params, fisher: Params, anchors: Params, strength: float) -> Params:
@@ -128,6 +139,10 @@ class FinetuneOptions:
                               "key) in place of params['head'].")
     restart_each_support_set: bool = option(False, "Every support set restarts from params "
                                             "(the paper-era code).")
+    per_step_bn_rows: bool = option(False, "The authors' per-step BN rows (pretrained learners): "
+                                    "only a task's first step uses the pretrained norm "
+                                    "scale/bias, later steps and the prediction the initial "
+                                    "1/0.")
     weight_init: str = option("xavier", "Init of the Conv-4 and the head (models.init).",
                               choices=WEIGHT_INITS)
     conv: str = option("auto", "Convolution implementation (models.conv).", choices=CONV_IMPLS)
@@ -137,6 +152,9 @@ class FinetuneOptions:
         if self.restart_each_support_set and self.fresh_head:
             raise UserError("restart_each_support_set=True needs fresh_head=False (the weights "
                             "a support set restarts from are params), got fresh_head=True")
+        if self.per_step_bn_rows and self.adapt_norm:
+            raise UserError("per_step_bn_rows=True needs adapt_norm=False (the authors' per-step "
+                            "rows are never adapted), got adapt_norm=True")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +167,13 @@ class EwcOptions(FinetuneOptions):
 def is_norm_leaf(path: tuple[str, ...]) -> bool:
     """Whether a weight leaf belongs to a norm layer (kept at ``params`` unless ``adapt_norm``)."""
     return any(str(part).startswith("BatchStatNorm") for part in path)
+
+
+def initial_norm(norm: Params) -> Params:
+    """``norm`` (norm-layer leaves) at their initial values: scale 1, bias 0."""
+    flat = traverse_util.flatten_dict(norm)
+    return traverse_util.unflatten_dict({k: (jnp.ones_like if k[-1] == "scale" else
+                                             jnp.zeros_like)(v) for k, v in flat.items()})
 
 
 def split_norm(weights: Params) -> tuple[Params, Params]:
@@ -165,6 +190,8 @@ def _finetune(name: str, spec: TaskSpec, image_shape: tuple[int, int, int], *,
     inner_steps, learning_rate = opts.inner_steps, opts.learning_rate
     adapt_norm, fresh_head = opts.adapt_norm, opts.fresh_head
     restart_each_support_set = opts.restart_each_support_set
+    # Init+Tune's norm layers are never trained: every row of the authors' tables is the init.
+    per_step_rows = opts.per_step_bn_rows and pretrained
     image_shape = tuple(image_shape)
     embed = Conv4(filters=opts.filters, activation=opts.activation, conv_impl=opts.conv)
     head = LinearHead(spec.num_outputs)
@@ -195,35 +222,52 @@ def _finetune(name: str, spec: TaskSpec, image_shape: tuple[int, int, int], *,
         head_params = new_head(key, params["embed"]) if fresh_head else params["head"]
         return split({"embed": params["embed"], "head": head_params})[0]
 
-    def logits_fn(params: Params) -> LogitsFn:
-        kept = split({"embed": params["embed"], "head": params["head"]})[1]
+    def kept_leaves(params: Params) -> Params:
+        return split({"embed": params["embed"], "head": params["head"]})[1]
+
+    def with_kept(kept: Params) -> LogitsFn:
         return lambda weights, x: network(merge(weights, kept), x)
+
+    def logits_fn(params: Params) -> LogitsFn:
+        """The network of the prediction (per_step_rows: an untrained row, the initial affine)."""
+        kept = kept_leaves(params)
+        return with_kept(initial_norm(kept) if per_step_rows else kept)
 
     def init(params, key, spec):
         weights = start(params, key)
+        step = jnp.zeros((), jnp.int32) if per_step_rows else None
         if ewc_lambda is None:
-            return TuneState(weights)
-        return EwcState(weights, jax.tree.map(jnp.zeros_like, weights), weights)
+            return TuneState(weights, step)
+        return EwcState(weights, jax.tree.map(jnp.zeros_like, weights), weights, step)
 
     def adapt(params, state, support_x, support_y):
         chex.assert_shape(support_x, (None, *image_shape))
         chex.assert_shape(support_y, (support_x.shape[0],))
         apply = logits_fn(params)
 
-        def loss_fn(weights):
-            logits = apply(weights, support_x)
-            return metrics.cross_entropy(logits, support_y)
+        def loss_of(network_fn: LogitsFn) -> Callable[[Params], jax.Array]:
+            return lambda weights: metrics.cross_entropy(network_fn(weights, support_x),
+                                                         support_y)
 
         proximal = None
         if ewc_lambda is not None:
             proximal = functools.partial(ewc_proximal, fisher=state.fisher, anchors=state.anchors,
                                          strength=learning_rate * ewc_lambda)
         initial = start(params, None) if restart_each_support_set else state.weights
-        weights = sgd(loss_fn, initial, inner_steps, learning_rate, proximal)
+        step = state.step
+        if per_step_rows:  # row state.step + k for step k: row 0 (the trained one) only at 0
+            kept = kept_leaves(params)
+            row = jax.tree.map(lambda trained, init: jnp.where(step == 0, trained, init), kept,
+                               initial_norm(kept))
+            weights = sgd(loss_of(with_kept(row)), initial, 1, learning_rate, proximal)
+            weights = sgd(loss_of(apply), weights, inner_steps - 1, learning_rate, proximal)
+            step = step + inner_steps
+        else:
+            weights = sgd(loss_of(apply), initial, inner_steps, learning_rate, proximal)
         if ewc_lambda is None:
-            return TuneState(weights)
+            return TuneState(weights, step)
         fisher = empirical_fisher(apply, weights, support_x, support_y)
-        return EwcState(weights, jax.tree.map(jnp.add, state.fisher, fisher), weights)
+        return EwcState(weights, jax.tree.map(jnp.add, state.fisher, fisher), weights, step)
 
     def predict(params, state, target_x):
         return logits_fn(params)(state.weights, target_x)
