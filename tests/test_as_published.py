@@ -32,6 +32,9 @@ def test_presets_are_bundles_of_options_and_explicit_options_win():
         "squared_euclidean")
     assert as_published.apply(mine, "none") == mine
     assert as_published.apply(TrainConfig(learner="ewc_init"), "feb2020").learner_options == {}
+    for preset in ("feb2020", "apr2020"):  # the authors' per-step BN rows: 39025a3 and 5b814ac
+        assert as_published.apply(TrainConfig(learner="pretrain_tune"), preset).learner_options == {
+            "restart_each_support_set": True, "per_step_bn_rows": True}
     with pytest.raises(ValueError, match="as_published='mar2020'; valid"):
         as_published.apply(mine, "mar2020")
 

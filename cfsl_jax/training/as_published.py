@@ -15,15 +15,17 @@ group's classes, every group draws its classes on its own (a class can recur
 under another label), labels are offset per support set
 (``experiment_builder.py`` ``convert_into_continual_tasks``) and the target set
 is KT per class per support set. ``apr2020`` (commit 5b814ac): ``get_set``
-draws a task at once: groups of distinct classes, one draw of KS+KT samples
-per class reused by every support set of the group, labels offset per support
-set. Learner behaviours, the same in both (``few_shot_learning_system.py``):
-MAML++ low-end and the fine-tuners re-copy the meta-weights at every support
-set; ProtoNets' prototype is the label's last support sample over NSS*KS and
-its logits are dot products, its Conv-4 blocks are conv, LeakyReLU, batch norm
-(``ConvReLUBatchNorm``: a signed embedding under the dot product); ProtoNets and
-the MAML++ H/SCA embedding use batch norm with running averages at test (the
-default here anyway).
+draws a task at once: groups of distinct classes, one draw of KS+KT samples per
+class reused by every support set of the group, labels offset per support set.
+Learner behaviours, the same in both (``few_shot_learning_system.py``): MAML++
+low-end and the fine-tuners re-copy the meta-weights at every support set;
+Pretrain+Tune normalises every fine-tuning step but a task's first, and its
+prediction, with per-step batch-norm rows its pretraining never trained (the
+initial scale/bias); ProtoNets' prototype is the label's last support sample
+over NSS*KS and its logits are dot products, its Conv-4 blocks are conv,
+LeakyReLU, batch norm (``ConvReLUBatchNorm``: a signed embedding under the dot
+product); ProtoNets and the MAML++ H/SCA embedding use batch norm with running
+averages at test (the default here anyway).
 
 ``LEFT_AT_DEFAULT`` lists the settings of that code a preset does not set: they
 stay at today's defaults unless given (``docs/fidelity.md``).
@@ -41,7 +43,8 @@ _RESTART = {"restart_each_support_set": True}
 _LEARNERS = {
     "protonets": {"last_sample_prototype": True, "distance": "dot", "bn_stats": "running",
                   "activation": "leaky_relu", "block_order": "conv_act_norm"},
-    "maml_low": _RESTART, "init_tune": _RESTART, "pretrain_tune": _RESTART,
+    "maml_low": _RESTART, "init_tune": _RESTART,
+    "pretrain_tune": {**_RESTART, "per_step_bn_rows": True},
     "maml_high": {"bn_stats": "running"}, "sca": {"bn_stats": "running"},
 }
 _LABELS = {"target_mode": "per_support_set", "label_offset": "per_support_set"}
@@ -64,8 +67,6 @@ LEFT_AT_DEFAULT: tuple[str, ...] = (
     "meta-batch: the code's batch_size 1; here --meta_batch (8 by default; 1 under "
     "--budget=paper)",
     "the schedule: 250 x 500 steps only under --budget=paper",
-    "Pretrain+Tune's per-step batch-norm rows: pretraining trained row 0 only and the "
-    "fine-tuning steps used untrained rows; here one shared affine with batch statistics",
 )
 
 
