@@ -275,3 +275,20 @@ def test_every_committed_row_is_its_checksummed_run_files_and_a_cell_shares_its_
     on_disk = {os.path.relpath(root, out) for root, _, names in os.walk(os.path.join(out, "runs"))
                if "config.json" in names}
     assert on_disk == {row["run"] for row in rows}  # no run folder without its row
+
+
+def test_a_run_retested_under_paper_era_options_starts_from_its_own_test_tasks(fixture_sweep):
+    """paper_era.retest (benchmarks/paper_era_finetune.py): 'carried' is the run's own first
+    tasks, bit for bit; the restart changes what reaches the target set (B2: two sets)."""
+    sweep_dir, found = fixture_sweep
+    run = found[("init_tune", "B2", 0)]
+    config = TrainConfig(**{**TINY_SWEEP, "learner_options": {
+        **TINY_SWEEP["learner_options"], **TINY_SWEEP_LEARNER_OPTIONS.get("init_tune", {})}},
+        learner="init_tune", task="B2", seed=0)
+    workdir = sweep_plan.run_dir(sweep_dir, config)
+    carried = paper_era.retest(workdir, "carried", 3)
+    assert carried["per_task"] == run["test"]["per_task"]["acc"][:3]
+    restart = paper_era.retest(workdir, "restart", 3)
+    assert restart["task_fingerprint"] == carried["task_fingerprint"]
+    assert restart["per_task"] != carried["per_task"]
+    assert len(restart["group_acc"]) == 2  # one per support set's class group

@@ -136,3 +136,39 @@ def table(dataset: str = "omniglot") -> list[list[str]]:
                 rows.append([learner, cell, f"{guess:.2f}", f"{published:.2f}",
                              f"{published - guess:+.2f}"])
     return rows
+
+
+# Learner options that model a paper-era behaviour, by the name ``retest`` takes.
+VARIANTS: dict[str, dict[str, bool]] = {
+    "carried": {},  # the run's own options (the spec: fast weights carried)
+    "restart": {"restart_each_support_set": True},  # the re-copy (fidelity 4(b))
+    "rows": {"per_step_bn_rows": True},  # the authors' per-step batch-norm rows
+    "restart+rows": {"restart_each_support_set": True, "per_step_bn_rows": True},
+}
+
+
+def retest(workdir: str, variant: str, num_tasks: int) -> dict:
+    """The finished run in ``workdir`` tested again from its checkpoints (its top-k ensemble)
+    with ``VARIANTS[variant]`` over its learner options, on the first ``num_tasks`` of its own
+    test tasks (task keys are ``jax.random.split(key, n)``): learner, cell, variant, acc_mean,
+    acc_ci95, group_acc (per class group: per support set on C cells), task_fingerprint and
+    each task's accuracy (``per_task``, for paired differences)."""
+    import dataclasses
+
+    from cfsl_jax.training import runs
+    from cfsl_jax.training.evaluate import evaluate
+
+    config = runs.load_config(workdir)
+    config = dataclasses.replace(
+        config, learner_options={**config.learner_options, **VARIANTS[variant]})
+    learner, splits = runs.build(config)
+    ensemble = runs.selects_epochs(config, learner)
+    params = runs.restore_params(config, learner, splits, workdir, ensemble=True)
+    report = evaluate(learner, params, splits["test"], num_tasks=num_tasks,
+                      seed=config.task_seed, purpose="test", batch_size=config.eval_batch,
+                      ensemble=ensemble, cost_metrics=False, per_task=True)
+    return {"learner": config.learner, "cell": config.task, "variant": variant,
+            "acc_mean": report["acc_mean"], "acc_ci95": report["acc_ci95"],
+            "group_acc": [float(a) for a in report["group_acc"]],
+            "task_fingerprint": report["task_fingerprint"],
+            "per_task": [float(a) for a in report["per_task"]["acc"]]}
