@@ -6,7 +6,8 @@
 Each workdir is a finished run of a fine-tuner (Init+Tune, Pretrain+Tune, EWC-Init,
 EWC-Pretrain: a reference grid run, say). It is tested again from its own checkpoints (the
 top-k ensemble, as its results.json) on the first ``--test_tasks`` of its own test tasks
-(task keys are ``jax.random.split(key, n)``, so they are the first tasks of its row), once per
+(task keys are ``jax.random.split(key, n)``, so they are the first tasks of its row), or of
+``--task``'s (a fine-tuner pretrained for C3 tested on A3's tasks: the same head), once per
 variant of its learner options (``paper_era.VARIANTS``, ``paper_era.retest``):
 
 - ``carried``: the run's own options (the spec: fast weights carried across support sets);
@@ -27,6 +28,8 @@ from absl import app, flags, logging
 
 _WORKDIRS = flags.DEFINE_list("workdirs", None, "Finished fine-tuner runs.", required=True)
 _TEST_TASKS = flags.DEFINE_integer("test_tasks", 300, "The first N of each run's test tasks.")
+_TASK = flags.DEFINE_string("task", None, "Test on this cell's test tasks instead of the run's "
+                            "own (the learner's parameters must have the same shapes there).")
 _VARIANTS = flags.DEFINE_list("variants", ["carried", "restart", "restart+rows"],
                               "Option variants (module doc); the first is the paired baseline.")
 
@@ -48,7 +51,7 @@ def main(argv) -> None:
           "paired vs first (points) | Table 1 (%) | closed form (%) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for workdir in _WORKDIRS.value:
-        rows = [paper_era.retest(workdir, variant, _TEST_TASKS.value)
+        rows = [paper_era.retest(workdir, variant, _TEST_TASKS.value, _TASK.value)
                 for variant in _VARIANTS.value]
         for row in rows:
             table1 = paper_results.TABLE1["values"]["omniglot"][row["learner"]].get(row["cell"])

@@ -147,10 +147,12 @@ VARIANTS: dict[str, dict[str, bool]] = {
 }
 
 
-def retest(workdir: str, variant: str, num_tasks: int) -> dict:
+def retest(workdir: str, variant: str, num_tasks: int, task: str | None = None) -> dict:
     """The finished run in ``workdir`` tested again from its checkpoints (its top-k ensemble)
     with ``VARIANTS[variant]`` over its learner options, on the first ``num_tasks`` of its own
-    test tasks (task keys are ``jax.random.split(key, n)``): learner, cell, variant, acc_mean,
+    test tasks (task keys are ``jax.random.split(key, n)``), or of another cell's (``task``,
+    where the learner's parameters have the same shapes there: a fine-tuner's head has NC
+    outputs on the A and C cells of the same NC): learner, cell, variant, acc_mean,
     acc_ci95, group_acc (per class group: per support set on C cells), task_fingerprint and
     each task's accuracy (``per_task``, for paired differences)."""
     import dataclasses
@@ -160,7 +162,8 @@ def retest(workdir: str, variant: str, num_tasks: int) -> dict:
 
     config = runs.load_config(workdir)
     config = dataclasses.replace(
-        config, learner_options={**config.learner_options, **VARIANTS[variant]})
+        config, learner_options={**config.learner_options, **VARIANTS[variant]},
+        task=task or config.task)
     learner, splits = runs.build(config)
     ensemble = runs.selects_epochs(config, learner)
     params = runs.restore_params(config, learner, splits, workdir, ensemble=True)
