@@ -82,6 +82,9 @@ _FINE_TUNERS = {"init_tune": f"the paper-era Init+Tune {_RESTART}",
 for _learner, _why in _FINE_TUNERS.items():
     for _type, _what in _FINE_TUNE_NOTE.items():
         PAPER_ERA[(_learner, _type)] = f"{_why}: {_what}"
+for _learner in ("pretrain_tune", "ewc_pretrain"):  # measured: docs/results.md, closed form
+    PAPER_ERA[(_learner, "A")] += ("; Table 1's A cells of this learner sit 7-11 points below "
+                                   "the one-set accuracy its own C cells imply")
 FINE_TUNERS = tuple(_FINE_TUNERS)
 
 
