@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import json
 
-from absl import app, flags, logging
+from absl import flags
+
+from launch import cli
 
 _WORKDIRS = flags.DEFINE_list("workdirs", None, "Finished fine-tuner runs.", required=True)
 _TEST_TASKS = flags.DEFINE_integer("test_tasks", 300, "The first N of each run's test tasks.")
@@ -34,18 +36,27 @@ _VARIANTS = flags.DEFINE_list("variants", ["carried", "restart", "restart+rows"]
                               "Option variants (module doc); the first is the paired baseline.")
 
 
+def check() -> None:
+    from cfsl_jax.experiments import paper_era
+    unknown = [v for v in _VARIANTS.value if v not in paper_era.VARIANTS]
+    if unknown:
+        raise cli.UserError(f"--variants={','.join(_VARIANTS.value)}: unknown {unknown}; one "
+                            f"of {sorted(paper_era.VARIANTS)}")
+    if _TEST_TASKS.value < 1:
+        raise cli.UserError(f"--test_tasks={_TEST_TASKS.value}: must be >= 1")
+    from cfsl_jax.training import runs
+    for workdir in _WORKDIRS.value:
+        runs.load_config(workdir)  # a run's folder: else one line naming it
+
+
 def main(argv) -> None:
     del argv
-    logging.set_verbosity(logging.WARNING)  # orbax's INFO lines at every restore
+    check()
     import numpy as np
 
     from cfsl_jax.experiments import paper_era, paper_results
     from cfsl_jax.protocol.metrics import summarize
 
-    unknown = [v for v in _VARIANTS.value if v not in paper_era.VARIANTS]
-    if unknown:
-        raise app.UsageError(f"--variants: unknown {unknown}; one of "
-                             f"{sorted(paper_era.VARIANTS)}")
     lines = []
     print("| run | learner | cell | variant | accuracy (%) | per class group (%) | "
           "paired vs first (points) | Table 1 (%) | closed form (%) |")
@@ -72,4 +83,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, check=check)
