@@ -127,8 +127,10 @@ def test_meta_training_on_8_devices_matches_one_and_compiles_once(split):
     # BatchStatNorm cancels: true gradient 0) into full +-lr steps of either sign.
     # One step is compared: batch statistics over 5-image support sets amplify float
     # summation-order differences from step to step (measured on CPU, jax 0.10.2: loss rel.
-    # difference 3.5e-7 at step 0, 7e-7 after one step, 3e-5 after two), so a longer run
-    # would compare that amplification, not the sharding.
+    # difference 3.5e-7 at step 0, 7e-7 after one step, 3e-5 after two on an Intel Xeon; on an
+    # AMD EPYC 3e-7 at step 0 and 6.2e-5 after one step, while every parameter leaf agrees to
+    # 0.2 % of its move), so a longer run would compare that amplification, not the sharding;
+    # the loss after the update is held to 2e-4.
     learner, params = build("protonets", filters=16)  # 16: the sharding, not the width, is tested
     optimizer = optax.sgd(0.03)
     finals = []
@@ -144,7 +146,7 @@ def test_meta_training_on_8_devices_matches_one_and_compiles_once(split):
         assert traced == [0]
         finals.append((one_step, float(out["loss"]), float(again["loss"])))
     assert finals[0][1] == pytest.approx(finals[1][1], rel=1e-5)  # same params: the forward
-    assert finals[0][2] == pytest.approx(finals[1][2], rel=1e-5)  # after one sharded update
+    assert finals[0][2] == pytest.approx(finals[1][2], rel=2e-4)  # after one sharded update
     finals = jax.device_get(finals)
     moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), finals[0][0], params)
     differ = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), finals[0][0], finals[1][0])
