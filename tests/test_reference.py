@@ -75,6 +75,10 @@ def test_export_writes_a_row_per_run_with_the_numbers_of_its_results(fixture_swe
         assert checksums.recorded(str(tmp_path / row["run"])) == copied_names
     # 2 epochs x 3 steps x 2 tasks; Init+Tune trains nothing; the partial run: its 1 epoch done
     assert [row["training_tasks"] for row in written] == ["12", "12", "0", "6"]
+    # the grid at a glance, generated from the CSV as written
+    path = reference_report.write_table(str(tmp_path))
+    assert open(path, encoding="utf-8").read() == reference_report.table_file_text(written)
+    assert "| protonets | 2x3x2 | 12 |" in open(path, encoding="utf-8").read()
     partial = written[3]
     assert partial["test_acc_mean"] == "" and partial["commit"] == "unknown"  # not a B2 run
     history = json.load(open(tmp_path / partial["run"] / "val_history.json"))
@@ -202,6 +206,41 @@ def test_reference_beside_table1_shows_the_difference_or_the_paper_era_note():
         "its closed form needs a number Table 1 does not give, so no difference is shown")
     assert paper_era.predicted("protonets", "C3", "synthetic") is None
     assert paper_era.predicted("protonets", "C3", "slimagenet64") is not None
+
+
+def test_the_grid_puts_each_learner_and_cell_beside_table1_with_seeds_and_partial_runs():
+    def row(learner, cell, acc, seed=0, budget="8x50x8", status="complete"):
+        return {"dataset": "omniglot/full_nearest", "budget": budget, "learner": learner,
+                "cell": cell, "seed": str(seed), "status": status, "test_acc_mean": str(acc),
+                "test_acc_ci95": "0.004", "val_acc_last": "", "training_tasks": "3200",
+                "paper_budget": str(budget == "paper")}
+    rows = [row("sca", "B3", 0.9, budget="4x25x8"), row("protonets", "C3", 0.5),
+            row("protonets", "B3", 0.97, 0, "paper"), row("protonets", "B3", 0.96, 1, "paper"),
+            row("protonets", "B3", 0.92), row("maml_low", "B3", "", status="partial")]
+    (title, table), (paper_title, paper_table) = reference_report.grid(rows,
+                                                                       paper_results.TABLE1)
+    assert title == "omniglot/full_nearest, reduced budgets"
+    assert paper_title == "omniglot/full_nearest, the paper's budget"
+    assert table[0] == ["learner", "budget", "training tasks", "B3 ours", "B3 Table 1",
+                        "C3 ours", "C3 Table 1"]
+    values = paper_results.TABLE1["values"]["omniglot"]
+    assert table[1] == ["protonets", "8x50x8", "3,200", "92.00 ± 0.40",
+                        paper_results.printed(values["protonets"]["B3"]), "50.00 ± 0.40",
+                        paper_results.printed(values["protonets"]["C3"]) + "*"]
+    assert table[2][:4] == ["maml_low", "8x50x8", "-", "partial"]
+    assert table[2][4].endswith("*") and table[2][5:] == [
+        "-", paper_results.printed(values["maml_low"]["C3"]) + "*"]
+    assert table[3][:5] == ["sca", "4x25x8", "3,200", "90.00 ± 0.40",
+                            paper_results.printed(values["sca"]["B3"])]  # not paper-era
+    assert paper_table[1][3] == "96.50 ± 0.71 (2 seeds)"  # mean ± std over seeds
+
+
+def test_the_committed_grid_table_is_the_one_its_csv_generates():
+    """docs/reference/table.md is written with results.csv; a hand edit or a stale copy fails."""
+    out = os.path.join(REPO, "docs", "reference")
+    rows = reference.read_rows(os.path.join(out, "results.csv"))
+    with open(os.path.join(out, reference_report.TABLE_FILE), encoding="utf-8") as f:
+        assert f.read() == reference_report.table_file_text(rows)
 
 
 def test_report_reference_from_the_command_line(tmp_path):

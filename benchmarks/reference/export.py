@@ -1,10 +1,11 @@
-"""Export a reference sweep folder to docs/reference: results.csv and each run's small files.
+"""Export a reference sweep folder to docs/reference: results.csv, table.md, each run's small files.
 
     python -m benchmarks.reference.export --sweep_dir=SWEEP_DIR [--out_dir=docs/reference]
 
 One row per run of the sweep (complete, or partial with its validation curve so far);
 each run's results.json, val_history.json and config.json are copied, never a
-checkpoint (``cfsl_jax/experiments/reference.py``). Rows of other sweeps already in
+checkpoint (``cfsl_jax/experiments/reference.py``); ``table.md`` is the grid at a glance,
+generated from the CSV (``reference_report.write_table``). Rows of other sweeps already in
 ``--out_dir`` are kept. Then ``python -m launch.report --reference`` shows them, and
 ``python -m launch.verify --workdir=W --reference_csv=docs/reference/results.csv``
 recomputes a run and checks its row.
@@ -16,7 +17,7 @@ import os
 
 from absl import flags
 
-from cfsl_jax.experiments import reference
+from cfsl_jax.experiments import reference, reference_report
 from launch import cli
 from launch.checks import check_input_dir, check_output_dir
 
@@ -35,6 +36,7 @@ def main(argv) -> None:
     del argv
     check()
     rows = reference.export(_SWEEP_DIR.value, _OUT_DIR.value)
+    reference_report.write_table(_OUT_DIR.value)  # the grid at a glance, from the CSV
     done = sum(row["status"] == "complete" for row in rows)
     print(f"{os.path.join(_OUT_DIR.value, 'results.csv')}: {len(rows)} rows ({done} complete, "
           f"{len(rows) - done} partial)")

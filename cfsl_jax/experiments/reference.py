@@ -16,6 +16,7 @@ Rules:
   the numbers of a row are the bytes ``launch.verify --workdir=W`` checks:
   ``launch.verify --workdir=W --reference_csv=docs/reference/results.csv`` also checks
   that the row of W equals W's results.json (``row_differences``).
+- ``table.md`` beside the CSV, the grid at a glance, is ``reference_report.write_table``'s.
 - ``budget``: the name of the run's schedule (``budgets.name_of``: ``paper``,
   ``default``, ``quick``) or ``EPOCHSxSTEPSxBATCH``; ``paper_budget`` says whether it is
   the paper's. ``training_tasks``: tasks the run trained (or pretrained) on, epochs

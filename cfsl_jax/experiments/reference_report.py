@@ -7,6 +7,9 @@ Reads only ``docs/reference`` (``reference.export``'s results.csv and runs/), so
 a fresh clone without training anything. Writes ``reference.md`` and
 ``reference_convergence.png``:
 
+- **The grid** (``grid``): a table per dataset and kind of budget, a row per learner, our
+  accuracy beside Table 1's per cell, paper-era cells marked; also ``docs/reference/table.md``
+  (``write_table``, after each ``reference.export``).
 - **Beside Table 1**: per dataset, budget, learner and cell, the reference test accuracy
   (mean over its complete seeds, with the budget and training tasks), Table 1's number,
   and the difference; where Table 1's cell measures a paper-era behaviour
@@ -93,6 +96,93 @@ def beside_table1(rows: Sequence[dict], paper: dict) -> list[list[str]]:
         out.append([dataset, learner, cell, f"{budget} ({int(tasks):,})", str(len(done)),
                     ours, paper_results.printed(theirs) if theirs else "-", comparison])
     return out
+
+
+def grid(rows: Sequence[dict], paper: dict) -> list[tuple[str, list[list[str]]]]:
+    """The reference grid at a glance: per dataset and kind of budget (reduced, or the
+    paper's), a table (header first) with a row per learner and budget and, per cell, our test
+    accuracy beside Table 1's. Ours: mean ± 95 % CI over the test tasks for one seed, or
+    mean ± std over seeds with the seed count; ``partial`` for a run still training. Table
+    1's number carries ``*`` where its cell measures a paper-era behaviour
+    (``paper_era.note``). [(title, table), ...]."""
+    out = []
+    ordered = reference.sorted_rows(rows)
+    for dataset, at_paper in dict.fromkeys((r["dataset"], r["paper_budget"] == "True")
+                                           for r in ordered):
+        subset = [r for r in ordered
+                  if (r["dataset"], r["paper_budget"] == "True") == (dataset, at_paper)]
+        cells = report._cell_order(r["cell"] for r in subset)
+        table = [["learner", "budget", "training tasks",
+                  *(f"{c} {who}" for c in cells for who in ("ours", "Table 1"))]]
+        for learner in report._learner_order(r["learner"] for r in subset):
+            for budget in dict.fromkeys(r["budget"] for r in subset if r["learner"] == learner):
+                mine = [r for r in subset if (r["learner"], r["budget"]) == (learner, budget)]
+                tasks = sorted({int(r["training_tasks"]) for r in mine
+                                if r["status"] == "complete"})
+                line = [learner, budget, "/".join(f"{t:,}" for t in tasks) or "-"]
+                for cell in cells:
+                    line += _grid_entry([r for r in mine if r["cell"] == cell],
+                                        report.paper_value(paper, dataset, learner, cell),
+                                        paper_era.note(learner, cell))
+                table.append(line)
+        kind = "the paper's budget" if at_paper else "reduced budgets"
+        out.append((f"{dataset}, {kind}", table))
+    return out
+
+
+def _grid_entry(runs: Sequence[dict], theirs: dict | None, era: str | None) -> list[str]:
+    """[ours, Table 1's] for one learner, budget and cell."""
+    done = [r for r in runs if r["status"] == "complete"]
+    accs = [100 * float(r["test_acc_mean"]) for r in done]
+    if len(done) == 1:
+        ours = f"{accs[0]:.2f} ± {100 * float(done[0]['test_acc_ci95']):.2f}"
+    elif done:
+        ours = f"{np.mean(accs):.2f} ± {np.std(accs, ddof=1):.2f} ({len(done)} seeds)"
+    else:
+        ours = "partial" if runs else "-"
+    return [ours, paper_results.printed(theirs) + ("*" if era else "") if theirs else "-"]
+
+
+GRID_NOTE = ("Test accuracy (%) on the cell's shared test tasks (evaluation seed 0). Ours: "
+             "mean ± 95 % CI over the tasks (one seed), or mean ± std over seeds. Table 1: "
+             "mean ± standard deviation as printed; `*`: the cell measures a paper-era "
+             "behaviour (only the last support set counts, or labels offset per support set), "
+             "not the specification's task, so ours is not expected to match it "
+             "(docs/results.md, \"Table 1's paper-era cells in closed form\").")
+
+
+def grid_markdown(rows: Sequence[dict], paper: dict | None = None) -> str:
+    """``grid`` as Markdown sections."""
+    paper = paper if paper is not None else paper_results.TABLE1
+    parts = [GRID_NOTE]
+    for title, table in grid(rows, paper):
+        parts += [f"### {title}", report.markdown(table)]
+    return "\n\n".join(parts)
+
+
+TABLE_FILE = "table.md"  # in docs/reference, beside results.csv
+
+
+def table_file_text(rows: Sequence[dict]) -> str:
+    """``docs/reference/table.md``: the grid of ``rows`` (results.csv's, as strings)."""
+    complete = sum(row["status"] == "complete" for row in rows)
+    return "\n\n".join([
+        "# The reference grid at a glance",
+        f"Generated from `results.csv` ({len(rows)} runs: {complete} complete, "
+        f"{len(rows) - complete} partial) by `python -m benchmarks.reference.export`; "
+        f"`python -m launch.report --reference` adds the paired differences, the notes on "
+        f"each paper-era cell and the convergence figure. Table 1: "
+        f"{paper_results.TABLE1['source']}.",
+        grid_markdown(rows)]) + "\n"
+
+
+def write_table(reference_dir: str) -> str:
+    """Write ``reference_dir/table.md`` from ``reference_dir/results.csv`` as written; its path
+    (``benchmarks/reference/export.py`` calls it after ``reference.export``)."""
+    path = files.join(reference_dir, TABLE_FILE)
+    rows = reference.read_rows(files.join(reference_dir, "results.csv"))
+    files.write_atomic(path, table_file_text(rows))
+    return path
 
 
 def paired(found: Sequence[dict]) -> list[list[str]]:
@@ -190,7 +280,8 @@ def write(reference_dir: str, out_dir: str, sweep_dir: str | None = None,
              f"{len(rows)} reference runs ({complete} complete, {len(rows) - complete} "
              f"partial) from {reference_dir}; every run of a dataset is tested on the same "
              f"tasks (evaluation seed 0). Table 1: {paper['source']}.",
-             report.markdown(beside_table1(rows, paper))]
+             "## The grid", grid_markdown(rows, paper),
+             "## Beside Table 1, cell by cell", report.markdown(beside_table1(rows, paper))]
     pairs = paired(found)
     if len(pairs) > 1:
         parts += ["## Paired differences on the same test tasks",
