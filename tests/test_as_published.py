@@ -12,6 +12,7 @@ from cfsl_jax import data
 from cfsl_jax.protocol import episode
 from cfsl_jax.learners import get_learner
 from cfsl_jax.models.conv4 import Conv4
+from cfsl_jax.training import runs
 from cfsl_jax.training.runs import TrainConfig
 from cfsl_jax.protocol.sampler import sample_task
 
@@ -37,6 +38,25 @@ def test_presets_are_bundles_of_options_and_explicit_options_win():
             "restart_each_support_set": True, "per_step_bn_rows": True}
     with pytest.raises(ValueError, match="as_published='mar2020'; valid"):
         as_published.apply(mine, "mar2020")
+
+
+def test_a_config_names_the_preset_whose_settings_it_carries():
+    for learner in ("protonets", "maml_low", "ewc_init", "pretrain_tune"):
+        base = TrainConfig(learner=learner, task="B3")
+        assert as_published.preset_of(base) == "none"
+        for name in ("feb2020", "apr2020"):  # they differ in their draws alone
+            config = as_published.apply(base, name)
+            assert as_published.preset_of(config) == name
+            # read back from config.json, with every learner option resolved
+            assert as_published.preset_of(runs.from_json(config.to_json())) == name
+    feb = as_published.apply(TrainConfig(learner="protonets", task="B3", seed=3,
+                                         learner_options={"filters": 32}), "feb2020")
+    assert as_published.preset_of(feb) == "feb2020"  # another option beside it
+    replaced = as_published.apply(TrainConfig(learner="protonets", task="B3", learner_options={
+        "distance": "squared_euclidean"}), "feb2020")
+    assert as_published.preset_of(replaced) == "none"  # one of its values replaced
+    assert as_published.preset_of(TrainConfig(learner="maml_low", spec_overrides={
+        "draws": "independent"})) == "none"  # part of a preset is not the preset
 
 
 def test_feb2020_protonets_logits_are_dot_products_with_the_last_sample_prototype(

@@ -17,6 +17,8 @@ Rules:
   ``launch.verify --workdir=W --reference_csv=docs/reference/results.csv`` also checks
   that the row of W equals W's results.json (``row_differences``).
 - ``table.md`` beside the CSV, the grid at a glance, is ``reference_report.write_table``'s.
+- ``preset``: the ``--as_published`` preset whose settings the run carries
+  (``as_published.preset_of``), ``none`` for the specification's defaults.
 - ``budget``: the name of the run's schedule (``budgets.name_of``: ``paper``,
   ``default``, ``quick``) or ``EPOCHSxSTEPSxBATCH``; ``paper_budget`` says whether it is
   the paper's. ``training_tasks``: tasks the run trained (or pretrained) on, epochs
@@ -37,14 +39,14 @@ from typing import Any, Iterable, Sequence
 from cfsl_jax.experiments.report import _cell_order, _learner_order
 from cfsl_jax.experiments.sweep_plan import safe_name
 from cfsl_jax.runtime import checksums, files
-from cfsl_jax.training import budgets
+from cfsl_jax.training import as_published, budgets
 from cfsl_jax.training import results as results_io
 from cfsl_jax.training.config import TrainConfig, from_json, resolved
 
 COLUMNS: tuple[str, ...] = (
-    "learner", "dataset", "cell", "seed", "budget", "paper_budget", "status", "options",
-    "epochs", "iters_per_epoch", "meta_batch", "training_tasks", "val_tasks", "epochs_done",
-    "val_acc_first", "val_acc_best", "val_acc_last", "test_tasks", "test_acc_mean",
+    "learner", "dataset", "cell", "seed", "budget", "paper_budget", "status", "preset",
+    "options", "epochs", "iters_per_epoch", "meta_batch", "training_tasks", "val_tasks",
+    "epochs_done", "val_acc_first", "val_acc_best", "val_acc_last", "test_tasks", "test_acc_mean",
     "test_acc_std", "test_acc_ci95", "test_ce_mean", "task_fingerprint", "commit", "device",
     "wall_seconds", "run")
 # results.json's test field behind each test column (row_differences compares them)
@@ -131,6 +133,7 @@ def run_row(workdir: str, invocations: Sequence[dict] = (),
            (variants or {}).get(_data_key(config), config.dataset),
            "budget": budget, "paper_budget": budget == "paper",
            "status": "complete" if result else "partial",
+           "preset": as_published.preset_of(config),
            "options": json.dumps({**config.dataset_options, **config.spec_overrides,
                                   **_changed_options(config)}, sort_keys=True),
            "epochs": config.epochs, "iters_per_epoch": config.iters_per_epoch,
@@ -210,11 +213,20 @@ def export(sweep_dir: str, out_dir: str) -> list[dict[str, Any]]:
         checksums.write_text(target, text)
     csv_path = files.join(out_dir, "results.csv")
     ours = {row["run"] for row in rows}
-    kept = [row for row in read_rows(csv_path) if row["run"] not in ours] \
-        if files.exists(csv_path) else []
+    kept = [_with_columns(row, out_dir) for row in read_rows(csv_path)
+            if row["run"] not in ours] if files.exists(csv_path) else []
     rows = sorted_rows([*kept, *rows])
     files.write_atomic(csv_path, results_io.csv_text(rows, COLUMNS))
     return rows
+
+
+def _with_columns(row: dict[str, str], out_dir: str) -> dict[str, Any]:
+    """A kept row written before a column existed, with that column filled from its run's
+    copied config.json (``preset``)."""
+    if "preset" not in row:
+        config = from_json(results_io.read_json(files.join(out_dir, row["run"], "config.json")))
+        row = {**row, "preset": as_published.preset_of(config)}
+    return row
 
 
 def row_differences(row: dict[str, str], result: dict[str, Any]) -> list[str]:

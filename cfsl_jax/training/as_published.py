@@ -92,6 +92,24 @@ def learner_options(name: str, learner: str) -> dict[str, Any]:
     return dict(PRESETS[name].learner_options.get(learner, {})) if name != "none" else {}
 
 
+def preset_of(config) -> str:
+    """The preset whose settings ``config`` (a ``TrainConfig``) carries, ``"none"`` if none does.
+
+    A run records the options a preset gave, not the preset's name (config.json), so the name
+    is read back from them: every TaskSpec field, learner option and dataset option of the
+    preset, with the preset's value. Other options given beside the preset do not hide it;
+    one that replaced a preset's value does (the run is no longer that preset's).
+    """
+    for name, preset in PRESETS.items():
+        wanted = [(preset.spec, config.spec_overrides),
+                  (learner_options(name, config.learner), config.learner_options),
+                  (preset.dataset_options.get(config.dataset, {}), config.dataset_options)]
+        if all(given.get(key, object()) == value
+               for settings, given in wanted for key, value in settings.items()):
+            return name
+    return "none"
+
+
 def apply(config, name: str, per_learner: bool = True):
     """``config`` (a ``TrainConfig``) under preset ``name``; what the user gave explicitly wins.
 
