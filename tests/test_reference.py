@@ -20,7 +20,7 @@ import pytest
 from cfsl_jax.experiments import paper_era, paper_results, reference, reference_report, sweep_plan
 from cfsl_jax.experiments.verify import reference_row_differences
 from cfsl_jax.runtime import checksums
-from cfsl_jax.training import loop, train
+from cfsl_jax.training import as_published, loop, train
 from cfsl_jax.training.config import TrainConfig
 from conftest import TINY_SWEEP, TINY_SWEEP_LEARNER_OPTIONS
 
@@ -75,9 +75,13 @@ def test_export_writes_a_row_per_run_with_the_numbers_of_its_results(fixture_swe
         assert checksums.recorded(str(tmp_path / row["run"])) == copied_names
     # 2 epochs x 3 steps x 2 tasks; Init+Tune trains nothing; the partial run: its 1 epoch done
     assert [row["training_tasks"] for row in written] == ["12", "12", "0", "6"]
+    assert [row["preset"] for row in written] == ["none"] * 4  # the specification's defaults
     # the grid at a glance, generated from the CSV as written
     path = reference_report.write_table(str(tmp_path))
-    assert open(path, encoding="utf-8").read() == reference_report.table_file_text(written)
+    text = open(path, encoding="utf-8").read()
+    assert text == reference_report.table_file_text(*reference_report.load(str(tmp_path)))
+    assert text.startswith(reference_report.table_file_text(written).rstrip("\n"))
+    assert "## Does every learner learn?" in text and "| init_tune | B2 |" in text
     assert "| protonets | 2x3x2 | 12 |" in open(path, encoding="utf-8").read()
     partial = written[3]
     assert partial["test_acc_mean"] == "" and partial["commit"] == "unknown"  # not a B2 run
@@ -119,6 +123,22 @@ def test_a_row_that_differs_from_the_run_is_named_and_reexport_keeps_other_rows(
     again = reference.export(sweep_dir, str(tmp_path))  # replaces this sweep's rows only
     assert [row["budget"] for row in again].count("paper") == 1
     assert reference_row_differences(workdir, csv_path) == []
+    # a CSV written before the preset column: a kept row gets it from its run's config.json
+    assert {row["preset"] for row in again} == {"none"}
+    feb = as_published.apply(TrainConfig(learner="protonets", task="B2"), "feb2020")
+    os.makedirs(tmp_path / "runs" / "paper" / "x")
+    checksums.write_text(str(tmp_path / "runs" / "paper" / "x" / "config.json"),
+                         json.dumps(feb.to_json()))
+    rows = reference.read_rows(csv_path)
+    with open(csv_path, "w", newline="") as out:
+        old_columns = [c for c in reference.COLUMNS if c != "preset"]
+        writer = csv.DictWriter(out, fieldnames=old_columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    assert "preset" not in reference.read_rows(csv_path)[0]
+    kept = [row for row in reference.export(sweep_dir, str(tmp_path)) if row["budget"] == "paper"]
+    assert [row["preset"] for row in kept] == ["feb2020"]
+    assert list(reference.read_rows(csv_path)[0]) == list(reference.COLUMNS)
 
 
 def test_reference_report_pairs_learners_and_your_runs_on_the_same_tasks(fixture_sweep,
@@ -216,7 +236,8 @@ def test_the_grid_puts_each_learner_and_cell_beside_table1_with_seeds_and_partia
                 "paper_budget": str(budget == "paper")}
     rows = [row("sca", "B3", 0.9, budget="4x25x8"), row("protonets", "C3", 0.5),
             row("protonets", "B3", 0.97, 0, "paper"), row("protonets", "B3", 0.96, 1, "paper"),
-            row("protonets", "B3", 0.92), row("maml_low", "B3", "", status="partial")]
+            row("protonets", "B3", 0.92), row("maml_low", "B3", "", status="partial"),
+            row("protonets", "B3", "", seed=1, status="partial")]
     (title, table), (paper_title, paper_table) = reference_report.grid(rows,
                                                                        paper_results.TABLE1)
     assert title == "omniglot/full_nearest, reduced budgets"
@@ -224,7 +245,7 @@ def test_the_grid_puts_each_learner_and_cell_beside_table1_with_seeds_and_partia
     assert table[0] == ["learner", "budget", "training tasks", "B3 ours", "B3 Table 1",
                         "C3 ours", "C3 Table 1"]
     values = paper_results.TABLE1["values"]["omniglot"]
-    assert table[1] == ["protonets", "8x50x8", "3,200", "92.00 ± 0.40",
+    assert table[1] == ["protonets", "8x50x8", "3,200", "92.00 ± 0.40 (+1 partial)",
                         paper_results.printed(values["protonets"]["B3"]), "50.00 ± 0.40",
                         paper_results.printed(values["protonets"]["C3"]) + "*"]
     assert table[2][:4] == ["maml_low", "8x50x8", "-", "partial"]
@@ -238,9 +259,8 @@ def test_the_grid_puts_each_learner_and_cell_beside_table1_with_seeds_and_partia
 def test_the_committed_grid_table_is_the_one_its_csv_generates():
     """docs/reference/table.md is written with results.csv; a hand edit or a stale copy fails."""
     out = os.path.join(REPO, "docs", "reference")
-    rows = reference.read_rows(os.path.join(out, "results.csv"))
     with open(os.path.join(out, reference_report.TABLE_FILE), encoding="utf-8") as f:
-        assert f.read() == reference_report.table_file_text(rows)
+        assert f.read() == reference_report.table_file_text(*reference_report.load(out))
 
 
 def test_report_reference_from_the_command_line(tmp_path):

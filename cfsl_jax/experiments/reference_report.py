@@ -17,6 +17,10 @@ a fresh clone without training anything. Writes ``reference.md`` and
   give one) stand in place of a bare difference.
 - **Paired differences**: within each (dataset, budget), each learner against its cell's
   most accurate one over the shared test tasks (``report.paired_rows``).
+- **Does every learner learn, and what each part adds** (``reference_checks``): each
+  learner's test accuracy beside chance with its validation curve and a verdict, and paired
+  differences between learners that differ in one part (pretraining, EWC, SCA's critic);
+  also in ``table.md``.
 - **Your runs** (``sweep_dir``): each run of the sweep beside the reference run of the
   same dataset, learner, cell and seed (every seed of it where the reference lacks that
   seed), and, where both were tested on the
@@ -32,7 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from cfsl_jax.experiments import paper_era, paper_results, reference, report
+from cfsl_jax.experiments import paper_era, paper_results, reference, reference_checks, report
 from cfsl_jax.protocol.metrics import summarize
 from cfsl_jax.runtime import files, plotting
 from cfsl_jax.training import results as results_io
@@ -140,6 +144,8 @@ def _grid_entry(runs: Sequence[dict], theirs: dict | None, era: str | None) -> l
         ours = f"{np.mean(accs):.2f} ± {np.std(accs, ddof=1):.2f} ({len(done)} seeds)"
     else:
         ours = "partial" if runs else "-"
+    if done and len(runs) > len(done):  # seeds still training
+        ours += f" (+{len(runs) - len(done)} partial)"
     return [ours, paper_results.printed(theirs) + ("*" if era else "") if theirs else "-"]
 
 
@@ -163,8 +169,28 @@ def grid_markdown(rows: Sequence[dict], paper: dict | None = None) -> str:
 TABLE_FILE = "table.md"  # in docs/reference, beside results.csv
 
 
-def table_file_text(rows: Sequence[dict]) -> str:
-    """``docs/reference/table.md``: the grid of ``rows`` (results.csv's, as strings)."""
+LEARNS_NOTE = ("A learner learns a cell when the lower end of its test accuracy's 95 % CI is "
+               f"at least {reference_checks.CLEAR_MARGIN:g} points above chance (1 / the "
+               "cell's output classes) and, where it trains, its validation accuracy ended "
+               "above where it started (`reference_checks.learns`).")
+PARTS_NOTE = ("Learners that differ in one part, paired on the same test tasks (same dataset, "
+              "budget and cell): the mean per-task accuracy difference with its 95 % CI "
+              "(`reference_checks.components`).")
+
+
+def checks_markdown(rows: Sequence[dict], found: Sequence[dict]) -> list[str]:
+    """The "does every learner learn" and "what each part adds" sections (Markdown parts)."""
+    parts = ["## Does every learner learn?", LEARNS_NOTE,
+             report.markdown(reference_checks.learns(rows, found))]
+    pairs = reference_checks.components(found)
+    if len(pairs) > 1:
+        parts += ["## What each part adds", PARTS_NOTE, report.markdown(pairs)]
+    return parts
+
+
+def table_file_text(rows: Sequence[dict], found: Sequence[dict] = ()) -> str:
+    """``docs/reference/table.md``: the grid of ``rows`` (results.csv's, as strings) and, with
+    ``found`` (``load``'s results), the checks of each learner."""
     complete = sum(row["status"] == "complete" for row in rows)
     return "\n\n".join([
         "# The reference grid at a glance",
@@ -173,15 +199,14 @@ def table_file_text(rows: Sequence[dict]) -> str:
         f"`python -m launch.report --reference` adds the paired differences, the notes on "
         f"each paper-era cell and the convergence figure. Table 1: "
         f"{paper_results.TABLE1['source']}.",
-        grid_markdown(rows)]) + "\n"
+        grid_markdown(rows), *(checks_markdown(rows, found) if found else [])]) + "\n"
 
 
 def write_table(reference_dir: str) -> str:
-    """Write ``reference_dir/table.md`` from ``reference_dir/results.csv`` as written; its path
-    (``benchmarks/reference/export.py`` calls it after ``reference.export``)."""
+    """Write ``reference_dir/table.md`` from ``reference_dir/results.csv`` and its runs as
+    written; its path (``benchmarks/reference/export.py`` calls it after ``reference.export``)."""
     path = files.join(reference_dir, TABLE_FILE)
-    rows = reference.read_rows(files.join(reference_dir, "results.csv"))
-    files.write_atomic(path, table_file_text(rows))
+    files.write_atomic(path, table_file_text(*load(reference_dir)))
     return path
 
 
@@ -288,6 +313,7 @@ def write(reference_dir: str, out_dir: str, sweep_dir: str | None = None,
                   "Each learner against its cell's most accurate one (same dataset and "
                   "budget): the mean per-task accuracy difference with its 95 % CI.",
                   report.markdown(pairs)]
+    parts += checks_markdown(rows, found)
     if sweep_dir:
         yours = report.load_results(sweep_dir)
         parts += [f"## Your runs ({sweep_dir}) beside the reference",

@@ -241,17 +241,12 @@ def write_csv(path: str, rows: Sequence[dict[str, Any]]) -> None:
     files.write_atomic(path, results_io.csv_text(rows))
 
 
-def paired_rows(results: Iterable[dict[str, Any]], dataset: str) -> list[list[str]]:
-    """Each learner against its cell's most accurate learner on the same test tasks.
-
-    Runs count where their results hold per-task accuracies; per task, a learner's
-    accuracy is averaged over its seeds first (with a fixed ``--eval_seed`` every seed
-    tests the same tasks). A cell compares the learners of its most common task
-    fingerprint. Entry: the mean of the per-task differences (learner - best, points)
-    and its 95 % CI half-width (``metrics.summarize``), over the shared tasks.
-    """
-    from cfsl_jax.protocol.metrics import summarize
-
+def per_task_accuracy(results: Iterable[dict[str, Any]],
+                      dataset: str) -> dict[str, dict[str, np.ndarray]]:
+    """{cell: {learner: accuracy per test task}} of ``dataset``'s runs on each cell's most
+    common test tasks (task fingerprint), a learner's seeds averaged task by task (with a
+    fixed ``--eval_seed`` every seed tests the same tasks); runs without per-task accuracies
+    are left out."""
     cells: dict[str, dict[str, dict[str, list]]] = {}  # cell -> fingerprint -> learner -> runs
     for result in results:
         per_task = result["test"].get("per_task")
@@ -260,10 +255,22 @@ def paired_rows(results: Iterable[dict[str, Any]], dataset: str) -> list[list[st
         cell = cells.setdefault(result["config"]["task"], {})
         cell.setdefault(result["task_fingerprint"], {}).setdefault(
             result["learner"], []).append(np.asarray(per_task["acc"], np.float64))
+    return {cell: {name: np.mean(runs, axis=0)
+                   for name, runs in max(cells[cell].values(), key=len).items()}
+            for cell in _cell_order(cells)}
+
+
+def paired_rows(results: Iterable[dict[str, Any]], dataset: str) -> list[list[str]]:
+    """Each learner against its cell's most accurate learner on the same test tasks.
+
+    Tasks and seeds as ``per_task_accuracy``. Entry: the mean of the per-task differences
+    (learner - best, points) and its 95 % CI half-width (``metrics.summarize``), over the
+    shared tasks.
+    """
+    from cfsl_jax.protocol.metrics import summarize
+
     rows = [["cell", "learner", "against", "difference (points)", "95 % CI", "tasks"]]
-    for cell in _cell_order(cells):
-        learners = max(cells[cell].values(), key=len)
-        accuracy = {name: np.mean(runs, axis=0) for name, runs in learners.items()}
+    for cell, accuracy in per_task_accuracy(results, dataset).items():
         best = max(accuracy, key=lambda name: accuracy[name].mean())
         for name in _learner_order(accuracy):
             if name != best:
