@@ -15,7 +15,7 @@ from cfsl_jax import data
 from cfsl_jax.protocol import episode, metrics
 from cfsl_jax.runtime import backend, parallel
 from cfsl_jax.runtime import checksums, json_files
-from cfsl_jax.training import loop, runs, tracking, train
+from cfsl_jax.training import loop, runs, sessions, tracking, train
 from cfsl_jax.training.config import TrainConfig, from_json
 from cfsl_jax.training.evaluate import dataset_identity, evaluate, task_fingerprint
 from cfsl_jax.learners import get_learner
@@ -257,10 +257,62 @@ def test_sessions_add_up_in_their_own_runs_workdir_only(tmp_path):
     workdir = str(tmp_path / "run")
     runs.check_workdir_config(workdir, TINY)
     other = dataclasses.replace(TINY, seed=TINY.seed + 1)
-    runs.end_session(workdir, other, runs.earlier_sessions(workdir), 5.0)  # refused there
-    assert runs.earlier_sessions(workdir) == {"seconds": 0.0, "sessions": 0}
+    sessions.record(workdir, other, sessions.earlier(workdir), 5.0)  # refused there
+    assert sessions.earlier(workdir) == {"seconds": 0.0, "sessions": 0}
     for seconds in (5.0, 2.5):
-        runs.end_session(workdir, TINY, runs.earlier_sessions(workdir), seconds)
-    assert runs.earlier_sessions(workdir) == {"seconds": 7.5, "sessions": 2}
-    runs.end_session(str(tmp_path / "refused"), TINY, runs.earlier_sessions(workdir), 1.0)
+        sessions.record(workdir, TINY, sessions.earlier(workdir), seconds)
+    assert sessions.earlier(workdir) == {"seconds": 7.5, "sessions": 2}
+    sessions.record(str(tmp_path / "refused"), TINY, sessions.earlier(workdir), 1.0)
     assert not os.path.exists(tmp_path / "refused")
+    # an open session is recorded at each checkpoint, replacing its own earlier record
+    with sessions.opened([(TINY, workdir)]) as earlier:
+        assert earlier == {workdir: {"seconds": 7.5, "sessions": 2}}
+        for _ in range(2):
+            time.sleep(0.05)
+            sessions.checkpointed(workdir)
+            assert sessions.earlier(workdir)["sessions"] == 3
+        assert sessions.earlier(workdir)["seconds"] >= 7.6
+    assert sessions.earlier(workdir)["sessions"] == 3
+    sessions.checkpointed(workdir)  # no session open: nothing
+    assert sessions.earlier(workdir)["sessions"] == 3
+
+
+KILL_AFTER_CHECKPOINTS = """
+import os, signal, sys
+from cfsl_jax.training import sessions, train
+from cfsl_jax.training.config import TrainConfig
+record, saved = sessions.checkpointed, []
+def checkpointed(workdir):  # SIGKILL right after the third checkpoint was written
+    record(workdir)
+    saved.append(workdir)
+    if len(saved) == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+sessions.checkpointed = checkpointed
+train.train_and_evaluate(TrainConfig(**{config}), sys.argv[1])
+"""
+
+
+@pytest.mark.slow  # a launch of its own
+def test_a_killed_session_keeps_its_time_up_to_its_last_checkpoint(tmp_path):
+    """A real SIGKILL (the process kills itself after its third checkpoint): no cleanup runs,
+    yet sessions.json counts the killed session, and the resumed run's wall_seconds adds it."""
+    import subprocess
+    import sys
+    from conftest import unoptimised_env
+    config = dataclasses.replace(TINY, checkpoint_every=1)
+    workdir = str(tmp_path / "killed")
+    code = KILL_AFTER_CHECKPOINTS.replace("{config}", repr(config.to_json()))
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code, workdir], capture_output=True, text=True,
+                          env=unoptimised_env(CFSL_PROGRESS="0"),
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    killed_for = time.perf_counter() - started
+    assert done.returncode == -9, done.stderr[-2000:]
+    assert not os.path.exists(os.path.join(workdir, "results.json"))
+    killed = sessions.earlier(workdir)
+    assert killed["sessions"] == 1 and 0 < killed["seconds"] < killed_for
+    resumed_at = time.perf_counter()
+    result = train.train_and_evaluate(config, workdir)
+    this_session = time.perf_counter() - resumed_at
+    assert killed["seconds"] < result["wall_seconds"] <= killed["seconds"] + this_session
+    assert sessions.earlier(workdir)["sessions"] == 2

@@ -43,7 +43,7 @@ from absl import logging
 from cfsl_jax.runtime import files, progress, stops
 from cfsl_jax.runtime.errors import NonFiniteLoss
 from cfsl_jax.training import results
-from cfsl_jax.training import checkpoints
+from cfsl_jax.training import checkpoints, sessions
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.tracking import Tracking
 
@@ -238,6 +238,7 @@ class Checkpoint(Hook):
         with stops.deferred():
             self.outputs.ckpt.save_latest(state.step, state.params, state.opt_state)
             self.saved = state.step
+            sessions.checkpointed(self.outputs.workdir)  # its time so far survives a SIGKILL
 
     def after_step(self, state: TrainState) -> None:
         if self.phase.checkpoint_due(state.step):

@@ -21,7 +21,6 @@ import collections
 import contextlib
 import dataclasses
 import functools
-import time
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -30,7 +29,8 @@ import numpy as np
 
 from cfsl_jax.runtime import files, memory, progress, seeding
 from cfsl_jax.runtime.errors import UserError
-from cfsl_jax.training import checkpoints, loop, pack_eval, pretrain, results, runs, steps, train
+from cfsl_jax.training import checkpoints, loop, pack_eval, pretrain, results, runs, sessions, steps
+from cfsl_jax.training import train
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.pack_eval import SharedValidation, stack
 from cfsl_jax.training.tracking import Tracking
@@ -294,12 +294,8 @@ def _run_pack(phase: loop.Phase, group, initial: Sequence[loop.TrainState], comp
     (all at one step), its own hooks on its row; ``compile_step(stacked state)`` gives the
     pack's step function. The pack's wall time is a session of each run (its
     ``wall_seconds``: the time it took, shared with the pack's other runs)."""
-    started, earlier = time.perf_counter(), [runs.earlier_sessions(w) for _, w in group]
-    try:
+    with sessions.opened(group):
         _run_hooks(phase, group, initial, compile_step, validation, stop_after_steps, how)
-    finally:
-        for (c, w), before in zip(group, earlier):
-            runs.end_session(w, c, before, time.perf_counter() - started)
 
 
 def _run_hooks(phase: loop.Phase, group, initial: Sequence[loop.TrainState], compile_step,

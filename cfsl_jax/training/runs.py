@@ -157,29 +157,6 @@ def _check_no_other_results(workdir: str) -> None:
                         f"results and there is no config.json): give a new --workdir")
 
 
-SESSIONS_FILE = "sessions.json"  # the seconds of a run's ended sessions (wall_seconds sums them)
-
-
-def earlier_sessions(workdir: str) -> dict[str, float]:
-    """``{"seconds": ..., "sessions": ...}`` of the run's sessions that ended before this one
-    (zeros for a new run)."""
-    stored = results.read_json(files.join(workdir, SESSIONS_FILE), default={})
-    return {"seconds": float(stored.get("seconds", 0.0)),
-            "sessions": int(stored.get("sessions", 0))}
-
-
-def end_session(workdir: str, config: TrainConfig, earlier: dict[str, float],
-                seconds: float) -> None:
-    """Add a session of ``config``'s run that ran ``seconds`` (finished, stopped or failed) to
-    the run's total; a workdir that holds no run (refused, or removed) or another config's run
-    (refused) gets nothing."""
-    path = files.join(workdir, "config.json")
-    if files.exists(path) and not config_differences(results.read_json(path), config):
-        results.write_json(files.join(workdir, SESSIONS_FILE), {
-            "seconds": round(earlier["seconds"] + seconds, 3),
-            "sessions": earlier["sessions"] + 1})
-
-
 def finished_results(workdir: str, config: TrainConfig) -> dict[str, Any] | None:
     """The stored results of ``workdir`` when it holds a finished run of ``config``."""
     path = files.join(workdir, "results.json")

@@ -46,7 +46,7 @@ from cfsl_jax.runtime.errors import NonFiniteLoss, UserError
 from cfsl_jax.training.evaluate import evaluate
 from cfsl_jax.learners import get_learner
 from cfsl_jax.protocol.learner import Learner
-from cfsl_jax.training import checkpoints, loop, runs
+from cfsl_jax.training import checkpoints, loop, runs, sessions
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.pretrain import pretrain, pretrain_on_tasks
 from cfsl_jax.training.runs import (build, check_workdir_config, evaluate_run, finished_results,
@@ -174,12 +174,9 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
                 progress.say(f"{workdir} holds this finished run (re-test it with --retest):")
                 print(results.table(done), flush=True)
                 return done
-            started, earlier = time.perf_counter(), runs.earlier_sessions(workdir)
-            try:
+            with sessions.opened([(config, workdir)]) as earlier:  # wall_seconds: all of them
                 return _train_and_evaluate(config, workdir, stop_after_steps, mesh,
-                                           earlier["seconds"], tested)
-            finally:  # wall_seconds of a resumed run counts every session
-                runs.end_session(workdir, config, earlier, time.perf_counter() - started)
+                                           earlier[workdir]["seconds"], tested)
     except stops.StopRequested as stop:
         if files.exists(files.join(workdir, "results.json")):
             raise  # it landed as the finished run returned

@@ -1,0 +1,68 @@
+"""A run's wall time over its sessions: ``sessions.json`` in its workdir.
+
+    with sessions.opened([(config, workdir)]) as earlier:  # {workdir: {"seconds", "sessions"}}
+        ...  # train; every checkpoint of loop.Checkpoint calls sessions.checkpointed(workdir)
+
+A session is one process working on a run: the first command, each resume, a pack that
+trains it. ``sessions.json`` holds the seconds and the number of the run's sessions, the
+open one included so far. It is written when a session ends and at every checkpoint while
+it runs (``checkpointed``), so a session that never ends cleanly (SIGKILL, a machine taken
+away) still counts up to its last checkpoint, which is where its resume starts. A run's
+``wall_seconds`` (results.json) is the sum.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Iterator, Sequence
+
+from cfsl_jax.runtime import files
+from cfsl_jax.training import results
+from cfsl_jax.training.config import TrainConfig
+
+FILE = "sessions.json"
+_OPEN: dict[str, tuple[TrainConfig, dict[str, float], float]] = {}  # workdir -> its session
+
+
+def earlier(workdir: str) -> dict[str, float]:
+    """``{"seconds": ..., "sessions": ...}`` of the run's sessions that ended (or reached a
+    checkpoint) before this one; zeros for a new run."""
+    stored = results.read_json(files.join(workdir, FILE), default={})
+    return {"seconds": float(stored.get("seconds", 0.0)),
+            "sessions": int(stored.get("sessions", 0))}
+
+
+def record(workdir: str, config: TrainConfig, before: dict[str, float], seconds: float) -> None:
+    """Count a session of ``config``'s run that has run ``seconds`` after the sessions
+    ``before``; a workdir that holds no run (refused, or removed) or another config's run
+    (refused) gets nothing. Recording the same session again replaces its seconds."""
+    from cfsl_jax.training.runs import config_differences
+
+    path = files.join(workdir, "config.json")
+    if files.exists(path) and not config_differences(results.read_json(path), config):
+        results.write_json(files.join(workdir, FILE), {
+            "seconds": round(before["seconds"] + seconds, 3),
+            "sessions": before["sessions"] + 1})
+
+
+@contextlib.contextmanager
+def opened(runs: Sequence[tuple[TrainConfig, str]]) -> Iterator[dict[str, dict[str, float]]]:
+    """A session of each (config, workdir) of ``runs``, recorded when it ends however it ends
+    (a pack's runs share one); yields each workdir's ``earlier``."""
+    started = time.perf_counter()
+    before = {workdir: earlier(workdir) for _, workdir in runs}
+    _OPEN.update({workdir: (config, before[workdir], started) for config, workdir in runs})
+    try:
+        yield before
+    finally:
+        for config, workdir in runs:
+            _OPEN.pop(workdir, None)
+            record(workdir, config, before[workdir], time.perf_counter() - started)
+
+
+def checkpointed(workdir: str) -> None:
+    """Record the open session of ``workdir`` so far (none open: nothing)."""
+    if workdir in _OPEN:
+        config, before, started = _OPEN[workdir]
+        record(workdir, config, before, time.perf_counter() - started)
