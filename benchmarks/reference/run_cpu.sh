@@ -13,7 +13,8 @@
 # DATA_DIR: where the prepared TFDS dataset lives (default: the sweep's own).
 # Runs the cfsl_jax of the active Python environment (python -m cfsl_jax.launch.sweep).
 # Budgets: cpu_3200.flags (ProtoNets, MAML++ L,
-# the fine-tuners) and cpu_800.flags (SCA, MAML++ H); README.md beside this file.
+# the fine-tuners) and cpu_800.flags (SCA, MAML++ H); then, with the CPU time left,
+# cpu_1600.flags (SCA, MAML++ H on B3); README.md beside this file.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -36,7 +37,7 @@ reference_csv=$(realpath -m "${REFERENCE_CSV:-$root/docs/reference/results.csv}"
 # the learners that train nothing (minutes each) first, the longest last
 cheap=init_tune,ewc_init,protonets,maml_low,ewc_pretrain,pretrain_tune
 costly=maml_high,sca
-declare -A budget=([cpu_3200.flags]=8x50x8 [cpu_800.flags]=4x25x8)  # the CSV's budget names
+declare -A budget=([cpu_3200.flags]=8x50x8 [cpu_800.flags]=4x25x8 [cpu_1600.flags]=8x25x8)  # CSV names
 
 sweep() {  # sweep FLAGFILE LEARNERS CELL SEEDS
   local learners
@@ -71,4 +72,5 @@ done
 # unpacked: on 2 CPU cores a pack saves nothing (docs/results.md: 0.95-1.01 of the unpacked
 # sweep's wall time) and a lone run's numbers are the bit-exact ones
 sweep cpu_3200.flags protonets,maml_low B3 1,2
+sweep cpu_1600.flags maml_high,sca B3 0  # the costly learners further along, CPU time allowing
 echo "=== $(date -u +%FT%TZ) the CPU reference grid is complete"
