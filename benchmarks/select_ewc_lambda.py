@@ -1,4 +1,5 @@
-"""EWC-Init's lambda selected on the VALIDATION split (never on test tasks).
+"""EWC's lambda selected on the VALIDATION split (never on test tasks): EWC-Init, or a finished
+EWC-Pretrain run.
 
     python -m benchmarks.select_ewc_lambda --dataset=omniglot/full \
         --dataset_option=class_split=authors --manual_dir=FOLDER --tasks=B3,B5 --val_tasks=200
@@ -13,7 +14,7 @@ JSON line per (cell, lambda), then the selection (``benchmarks.selection``).
 EWC-Pretrain: lambda only weighs the penalty of the per-task fine-tuning, not the
 pretraining (the same for every lambda), so ``--workdir`` of a finished EWC-Pretrain run
 selects its lambda on that run's pretrained weights (its selected epoch), its cell, data and
-validation tasks:
+validation tasks (``--manual_dir``/``--data_dir``, where given, replace the folders it recorded):
 
     python -m benchmarks.select_ewc_lambda --workdir=SWEEP/omniglot-full/ewc_pretrain/D4/seed0 \
         --val_tasks=200
@@ -24,9 +25,10 @@ on one run's kept weights leaves that choice fixed.
 
 from __future__ import annotations
 
-from absl import app, flags
+from absl import flags
 
 from benchmarks.selection import Selection, grid
+from launch import cli
 
 flags.DEFINE_string("dataset", "omniglot/full", "Dataset.")
 flags.DEFINE_multi_string("dataset_option", [], "Dataset option NAME=VALUE.")
@@ -47,11 +49,18 @@ def candidates(lam: float):
     its weights, or EWC-Init at ``--seed`` on the flags' data."""
     import dataclasses
 
+    from cfsl_jax.runtime.errors import UserError
     from cfsl_jax.training import runs
     from launch.options import parse_options
 
     if FLAGS.workdir:
         saved = runs.load_config(FLAGS.workdir)
+        if "ewc_lambda" not in saved.learner_options:
+            raise UserError(f"--workdir={FLAGS.workdir} holds a {saved.learner} run: give an "
+                            f"ewc_pretrain or ewc_init run (an EWC learner)")
+        folders = {k: v for k, v in (("manual_dir", FLAGS.manual_dir),
+                                     ("data_dir", FLAGS.data_dir)) if v}
+        saved = dataclasses.replace(saved, **folders)
         config = dataclasses.replace(saved, learner_options={**saved.learner_options,
                                                              "ewc_lambda": lam})
         learner, splits = runs.build(config)
@@ -84,4 +93,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

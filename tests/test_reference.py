@@ -361,3 +361,37 @@ def test_a_run_retested_under_paper_era_options_starts_from_its_own_test_tasks(f
     assert restart["task_fingerprint"] == carried["task_fingerprint"]
     assert restart["per_task"] != carried["per_task"]
     assert len(restart["group_acc"]) == 2  # one per support set's class group
+
+
+def test_run_cpu_names_each_budget_as_the_csv_does_and_gives_each_budget_its_own_folders():
+    """run_cpu.sh's budget map (which rows a new machine still has to run) is what each flag
+    file's schedule is called in results.csv; a budget that shares a learner and cell with
+    another runs in its own folder (a run's folder names no budget)."""
+    import re
+    here = os.path.join(REPO, "benchmarks", "reference")
+    script = open(os.path.join(here, "run_cpu.sh"), encoding="utf-8").read()
+    budgets = dict(re.findall(r"\[(\S+\.flags)\]=(\S+?)[ )]", script))
+    assert set(budgets) == {"cpu_3200.flags", "cpu_800.flags", "cpu_1600.flags"}
+    for name, expected in budgets.items():
+        flags = {}
+        for path in ("common.flags", name):
+            for line in open(os.path.join(here, path), encoding="utf-8"):
+                key, _, value = line.strip().lstrip("-").partition("=")
+                flags[key] = value
+        config = TrainConfig(**{k: int(flags[k]) for k in ("epochs", "iters_per_epoch",
+                                                         "meta_batch")})
+        assert reference.budget_name(config) == expected, name
+    names = dict(re.findall(r"^(cheap|costly)=(\S+)", script, re.M))
+    names["cell"] = re.search(r"^for cell in ([\w ]+); do", script, re.M).group(1).split()
+    calls = re.findall(r"^ *sweep (\S+) (\S+) (\S+) (\S+) ?(\S*)", script, re.M)
+    assert len(calls) == 4
+    folders: dict[tuple, set] = {}
+    for flagfile, learners, cells, seeds, folder in calls:
+        learners = names[learners.strip('"$')] if learners.startswith('"$') else learners
+        cells = names["cell"] if cells == '"$cell"' else [cells]
+        for learner in learners.split(","):
+            for cell in cells:
+                folders.setdefault((learner, cell, folder), set()).add(budgets[flagfile])
+    assert folders[("sca", "B3", "")] == {"4x25x8"}
+    assert folders[("sca", "B3", "cpu_1600")] == {"8x25x8"}
+    assert all(len(found) == 1 for found in folders.values()), folders

@@ -40,9 +40,10 @@ def test_a_learner_learns_when_clearly_above_chance_and_its_validation_rose(acc,
 
 def test_learns_averages_seeds_reads_chance_from_the_cell_and_the_lowest_seeds_curve():
     found = [result("protonets", "B3", 1, 0.90, 0.004), result("protonets", "B3", 0, 0.80, 0.006),
-             result("init_tune", "A3", 0, 0.22, 0.01)]
+             result("init_tune", "A3", 0, 0.22, 0.01), result("pretrain_tune", "A3", 0, 0.5)]
     rows = [row("protonets", "B3", 1, "0.5", "0.9", "0.9"),
-            row("protonets", "B3", 0, "0.4", "0.85", "0.8"), row("init_tune", "A3", 0)]
+            row("protonets", "B3", 0, "0.4", "0.85", "0.8"), row("init_tune", "A3", 0),
+            row("pretrain_tune", "A3", 0)]  # e.g. pretrained on uniform images: no curve
     table = reference_checks.learns(rows, found)
     assert table[0][4:] == ["test (%)", "chance (%)", "validation first -> best -> last (%)",
                             "verdict"]
@@ -51,6 +52,8 @@ def test_learns_averages_seeds_reads_chance_from_the_cell_and_the_lowest_seeds_c
                             "learns"]
     assert table[2][2:] == ["init_tune", "A3", "22.00 ± 1.00", "20.0", "trains nothing",
                             "does not learn: test within 5 points of chance"]
+    assert table[3][2:] == ["pretrain_tune", "A3", "50.00 ± 1.00", "20.0",
+                            "no validation curve", "learns"]
 
 
 def test_components_pair_learners_that_differ_in_one_part_on_the_same_tasks():

@@ -39,8 +39,8 @@ cheap=init_tune,ewc_init,protonets,maml_low,ewc_pretrain,pretrain_tune
 costly=maml_high,sca
 declare -A budget=([cpu_3200.flags]=8x50x8 [cpu_800.flags]=4x25x8 [cpu_1600.flags]=8x25x8)  # CSV names
 
-sweep() {  # sweep FLAGFILE LEARNERS CELL SEEDS
-  local learners
+sweep() {  # sweep FLAGFILE LEARNERS CELL SEEDS [FOLDER under SWEEP_DIR]
+  local learners workdir="$sweep_dir${5:+/$5}"
   learners=$(python -c 'import sys; from cfsl_jax.experiments import reference as r
 print(",".join(r.remaining(r.read_rows(sys.argv[1]), *sys.argv[2:])))' \
     "$reference_csv" "${budget[$1]}" "$2" "$3" "$4")
@@ -48,12 +48,12 @@ print(",".join(r.remaining(r.read_rows(sys.argv[1]), *sys.argv[2:])))' \
     echo "=== $(date -u +%FT%TZ) $2 on $3, seeds $4 ($1): complete in $reference_csv"
     return
   fi
-  set -- "$1" "$learners" "$3" "$4"
+  set -- "$1" "$learners" "$3" "$4" "${5:-}"
   echo "=== $(date -u +%FT%TZ) $2 on $3, seeds $4 ($1), commit $commit"
   # provenance.jsonl: which commit ran which runs, from when (the export reads it)
   printf '{"start": "%s", "commit": "%s", "flagfile": "%s", "learners": "%s", "cell": "%s", "seeds": "%s"}\n' \
     "$(date -u +%FT%TZ)" "$commit" "$1" "$2" "$3" "$4" >> "$sweep_dir/provenance.jsonl"
-  python -m cfsl_jax.launch.sweep --flagfile="$here/common.flags" --flagfile="$here/$1" --workdir="$sweep_dir" --learners="$2" \
+  python -m cfsl_jax.launch.sweep --flagfile="$here/common.flags" --flagfile="$here/$1" --workdir="$workdir" --learners="$2" \
     --cells="$3" --seeds="$4" --workers=1 --manual_dir="$manual_dir" --data_dir="$data_dir" \
     || status=$?
   if [[ ${status:-0} -ge 128 ]]; then  # stopped by a signal: every run checkpointed; stop here
@@ -72,5 +72,7 @@ done
 # unpacked: on 2 CPU cores a pack saves nothing (docs/results.md: 0.95-1.01 of the unpacked
 # sweep's wall time) and a lone run's numbers are the bit-exact ones
 sweep cpu_3200.flags protonets,maml_low B3 1,2
-sweep cpu_1600.flags maml_high,sca B3 0  # the costly learners further along, CPU time allowing
+# the costly learners further along, CPU time allowing; in a folder of its own, as a run's folder
+# names no budget (sweep_plan.run_dir) and the 800-task runs of the same cell and seed hold theirs
+sweep cpu_1600.flags maml_high,sca B3 0 cpu_1600
 echo "=== $(date -u +%FT%TZ) the CPU reference grid is complete"

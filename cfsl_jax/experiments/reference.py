@@ -18,7 +18,8 @@ Rules:
   that the row of W equals W's results.json (``row_differences``).
 - ``table.md`` beside the CSV, the grid at a glance, is ``reference_report.write_table``'s.
 - ``preset``: the ``--as_published`` preset whose settings the run carries
-  (``as_published.preset_of``), ``none`` for the specification's defaults.
+  (``as_published.preset_of``); ``none`` where no preset's settings are all there (the
+  ``options`` column shows those that differ from the defaults).
 - ``budget``: the name of the run's schedule (``budgets.name_of``: ``paper``,
   ``default``, ``quick``) or ``EPOCHSxSTEPSxBATCH``; ``paper_budget`` says whether it is
   the paper's. ``training_tasks``: tasks the run trained (or pretrained) on, epochs

@@ -9,7 +9,8 @@
   (1 / the cell's output classes) by a clear margin, the lower end of its 95 % CI at least
   ``CLEAR_MARGIN`` points above chance, and, where it trains (or pretrains), its validation
   accuracy ended above where it started. Init+Tune and EWC-Init train nothing: for them the
-  test alone decides. Seeds of a cell are averaged; the validation curve is the lowest seed's.
+  test alone decides. Seeds of a cell are averaged (accuracy and CI half-width alike); the
+  validation curve is the lowest seed's.
 - ``components``: paired differences over the shared test tasks between learners that
   differ in one part (``PAIRS``): what pretraining adds to fine-tuning, what EWC adds, what
   SCA's critic adds to MAML++ H, each within one dataset, budget and cell
@@ -22,8 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from cfsl_jax.experiments import report
-from cfsl_jax.protocol.metrics import summarize
+from cfsl_jax.experiments import reference, report
 from cfsl_jax.training.config import from_json
 
 CLEAR_MARGIN = 5.0  # points between chance and the lower end of the test accuracy's 95 % CI
@@ -36,6 +36,13 @@ PAIRS: tuple[tuple[str, str, str], ...] = (
     ("ewc_pretrain", "pretrain_tune", "EWC, pretrained"),
     ("sca", "maml_high", "SCA's critic"),
 )
+
+
+def by_budget(found: Sequence[dict]) -> list[tuple[str, str, list[dict]]]:
+    """[(dataset, budget, its runs)] of ``load``'s results, sorted: the runs that pair."""
+    return [(dataset, budget, [r for r in found if (r["dataset"], r["_budget"]) ==
+                               (dataset, budget)])
+            for dataset, budget in sorted({(r["dataset"], r["_budget"]) for r in found})]
 
 
 def _groups(found: Sequence[dict]) -> dict[tuple, list[dict]]:
@@ -75,7 +82,8 @@ def learns(rows: Sequence[dict], found: Sequence[dict]) -> list[list[str]]:
                                                                     cell))
         row = curve[0][1] if curve else {}
         val = None
-        text = "trains nothing"
+        text = "trains nothing" if reference._training(learner) == "none" else \
+            "no validation curve"
         if row.get("val_acc_first", "") != "":
             first, best, last = (100 * float(row[k]) for k in
                                  ("val_acc_first", "val_acc_best", "val_acc_last"))
@@ -90,13 +98,11 @@ def components(found: Sequence[dict]) -> list[list[str]]:
     """Rows (header first): ``PAIRS``' paired differences, per dataset, budget and cell."""
     out = [["dataset", "budget", "cell", "what it adds", "learner", "against",
             "difference (points)", "95 % CI", "tasks"]]
-    for dataset, budget in sorted({(r["dataset"], r["_budget"]) for r in found}):
-        subset = [r for r in found if (r["dataset"], r["_budget"]) == (dataset, budget)]
+    for dataset, budget, subset in by_budget(found):
         for cell, accuracy in report.per_task_accuracy(subset, dataset).items():
             for learner, against, part in PAIRS:
                 if learner in accuracy and against in accuracy:
-                    stats = summarize(accuracy[learner] - accuracy[against])
                     out.append([dataset, budget, cell, part, learner, against,
-                                f"{100 * stats['mean']:+.2f}", f"±{100 * stats['ci95']:.2f}",
-                                str(accuracy[learner].size)])
+                                *report.difference_columns(accuracy[learner],
+                                                           accuracy[against])])
     return out

@@ -172,7 +172,9 @@ TABLE_FILE = "table.md"  # in docs/reference, beside results.csv
 LEARNS_NOTE = ("A learner learns a cell when the lower end of its test accuracy's 95 % CI is "
                f"at least {reference_checks.CLEAR_MARGIN:g} points above chance (1 / the "
                "cell's output classes) and, where it trains, its validation accuracy ended "
-               "above where it started (`reference_checks.learns`).")
+               "above where it started (`reference_checks.learns`). Test: mean ± 95 % CI over "
+               "the test tasks, both averaged over a cell's seeds; validation: the lowest "
+               "seed's.")
 PARTS_NOTE = ("Learners that differ in one part, paired on the same test tasks (same dataset, "
               "budget and cell): the mean per-task accuracy difference with its 95 % CI "
               "(`reference_checks.components`).")
@@ -213,8 +215,7 @@ def write_table(reference_dir: str) -> str:
 def paired(found: Sequence[dict]) -> list[list[str]]:
     """``report.paired_rows`` within each (dataset, budget), with those two columns first."""
     out = [["dataset", "budget", *report.paired_rows([], "")[0]]]
-    for dataset, budget in sorted({(r["dataset"], r["_budget"]) for r in found}):
-        subset = [r for r in found if (r["dataset"], r["_budget"]) == (dataset, budget)]
+    for dataset, budget, subset in reference_checks.by_budget(found):
         out += [[dataset, budget, *row] for row in report.paired_rows(subset, dataset)[1:]]
     return out
 

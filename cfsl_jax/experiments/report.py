@@ -260,6 +260,13 @@ def per_task_accuracy(results: Iterable[dict[str, Any]],
             for cell in _cell_order(cells)}
 
 
+def difference_columns(mine: np.ndarray, theirs: np.ndarray) -> list[str]:
+    """[mean per-task difference (points, signed), ±its 95 % CI half-width
+    (``metrics.summarize``), tasks] of two per-task accuracy arrays on the same tasks."""
+    stats = metrics.summarize(np.asarray(mine, np.float64) - np.asarray(theirs, np.float64))
+    return [f"{100 * stats['mean']:+.2f}", f"±{100 * stats['ci95']:.2f}", str(np.size(mine))]
+
+
 def paired_rows(results: Iterable[dict[str, Any]], dataset: str) -> list[list[str]]:
     """Each learner against its cell's most accurate learner on the same test tasks.
 
@@ -267,16 +274,13 @@ def paired_rows(results: Iterable[dict[str, Any]], dataset: str) -> list[list[st
     (learner - best, points) and its 95 % CI half-width (``metrics.summarize``), over the
     shared tasks.
     """
-    from cfsl_jax.protocol.metrics import summarize
-
     rows = [["cell", "learner", "against", "difference (points)", "95 % CI", "tasks"]]
     for cell, accuracy in per_task_accuracy(results, dataset).items():
         best = max(accuracy, key=lambda name: accuracy[name].mean())
         for name in _learner_order(accuracy):
             if name != best:
-                stats = summarize(accuracy[name] - accuracy[best])
-                rows.append([cell, name, best, f"{100 * stats['mean']:+.2f}",
-                             f"±{100 * stats['ci95']:.2f}", str(accuracy[name].size)])
+                rows.append([cell, name, best, *difference_columns(accuracy[name],
+                                                                   accuracy[best])])
     return rows
 
 

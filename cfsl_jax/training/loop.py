@@ -42,8 +42,7 @@ from absl import logging
 
 from cfsl_jax.runtime import files, progress, stops
 from cfsl_jax.runtime.errors import NonFiniteLoss
-from cfsl_jax.training import results
-from cfsl_jax.training import checkpoints, sessions
+from cfsl_jax.training import checkpoints, results, sessions
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.tracking import Tracking
 
@@ -227,8 +226,8 @@ class Metrics(Hook):
 
 
 class Checkpoint(Hook):
-    """Saves ``checkpoints/latest`` at every checkpoint step and epoch end, and on a stop the
-    last step reached (its losses read and checked finite first, by ``metrics``)."""
+    """Saves ``checkpoints/latest`` (and the session's time: ``sessions``) at every checkpoint
+    step, epoch end, and on a stop the last step reached (losses checked finite first)."""
 
     def __init__(self, phase: Phase, start: int, outputs: Outputs, metrics: Metrics):
         self.phase, self.outputs, self.metrics = phase, outputs, metrics
@@ -238,7 +237,7 @@ class Checkpoint(Hook):
         with stops.deferred():
             self.outputs.ckpt.save_latest(state.step, state.params, state.opt_state)
             self.saved = state.step
-            sessions.checkpointed(self.outputs.workdir)  # its time so far survives a SIGKILL
+            sessions.checkpointed(self.outputs.workdir)
 
     def after_step(self, state: TrainState) -> None:
         if self.phase.checkpoint_due(state.step):

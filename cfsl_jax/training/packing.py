@@ -29,8 +29,8 @@ import numpy as np
 
 from cfsl_jax.runtime import files, memory, progress, seeding
 from cfsl_jax.runtime.errors import UserError
-from cfsl_jax.training import checkpoints, loop, pack_eval, pretrain, results, runs, sessions, steps
-from cfsl_jax.training import train
+from cfsl_jax.training import (checkpoints, loop, pack_eval, pretrain, results, runs, sessions,
+                               steps, train)
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.pack_eval import SharedValidation, stack
 from cfsl_jax.training.tracking import Tracking

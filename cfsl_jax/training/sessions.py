@@ -15,14 +15,24 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 from cfsl_jax.runtime import files
 from cfsl_jax.training import results
 from cfsl_jax.training.config import TrainConfig
+from cfsl_jax.training.runs import config_differences
 
 FILE = "sessions.json"
-_OPEN: dict[str, tuple[TrainConfig, dict[str, float], float]] = {}  # workdir -> its session
+
+
+class Open(NamedTuple):
+    """A session open in this process."""
+    config: TrainConfig
+    before: dict[str, float]  # ``earlier`` when it opened
+    started: float  # time.perf_counter() when it opened
+
+
+_OPEN: dict[str, Open] = {}  # workdir -> its open session
 
 
 def earlier(workdir: str) -> dict[str, float]:
@@ -37,8 +47,6 @@ def record(workdir: str, config: TrainConfig, before: dict[str, float], seconds:
     """Count a session of ``config``'s run that has run ``seconds`` after the sessions
     ``before``; a workdir that holds no run (refused, or removed) or another config's run
     (refused) gets nothing. Recording the same session again replaces its seconds."""
-    from cfsl_jax.training.runs import config_differences
-
     path = files.join(workdir, "config.json")
     if files.exists(path) and not config_differences(results.read_json(path), config):
         results.write_json(files.join(workdir, FILE), {
@@ -52,7 +60,7 @@ def opened(runs: Sequence[tuple[TrainConfig, str]]) -> Iterator[dict[str, dict[s
     (a pack's runs share one); yields each workdir's ``earlier``."""
     started = time.perf_counter()
     before = {workdir: earlier(workdir) for _, workdir in runs}
-    _OPEN.update({workdir: (config, before[workdir], started) for config, workdir in runs})
+    _OPEN.update({workdir: Open(config, before[workdir], started) for config, workdir in runs})
     try:
         yield before
     finally:
@@ -64,5 +72,5 @@ def opened(runs: Sequence[tuple[TrainConfig, str]]) -> Iterator[dict[str, dict[s
 def checkpointed(workdir: str) -> None:
     """Record the open session of ``workdir`` so far (none open: nothing)."""
     if workdir in _OPEN:
-        config, before, started = _OPEN[workdir]
-        record(workdir, config, before, time.perf_counter() - started)
+        session = _OPEN[workdir]
+        record(workdir, session.config, session.before, time.perf_counter() - session.started)
