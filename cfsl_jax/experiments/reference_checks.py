@@ -77,10 +77,9 @@ def learns(rows: Sequence[dict], found: Sequence[dict]) -> list[list[str]]:
         chance = 100 / from_json(runs[0]["config"]).spec.num_outputs
         acc = 100 * float(np.mean([r["test"]["acc_mean"] for r in runs]))
         ci95 = 100 * float(np.mean([r["test"]["acc_ci95"] for r in runs]))
-        curve = sorted((int(r["seed"]), r) for r in rows if r["status"] == "complete" and (
-            r["dataset"], r["budget"], r["learner"], r["cell"]) == (dataset, budget, learner,
-                                                                    cell))
-        row = curve[0][1] if curve else {}
+        seeds = [r for r in rows if r["status"] == "complete" and (
+            r["dataset"], r["budget"], r["learner"], r["cell"]) == (dataset, budget, learner, cell)]
+        row = min(seeds, key=lambda r: int(r["seed"]), default={})  # the lowest seed's curve
         val = None
         text = "trains nothing" if reference._training(learner) == "none" else \
             "no validation curve"
