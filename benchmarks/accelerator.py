@@ -22,7 +22,10 @@ measures on the ``--dataset`` train split (default ``synthetic``: no download):
   sca), cell, pack size K (``--packs``, default 1, 3, 8, 16) and S (``--pack_steps``, default
   1, 10): ``steps.make_steps`` of K runs (K > 1: vmapped over the run axis, as
   ``launch.train --seeds``), S steps per call, one task per step per run --
-  ``tasks_per_s`` per run and ``pack_tasks_per_s`` (K x per run);
+  ``tasks_per_s`` per run and ``pack_tasks_per_s`` (K x per run). A pretraining learner
+  (pretrain_tune, ewc_pretrain: the same step) gives ``kind=pretrain_pack`` rows instead:
+  ``pretrain.packed_task_step`` of K runs, one step of one task per call (S=1 only, as
+  ``launch.train --seeds`` pretrains);
 
 each with its compile seconds (ahead-of-time ``lower().compile()`` for
 training; first minus second evaluation for evaluation), XLA's memory estimate
@@ -39,7 +42,11 @@ grey level in every channel), the size of SlimageNet64's images, so a row can be
 SlimageNet64-sized without the dataset.
 
 The persistent compilation cache is off unless ``--compilation_cache_dir`` is
-given, so compile seconds are real compilations.
+given, so compile seconds are real compilations. With a cache, each pack row says whether its
+program came from it (``from_cache``). ``--compile_only``: the pack rows compile their programs
+(``compile_s``, ``program_bytes``) and time nothing -- several such processes side by side fill
+a cache that one timing process then reads (``benchmarks/gpu_rows.sh``: compilation is host
+work that a GPU lease pays for by the second, timing must run alone).
 """
 
 from __future__ import annotations
@@ -66,7 +73,7 @@ from cfsl_jax.runtime.options import names as option_names
 from cfsl_jax.protocol.sampler import sample_task
 from cfsl_jax.protocol.spec import TaskSpec
 from cfsl_jax.training.config import TrainConfig
-from cfsl_jax.training import steps
+from cfsl_jax.training import pretrain, steps
 from cfsl_jax.training.train import make_optimizer, make_train_step
 
 _LEARNERS = flags.DEFINE_list("learners", ["protonets", "init_tune", "maml_low", "maml_high",
@@ -97,6 +104,8 @@ _PACKS = flags.DEFINE_list("packs", ["1", "3", "8", "16"], "Pack sizes K (runs p
 _PACK_STEPS = flags.DEFINE_list("pack_steps", ["1", "10"], "Steps per call S of the pack rows.")
 _DATASET_OPTIONS = flags.DEFINE_multi_string("dataset_option", [], "Dataset option NAME=INT "
                                              "(repeatable), e.g. num_classes=60 for a smoke run.")
+_COMPILE_ONLY = flags.DEFINE_bool("compile_only", False, "Pack rows: compile (into "
+                                   "--compilation_cache_dir) and time nothing.")
 _COLOUR = flags.DEFINE_bool("synthetic_colour", False, "Synthetic glyphs at 64x64x3 "
                             "(SlimageNet64-sized images).")
 
@@ -207,9 +216,31 @@ def measure_train(name: str, split, spec: TaskSpec, image_shape, meta_batch: int
             "compile_s": round(compile_s, 3), "program_bytes": _program_bytes(compiled)}
 
 
+def _timed_pack(row: dict, compiled, args, count: int, packs: int) -> dict:
+    """``row`` with the compiled pack program's compile facts and, unless --compile_only, its
+    rates: ``count`` steps per call of ``packs`` runs."""
+    row = {**row, "program_bytes": _program_bytes(compiled)}
+    if _COMPILE_ONLY.value:
+        return {**row, "compile_only": True}
+    seconds, spread = _median_seconds(lambda: compiled(*args))
+    return {**row, "tasks_per_s": round(count / seconds, 2),
+            "pack_tasks_per_s": round(packs * count / seconds, 2), "spread": round(spread, 3)}
+
+
+def _compiled(jitted, args) -> tuple:
+    """(compiled program, compile seconds, whether it came from the persistent cache)."""
+    hits = backend.compile_totals()["cache_hits"]
+    start = time.perf_counter()
+    compiled = jitted.lower(*args).compile()
+    return (compiled, round(time.perf_counter() - start, 3),
+            backend.compile_totals()["cache_hits"] > hits)
+
+
 def measure_pack(name: str, split, spec: TaskSpec, image_shape, packs: int, count: int) -> dict:
     options = _options(name, spec, image_shape)
     learner = get_learner(name, spec, image_shape=image_shape, **options)
+    if learner.recipe.training == "pretrain":
+        return measure_pretrain_pack(learner, split, packs, options)
     optimizer = make_optimizer(TrainConfig())
     params = [learner.init_params(jax.random.key(k), jnp.zeros((1, *image_shape)), spec)
               for k in range(packs)]
@@ -221,16 +252,37 @@ def measure_pack(name: str, split, spec: TaskSpec, image_shape, packs: int, coun
         params, keys = params[0], keys[0]
         state = optimizer.init(params)
     multi = steps.make_steps(learner, optimizer, 1, count, runs=packs > 1)
-    progress = jnp.full((count,), 0.5, jnp.float32)
-    start = time.perf_counter()
-    compiled = multi.lower(params, state, split, keys, 0, progress).compile()
-    compile_s = time.perf_counter() - start
-    seconds, spread = _median_seconds(lambda: compiled(params, state, split, keys, 0, progress))
-    return {"kind": "pack", "learner": name, "cell": _cell_name(spec), "options": options,
-            "pack": packs, "steps_per_dispatch": count, "meta_batch": 1,
-            "tasks_per_s": round(count / seconds, 2),
-            "pack_tasks_per_s": round(packs * count / seconds, 2), "spread": round(spread, 3),
-            "compile_s": round(compile_s, 3), "program_bytes": _program_bytes(compiled)}
+    args = (params, state, split, keys, 0, jnp.full((count,), 0.5, jnp.float32))
+    compiled, compile_s, cached = _compiled(multi, args)
+    row = {"kind": "pack", "learner": name, "cell": _cell_name(spec), "options": options,
+           "pack": packs, "steps_per_dispatch": count, "meta_batch": 1,
+           "compile_s": compile_s, "from_cache": cached}
+    return _timed_pack(row, compiled, args, count, packs)
+
+
+def measure_pretrain_pack(learner, split, packs: int, options: dict) -> dict:
+    """A pretraining pack's step (``pretrain.packed_task_step``, as ``launch.train --seeds``
+    pretrains on tasks): K runs, one task per step per run, one step per call."""
+    config = TrainConfig()
+    num_classes = int(split.class_table.shape[0])
+    image_shape = tuple(split.images.shape[1:])
+    states = [pretrain.init_state(
+        learner, learner.init_params(jax.random.key(k), jnp.zeros((1, *image_shape)),
+                                     learner.spec),
+        num_classes, image_shape, jax.random.key(200 + k), config.learning_rate,
+        config.weight_decay) for k in range(packs)]
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+    keys = jnp.stack([jax.random.key(100 + k) for k in range(packs)])
+    step = jax.jit(pretrain.packed_task_step(
+        split, pretrain.image_classes(split.class_table), keys, learner=learner,
+        num_classes=num_classes, tasks=1, learning_rate=config.learning_rate,
+        weight_decay=config.weight_decay))
+    args = (stacked.params, stacked.opt_state, 0)
+    compiled, compile_s, cached = _compiled(step, args)
+    row = {"kind": "pretrain_pack", "learner": learner.name, "cell": _cell_name(learner.spec),
+           "options": options, "pack": packs, "steps_per_dispatch": 1, "meta_batch": 1,
+           "compile_s": compile_s, "from_cache": cached}
+    return _timed_pack(row, compiled, args, 1, packs)
 
 
 def colour(split):
@@ -256,7 +308,7 @@ def _emit(row: dict) -> None:
                                               "pack", "steps_per_dispatch")
                     if row.get(k) is not None)
     rate = (f"{row['tasks_per_s']:>10,.1f} tasks/s" if "tasks_per_s" in row
-            else f"error: {row.get('error')}")
+            else "  compiled only" if row.get("compile_only") else f"error: {row.get('error')}")
     print(f"{what:45s} {rate}  compile {row.get('compile_s', float('nan')):7.2f} s",
           file=sys.stderr, flush=True)
 
@@ -308,8 +360,11 @@ def main(argv) -> None:
 
 
     for name in _PACK_LEARNERS.value if "pack" in _KINDS.value else []:
+        pretrains = get_learner(name, eval_spec, image_shape=image_shape).recipe.training
         for cell, packs, count in itertools.product(_CELLS.value, map(int, _PACKS.value),
                                                     map(int, _PACK_STEPS.value)):
+            if pretrains == "pretrain" and count != 1:
+                continue  # a pretraining pack runs one step per call
             _guarded(measure_pack, name, split, TaskSpec.parse(cell), image_shape, packs, count,
                      kind="pack", learner=name, cell=cell, pack=packs, steps_per_dispatch=count)
 

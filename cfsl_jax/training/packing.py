@@ -261,13 +261,7 @@ def _pretrain_pack(learner, splits, group, stop_after_steps: int | None) -> None
     hyper = dict(learner=learner, num_classes=num_classes, tasks=config.meta_batch,
                  learning_rate=config.learning_rate, weight_decay=config.weight_decay)
 
-    def packed(params, opt_state, first):
-        def one(params, opt_state, key):
-            new, loss, accuracy = pretrain.task_step(
-                pretrain.PretrainState(params, opt_state), split, classes,
-                jax.random.fold_in(key, first), **hyper)
-            return new.params, new.opt_state, {"loss": loss, "acc": accuracy}
-        return jax.vmap(one)(params, opt_state, keys)
+    packed = pretrain.packed_task_step(split, classes, keys, **hyper)
 
     def compile_step(state):
         with progress.stage(f"[pretrain] compiling a pack of {len(group)} {learner.name} "

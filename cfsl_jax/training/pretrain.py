@@ -247,6 +247,20 @@ def task_step(state: PretrainState, split: data.Split, classes: jax.Array, key: 
                    weight_decay, mesh)
 
 
+def packed_task_step(split: data.Split, classes: jax.Array, keys: jax.Array, **hyper):
+    """``task_step`` of K runs as one function ``(params, opt_state, first) -> (params,
+    opt_state, {"loss", "acc"})``, vmapped over the leading run axis of ``params``,
+    ``opt_state`` and ``keys`` ([K] data keys): run k's step ``first`` trains on the tasks of
+    ``fold_in(keys[k], first)``, as it does alone. ``hyper``: ``task_step``'s keywords."""
+    def packed(params, opt_state, first):
+        def one(params, opt_state, key):
+            new, loss, accuracy = task_step(PretrainState(params, opt_state), split, classes,
+                                            jax.random.fold_in(key, first), **hyper)
+            return new.params, new.opt_state, {"loss": loss, "acc": accuracy}
+        return jax.vmap(one)(params, opt_state, keys)
+    return packed
+
+
 def pretrain_on_tasks(config: TrainConfig, learner: Learner, params: Params, splits: dict[str, data.Split],
                       workdir: str, ckpt: checkpoints.Checkpoints,
                       stop_after_steps: int | None = None, mesh=None,
