@@ -351,5 +351,6 @@ def test_pretraining_on_tasks_packs_as_meta_training_does(tmp_path, capsys):
         np.testing.assert_allclose(mine, theirs, rtol=2e-3)
         assert abs(out["test"]["acc_mean"] - alone["test"]["acc_mean"]) <= 0.03
         assert out["test"]["ce_mean"] == pytest.approx(alone["test"]["ce_mean"], rel=2e-2)
+        assert out["packs"][0]["pack"]["axis"] == steps.resolve_pack_axis("auto")
     assert pretrain_losses(dirs[0]) != pretrain_losses(dirs[1])  # each run its own seed
     # a stopped pretraining pack resumes bit for bit: tests/test_pack_eval.py, with SIGTERM

@@ -131,7 +131,7 @@ def meta_train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequenc
     trains nothing or pretrains uniformly, or a lone run: nothing). A pack that does not fit
     the device's memory is refused (``PackTooLarge``), or with ``shrink`` (``--pack=auto``)
     split into packs of the largest size that fits, said in a line. ``pack_axis``
-    (``steps.resolve_pack_axis``): how a meta-training pack computes its runs; not part of a
+    (``steps.resolve_pack_axis``): how a pack computes its runs (pretraining too); not part of a
     run's config (it changes how a run is computed, not what: a packed run's config is the solo
     run's)."""
     seeds = check_seeds(seeds)
@@ -192,7 +192,7 @@ def _train_group(learner, splits, group, steps_per_dispatch: int,
             _meta_train_pack(learner, splits, group, steps_per_dispatch, stop_after_steps,
                              pack_axis)
         else:
-            _pretrain_pack(learner, splits, group, stop_after_steps)
+            _pretrain_pack(learner, splits, group, stop_after_steps, pack_axis)
     except PackTooLarge as error:
         if not shrink:
             raise
@@ -241,7 +241,8 @@ def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
     _run_pack(phase, group, initial, compile_step, validation, stop_after_steps, how)
 
 
-def _pretrain_pack(learner, splits, group, stop_after_steps: int | None) -> None:
+def _pretrain_pack(learner, splits, group, stop_after_steps: int | None,
+                   pack_axis: str = "auto") -> None:
     """``pretrain.pretrain_on_tasks`` of the runs of ``group`` as one program (one device):
     run k's step s trains on the tasks of ``fold_in(its data key, s)``, from its own head."""
     config, split = group[0][0], splits["train"]
@@ -261,7 +262,7 @@ def _pretrain_pack(learner, splits, group, stop_after_steps: int | None) -> None
     hyper = dict(learner=learner, num_classes=num_classes, tasks=config.meta_batch,
                  learning_rate=config.learning_rate, weight_decay=config.weight_decay)
 
-    packed = pretrain.packed_task_step(split, classes, keys, **hyper)
+    packed = pretrain.packed_task_step(split, classes, keys, pack_axis, **hyper)
 
     def compile_step(state):
         with progress.stage(f"[pretrain] compiling a pack of {len(group)} {learner.name} "
@@ -277,7 +278,7 @@ def _pretrain_pack(learner, splits, group, stop_after_steps: int | None) -> None
     full_params = stack([full[c.seed] for c, _ in group])
     validation = SharedValidation(lambda epoch: learner, splits["val"], config,
                                   lambda epoch, params: {**full_params, "embed": params["embed"]})
-    how = {"axis": "vmap", "steps_per_dispatch": 1}
+    how = {"axis": steps.resolve_pack_axis(pack_axis), "steps_per_dispatch": 1}
     _run_pack(phase, group, initial, compile_step, validation, stop_after_steps, how)
 
 

@@ -65,7 +65,7 @@ from cfsl_jax.training import optimizers
 from cfsl_jax.protocol import metrics, sampler
 from cfsl_jax.runtime import parallel, seeding
 from cfsl_jax.training.evaluate import evaluate
-from cfsl_jax.training import checkpoints, loop
+from cfsl_jax.training import checkpoints, loop, steps
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.tracking import Tracking
 from cfsl_jax.protocol.learner import Learner, Params
@@ -247,17 +247,23 @@ def task_step(state: PretrainState, split: data.Split, classes: jax.Array, key: 
                    weight_decay, mesh)
 
 
-def packed_task_step(split: data.Split, classes: jax.Array, keys: jax.Array, **hyper):
+def packed_task_step(split: data.Split, classes: jax.Array, keys: jax.Array,
+                     pack_axis: str = "auto", **hyper):
     """``task_step`` of K runs as one function ``(params, opt_state, first) -> (params,
-    opt_state, {"loss", "acc"})``, vmapped over the leading run axis of ``params``,
-    ``opt_state`` and ``keys`` ([K] data keys): run k's step ``first`` trains on the tasks of
-    ``fold_in(keys[k], first)``, as it does alone. ``hyper``: ``task_step``'s keywords."""
+    opt_state, {"loss", "acc"})`` over the leading run axis of ``params``, ``opt_state`` and
+    ``keys`` ([K] data keys): run k's step ``first`` trains on the tasks of
+    ``fold_in(keys[k], first)``, as it does alone. ``pack_axis`` as meta-training's
+    (``steps.resolve_pack_axis``: ``auto`` maps the runs one after another on CPU, vmaps them
+    elsewhere). ``hyper``: ``task_step``'s keywords."""
+    def one(params, opt_state, key, first):
+        new, loss, accuracy = task_step(PretrainState(params, opt_state), split, classes,
+                                        jax.random.fold_in(key, first), **hyper)
+        return new.params, new.opt_state, {"loss": loss, "acc": accuracy}
+
     def packed(params, opt_state, first):
-        def one(params, opt_state, key):
-            new, loss, accuracy = task_step(PretrainState(params, opt_state), split, classes,
-                                            jax.random.fold_in(key, first), **hyper)
-            return new.params, new.opt_state, {"loss": loss, "acc": accuracy}
-        return jax.vmap(one)(params, opt_state, keys)
+        if steps.resolve_pack_axis(pack_axis) == "map":
+            return jax.lax.map(lambda run: one(*run, first), (params, opt_state, keys))
+        return jax.vmap(one, in_axes=(0, 0, 0, None))(params, opt_state, keys, first)
     return packed
 
 
