@@ -20,8 +20,9 @@ measures on the ``--dataset`` train split (default ``synthetic``: no download):
 
 - ``kind=pack`` per learner of ``--pack_learners`` (default protonets, maml_low, maml_high,
   sca), cell, pack size K (``--packs``, default 1, 3, 8, 16) and S (``--pack_steps``, default
-  1, 10): ``steps.make_steps`` of K runs (K > 1: vmapped over the run axis, as
-  ``launch.train --seeds``), S steps per call, one task per step per run --
+  1, 10): ``steps.make_steps`` of K runs (K > 1: ``--pack_axis``, default ``auto`` as
+  ``launch.train --seeds``: vmapped over the run axis on GPU/TPU, mapped on CPU), S steps per
+  call, one task per step per run --
   ``tasks_per_s`` per run and ``pack_tasks_per_s`` (K x per run). A pretraining learner
   (pretrain_tune, ewc_pretrain: the same step) gives ``kind=pretrain_pack`` rows instead:
   ``pretrain.packed_task_step`` of K runs, one step of one task per call (S=1 only, as
@@ -43,10 +44,7 @@ SlimageNet64-sized without the dataset.
 
 The persistent compilation cache is off unless ``--compilation_cache_dir`` is
 given, so compile seconds are real compilations. With a cache, each pack row says whether its
-program came from it (``from_cache``). ``--compile_only``: the pack rows compile their programs
-(``compile_s``, ``program_bytes``) and time nothing -- several such processes side by side fill
-a cache that one timing process then reads (``benchmarks/gpu_rows.sh``: compilation is host
-work that a GPU lease pays for by the second, timing must run alone).
+program came from it (``from_cache``).
 """
 
 from __future__ import annotations
@@ -104,8 +102,8 @@ _PACKS = flags.DEFINE_list("packs", ["1", "3", "8", "16"], "Pack sizes K (runs p
 _PACK_STEPS = flags.DEFINE_list("pack_steps", ["1", "10"], "Steps per call S of the pack rows.")
 _DATASET_OPTIONS = flags.DEFINE_multi_string("dataset_option", [], "Dataset option NAME=INT "
                                              "(repeatable), e.g. num_classes=60 for a smoke run.")
-_COMPILE_ONLY = flags.DEFINE_bool("compile_only", False, "Pack rows: compile (into "
-                                   "--compilation_cache_dir) and time nothing.")
+_PACK_AXIS = flags.DEFINE_enum("pack_axis", "auto", list(steps.PACK_AXES), "How a pack row "
+                                "computes its runs (steps.resolve_pack_axis).")
 _COLOUR = flags.DEFINE_bool("synthetic_colour", False, "Synthetic glyphs at 64x64x3 "
                             "(SlimageNet64-sized images).")
 
@@ -217,13 +215,11 @@ def measure_train(name: str, split, spec: TaskSpec, image_shape, meta_batch: int
 
 
 def _timed_pack(row: dict, compiled, args, count: int, packs: int) -> dict:
-    """``row`` with the compiled pack program's compile facts and, unless --compile_only, its
-    rates: ``count`` steps per call of ``packs`` runs."""
-    row = {**row, "program_bytes": _program_bytes(compiled)}
-    if _COMPILE_ONLY.value:
-        return {**row, "compile_only": True}
+    """``row`` with the compiled pack program's memory estimate and its rates: ``count`` steps
+    per call of ``packs`` runs."""
     seconds, spread = _median_seconds(lambda: compiled(*args))
-    return {**row, "tasks_per_s": round(count / seconds, 2),
+    return {**row, "program_bytes": _program_bytes(compiled),
+            "tasks_per_s": round(count / seconds, 2),
             "pack_tasks_per_s": round(packs * count / seconds, 2), "spread": round(spread, 3)}
 
 
@@ -251,12 +247,14 @@ def measure_pack(name: str, split, spec: TaskSpec, image_shape, packs: int, coun
     else:
         params, keys = params[0], keys[0]
         state = optimizer.init(params)
-    multi = steps.make_steps(learner, optimizer, 1, count, runs=packs > 1)
+    multi = steps.make_steps(learner, optimizer, 1, count, runs=packs > 1,
+                             pack_axis=_PACK_AXIS.value)
     args = (params, state, split, keys, 0, jnp.full((count,), 0.5, jnp.float32))
     compiled, compile_s, cached = _compiled(multi, args)
     row = {"kind": "pack", "learner": name, "cell": _cell_name(spec), "options": options,
-           "pack": packs, "steps_per_dispatch": count, "meta_batch": 1,
-           "compile_s": compile_s, "from_cache": cached}
+           "pack": packs, "pack_axis": steps.resolve_pack_axis(_PACK_AXIS.value),
+           "steps_per_dispatch": count, "meta_batch": 1, "compile_s": compile_s,
+           "from_cache": cached}
     return _timed_pack(row, compiled, args, count, packs)
 
 
@@ -276,12 +274,13 @@ def measure_pretrain_pack(learner, split, packs: int, options: dict) -> dict:
     step = jax.jit(pretrain.packed_task_step(
         split, pretrain.image_classes(split.class_table), keys, learner=learner,
         num_classes=num_classes, tasks=1, learning_rate=config.learning_rate,
-        weight_decay=config.weight_decay))
+        weight_decay=config.weight_decay, pack_axis=_PACK_AXIS.value))
     args = (stacked.params, stacked.opt_state, 0)
     compiled, compile_s, cached = _compiled(step, args)
     row = {"kind": "pretrain_pack", "learner": learner.name, "cell": _cell_name(learner.spec),
-           "options": options, "pack": packs, "steps_per_dispatch": 1, "meta_batch": 1,
-           "compile_s": compile_s, "from_cache": cached}
+           "options": options, "pack": packs,
+           "pack_axis": steps.resolve_pack_axis(_PACK_AXIS.value), "steps_per_dispatch": 1,
+           "meta_batch": 1, "compile_s": compile_s, "from_cache": cached}
     return _timed_pack(row, compiled, args, 1, packs)
 
 
@@ -308,7 +307,7 @@ def _emit(row: dict) -> None:
                                               "pack", "steps_per_dispatch")
                     if row.get(k) is not None)
     rate = (f"{row['tasks_per_s']:>10,.1f} tasks/s" if "tasks_per_s" in row
-            else "  compiled only" if row.get("compile_only") else f"error: {row.get('error')}")
+            else f"error: {row.get('error')}")
     print(f"{what:45s} {rate}  compile {row.get('compile_s', float('nan')):7.2f} s",
           file=sys.stderr, flush=True)
 
