@@ -26,6 +26,9 @@ sweep_dir=$(realpath -m "$1")
 manual_dir=$(realpath -m "$2")
 data_dir=$(realpath -m "${3:-$sweep_dir/tensorflow_datasets}")
 mkdir -p "$sweep_dir"
+# Huge pages for XLA:CPU's per-call buffers (README, "Huge pages on CPU"): same numbers, less
+# time zeroing pages; glibc < 2.35 ignores the tunable.
+export GLIBC_TUNABLES=${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.hugetlb=1
 cd "$sweep_dir"  # no cfsl_jax folder in the working directory to shadow the installed package
 # The code's commit, from git or (a `git archive` copy) the file COMMIT in the root;
 # "+dirty" when the checkout has uncommitted changes.
