@@ -214,22 +214,22 @@ def measure_train(name: str, split, spec: TaskSpec, image_shape, meta_batch: int
             "compile_s": round(compile_s, 3), "program_bytes": _program_bytes(compiled)}
 
 
-def _timed_pack(row: dict, compiled, args, count: int, packs: int) -> dict:
-    """``row`` with the compiled pack program's memory estimate and its rates: ``count`` steps
-    per call of ``packs`` runs."""
-    seconds, spread = _median_seconds(lambda: compiled(*args))
-    return {**row, "program_bytes": _program_bytes(compiled),
-            "tasks_per_s": round(count / seconds, 2),
-            "pack_tasks_per_s": round(packs * count / seconds, 2), "spread": round(spread, 3)}
-
-
-def _compiled(jitted, args) -> tuple:
-    """(compiled program, compile seconds, whether it came from the persistent cache)."""
+def _pack_row(kind: str, learner, options: dict, packs: int, count: int, jitted, args) -> dict:
+    """A ``kind`` row of ``jitted`` (``count`` steps per call of ``packs`` runs) compiled ahead
+    of time on ``args``: compile seconds, whether the program came from the persistent cache,
+    XLA's memory estimate, and the median rates."""
     hits = backend.compile_totals()["cache_hits"]
     start = time.perf_counter()
     compiled = jitted.lower(*args).compile()
-    return (compiled, round(time.perf_counter() - start, 3),
-            backend.compile_totals()["cache_hits"] > hits)
+    compile_s = time.perf_counter() - start
+    cached = backend.compile_totals()["cache_hits"] > hits
+    seconds, spread = _median_seconds(lambda: compiled(*args))
+    return {"kind": kind, "learner": learner.name, "cell": _cell_name(learner.spec),
+            "options": options, "pack": packs,
+            "pack_axis": steps.resolve_pack_axis(_PACK_AXIS.value), "steps_per_dispatch": count,
+            "meta_batch": 1, "compile_s": round(compile_s, 3), "from_cache": cached,
+            "program_bytes": _program_bytes(compiled), "tasks_per_s": round(count / seconds, 2),
+            "pack_tasks_per_s": round(packs * count / seconds, 2), "spread": round(spread, 3)}
 
 
 def measure_pack(name: str, split, spec: TaskSpec, image_shape, packs: int, count: int) -> dict:
@@ -250,12 +250,7 @@ def measure_pack(name: str, split, spec: TaskSpec, image_shape, packs: int, coun
     multi = steps.make_steps(learner, optimizer, 1, count, runs=packs > 1,
                              pack_axis=_PACK_AXIS.value)
     args = (params, state, split, keys, 0, jnp.full((count,), 0.5, jnp.float32))
-    compiled, compile_s, cached = _compiled(multi, args)
-    row = {"kind": "pack", "learner": name, "cell": _cell_name(spec), "options": options,
-           "pack": packs, "pack_axis": steps.resolve_pack_axis(_PACK_AXIS.value),
-           "steps_per_dispatch": count, "meta_batch": 1, "compile_s": compile_s,
-           "from_cache": cached}
-    return _timed_pack(row, compiled, args, count, packs)
+    return _pack_row("pack", learner, options, packs, count, multi, args)
 
 
 def measure_pretrain_pack(learner, split, packs: int, options: dict) -> dict:
@@ -275,13 +270,8 @@ def measure_pretrain_pack(learner, split, packs: int, options: dict) -> dict:
         split, pretrain.image_classes(split.class_table), keys, learner=learner,
         num_classes=num_classes, tasks=1, learning_rate=config.learning_rate,
         weight_decay=config.weight_decay, pack_axis=_PACK_AXIS.value))
-    args = (stacked.params, stacked.opt_state, 0)
-    compiled, compile_s, cached = _compiled(step, args)
-    row = {"kind": "pretrain_pack", "learner": learner.name, "cell": _cell_name(learner.spec),
-           "options": options, "pack": packs,
-           "pack_axis": steps.resolve_pack_axis(_PACK_AXIS.value), "steps_per_dispatch": 1,
-           "meta_batch": 1, "compile_s": compile_s, "from_cache": cached}
-    return _timed_pack(row, compiled, args, 1, packs)
+    return _pack_row("pretrain_pack", learner, options, packs, 1, step,
+                     (stacked.params, stacked.opt_state, 0))
 
 
 def colour(split):

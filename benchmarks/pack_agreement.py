@@ -35,8 +35,11 @@ _CELL = flags.DEFINE_string("cell", "B3", "Paper cell.")
 _PACK = flags.DEFINE_integer("pack", 3, "Seeds in the pack (0..K-1).", lower_bound=2)
 _STEPS = flags.DEFINE_integer("steps", 20, "Training steps (a multiple of S).", lower_bound=1)
 _S = flags.DEFINE_integer("steps_per_dispatch", 10, "Steps per call S.", lower_bound=1)
-_AXIS = flags.DEFINE_enum("pack_axis", "auto", ["auto", "vmap", "map"], "The pack's run axis.")
+_AXIS = flags.DEFINE_enum("pack_axis", "auto", list(steps.PACK_AXES), "The pack's run axis.")
 _TEST_TASKS = flags.DEFINE_integer("test_tasks", 100, "Test tasks (one seed for all).")
+flags.register_multi_flags_validator(
+    ["steps", "steps_per_dispatch"], lambda f: f["steps"] % f["steps_per_dispatch"] == 0,
+    "--steps must be a multiple of --steps_per_dispatch")
 _PRECISION = flags.DEFINE_enum("precision", backend.DEFAULT_PRECISION, backend.PRECISIONS,
                                "Float32 matmul/convolution precision.")
 
@@ -83,7 +86,6 @@ def _test(learner, split, params):
 
 def _row(learner, variant, seed, init, ref, ref_losses, ref_test, params, losses, test) -> dict:
     rel = np.abs(losses - ref_losses) / np.abs(ref_losses)
-    tested = (ref_test, test)
     return {"benchmark": "pack_agreement", "backend": jax.default_backend(),
             "device_kind": jax.devices()[0].device_kind, "precision": backend.precision(),
             "jax_version": jax.__version__, "learner": learner.name, "cell": _CELL.value,
@@ -91,18 +93,16 @@ def _row(learner, variant, seed, init, ref, ref_losses, ref_test, params, losses
             "first_loss_rel_diff": float(rel[0]), "max_loss_rel_diff": float(rel.max()),
             "params_distance_over_moved": _tree_distance(params, ref) / _tree_distance(ref, init),
             "bit_equal": bool(_bit_equal(params, ref) and np.array_equal(losses, ref_losses)),
-            "solo_test": {"acc": tested[0].acc_mean, "ce": tested[0].ce_mean},
-            "test": {"acc": tested[1].acc_mean, "ce": tested[1].ce_mean},
+            "solo_test": {"acc": ref_test.acc_mean, "ce": ref_test.ce_mean},
+            "test": {"acc": test.acc_mean, "ce": test.ce_mean},
             "test_tasks": _TEST_TASKS.value,
-            "test_fingerprint_equal": tested[0].task_fingerprint == tested[1].task_fingerprint}
+            "test_fingerprint_equal": ref_test.task_fingerprint == test.task_fingerprint}
 
 
 def main(argv) -> None:
     del argv
     backend.configure(_PRECISION.value)
     total, count, seeds = _STEPS.value, _S.value, list(range(_PACK.value))
-    if total % count:
-        raise app.UsageError(f"--steps={total} is not a multiple of --steps_per_dispatch={count}")
     axis = steps.resolve_pack_axis(_AXIS.value)
     for name in _LEARNERS.value:
         config = TrainConfig(learner=name, dataset="synthetic", task=_CELL.value, meta_batch=1)
