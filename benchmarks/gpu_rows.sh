@@ -5,26 +5,27 @@
 #   benchmarks/gpu_rows.sh OUT_DIR SECONDS
 #
 # 0. AGREEMENT (each line, pack_agreement.py's flags; "" skips it): how far a pack and S
-#    steps per call land from the solo run on this backend, at most AGREEMENT_S seconds
-#    (default 150) for all lines;
+#    steps per call land from the solo run on this backend, at most AGREEMENT_S seconds for
+#    all lines (default 240: MAML++ L's pack of 3 against its solo runs, not yet measured on a
+#    GPU, compiles four MAML-family programs);
 # then the rows, each line one `benchmarks/accelerator.py --kinds=pack` call:
-# 1. MAML++ H B3: K = 3, 8 (SCA B3 K = 3, 8 and MAML++ L B3 K = 1, 8 came from the fifth lease);
-# 2. B10 packs: MAML++ L, ProtoNets (its solo row is the fifth lease's), SCA, MAML++ H;
-# 3. MAML++ L B3 on SlimageNet64-sized images (--synthetic_colour: 64x64x3) at K = 3, 8;
-# 4. the pretraining step's pack (pretrain_tune; EWC-Pretrain pretrains with the same step);
-# 5. K = 16 and one step per call, with whatever time is left.
+# 1. MAML++ H: B3 K = 8 and solo, B10 K = 1, 3;
+# 2. SCA B10 K = 3, MAML++ L B10 solo (S=10), the pretraining step on B10;
+# 3. MAML++ L B3 on SlimageNet64-sized images (--synthetic_colour: 64x64x3) at K = 8;
+# 4. K = 16 for SCA, MAML++ H and ProtoNets, with whatever time is left.
+# (The fourth to sixth leases gave the other rows: docs/results.md.)
 # One at a time: the fifth lease compiled 12 programs side by side into a shared persistent
 # cache, and each took 4-8x longer than alone (MAML++ L B3 K=1 170 s, K=8 252 s, against
 # 18-46 s alone on earlier leases: XLA's GPU compiler already uses the host's cores, and its
 # autotuning runs on the one GPU), so nothing was gained. A MAML-family program took 44-75 s
-# to compile alone on the fourth and fifth leases: a cap allows about 80 s per program.
+# to compile alone on the fourth to sixth leases: a cap allows about 80 s per program.
 # Rows (one JSON line each, with the device, precision, jax version, compile seconds and
 # XLA's memory estimate) are appended to OUT_DIR/rows.jsonl, readable lines go to
 # OUT_DIR/rows.log; the agreement's to agreement.jsonl and agreement.log. A call reaching its
 # cap is stopped with SIGINT: its complete rows stay. ROWS replaces the list (a cap in seconds
 # and one call's flags per line, after the defaults --kinds=pack --cells=B3 --pack_steps=10
 # --repeats=3, which a line's flags override); PYTHON names the interpreter; CFSL_COMMIT the
-# commit where the copy has no git. docs/results.md ("fifth lease") holds the last lease's rows.
+# commit where the copy has no git. docs/results.md ("sixth lease") holds the last lease's rows.
 set -uo pipefail
 if [[ $# -ne 2 ]]; then
   echo "usage: $0 OUT_DIR SECONDS" >&2
@@ -44,8 +45,8 @@ quiet() { grep --line-buffered -v "^[IW][0-9]\|^$\|^\[test\]\|^\[generating"; }
 note() { echo "=== +$((SECONDS - start))s $*" | tee -a "$out/rows.log"; }
 note "$(date -u +%FT%TZ) commit $commit, $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo no GPU)"
 
-: "${AGREEMENT=--learners=protonets --pack=3 --steps=20 --steps_per_dispatch=10 --test_tasks=100 --precision=highest}"
-agreement_end=$(( SECONDS + ${AGREEMENT_S:-150} ))
+: "${AGREEMENT=--learners=maml_low --pack=3 --steps=20 --steps_per_dispatch=10 --test_tasks=100}"
+agreement_end=$(( SECONDS + ${AGREEMENT_S:-240} ))
 while read -r flags; do
   [[ -z $flags ]] && continue
   left=$(( agreement_end - SECONDS ))
@@ -56,13 +57,12 @@ while read -r flags; do
     >> "$out/agreement.jsonl" 2> >(quiet >> "$out/agreement.log")
 done <<< "$AGREEMENT"
 
-default_rows="160 --pack_learners=maml_high --packs=3,8
-160 --pack_learners=maml_low --cells=B10 --packs=3,8
-60 --pack_learners=protonets --cells=B10 --packs=3,8
-160 --pack_learners=sca --cells=B10 --packs=1,3
-160 --pack_learners=maml_high --cells=B10 --packs=1,3
-160 --pack_learners=maml_low --packs=3,8 --synthetic_colour
-40 --pack_learners=pretrain_tune --cells=B3,B10 --packs=1,3,16 --pack_steps=1
+default_rows="200 --pack_learners=maml_high --packs=1,8
+170 --pack_learners=maml_high --cells=B10 --packs=1,3
+90 --pack_learners=sca --cells=B10 --packs=3
+80 --pack_learners=maml_low --cells=B10 --packs=1
+40 --pack_learners=pretrain_tune --cells=B10 --packs=1,3 --pack_steps=1
+100 --pack_learners=maml_low --packs=8 --synthetic_colour
 9999 --pack_learners=sca,maml_high,protonets --packs=16"
 while read -r cap flags; do
   [[ -z $cap ]] && continue
