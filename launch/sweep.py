@@ -152,6 +152,10 @@ def check():
     for singular, plural in _SINGULAR.items():
         if FLAGS[singular].present:
             raise cli.UserError(f"--{singular} is one run's flag; a sweep takes --{plural}")
+    if FLAGS.learning_rates:
+        raise cli.UserError(f"--learning_rates={','.join(FLAGS.learning_rates)}: launch.train's "
+                            f"(a pack of runs at several rates); a sweep runs at one "
+                            f"--learning_rate")
     train_cli.require_workdir()
     cluster.check_workdir()
     check_data_flags()

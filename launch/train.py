@@ -19,6 +19,7 @@ if __name__ == "__main__":  # the command: its first line before the imports bel
     raise SystemExit(main("train", __package__))
 
 import dataclasses
+import math
 
 from absl import flags
 
@@ -56,6 +57,9 @@ flags.DEFINE_bool("list_options", False, "Print the options of --learner (type, 
 define_list("seeds", [], "Seeds. launch.train: train them as one pack (README, \"Packing "
             "runs\"), run S into WORKDIR/seedS, not with --seed; launch.sweep: the grid's "
             "seeds (default 0,1,2).", module=__name__)
+define_list("learning_rates", [], "Learning rates (launch.train): train each with each of --seeds "
+            "(or --seed) as one pack, run at rate R with seed S into WORKDIR/lrR/seedS "
+            "(README, \"Packing runs\"); not with --learning_rate.", module=__name__)
 flags.DEFINE_integer("steps_per_dispatch", 1, "Meta-steps per host call in a pack (it divides "
                      "--iters_per_epoch, --log_every and --checkpoint_every).", lower_bound=1)
 flags.DEFINE_enum("pack_axis", "auto", steps.PACK_AXES, "How a pack computes its runs: vmap "
@@ -85,7 +89,7 @@ SPEC = config_flags.define(TaskSpec, __name__, overrides=True)
 # The flags that set no TrainConfig field (tests/test_config_flags.py checks the lists).
 NOT_CONFIG = ("workdir", "as_published", "budget", "num_devices", "multihost", "eval_tasks",
               "retest", "list_options", "precision", "compilation_cache_dir", "seeds",
-              "steps_per_dispatch", "pack_axis")
+              "learning_rates", "steps_per_dispatch", "pack_axis")
 
 
 def flag_words():
@@ -133,10 +137,13 @@ def check() -> TrainConfig:
     check_data_flags()
     check_output_dir("workdir", FLAGS.workdir)
     config = config_from_flags()
-    check_pack_flags([config], len(FLAGS.seeds) > 1,
-                     "applies to a pack (--seeds with two or more); this command trains one run")
-    for seed, workdir in pack_runs():
-        runs.check_workdir_config(workdir, dataclasses.replace(config, seed=seed), create=False)
+    planned = pack_runs()
+    check_pack_flags([config], len(planned) > 1, "applies to a pack (--seeds or "
+                     "--learning_rates with two or more runs); this command trains one run")
+    for seed, rate, workdir in planned:
+        runs.check_workdir_config(workdir, dataclasses.replace(
+            config, seed=seed, learning_rate=config.learning_rate if rate is None else rate),
+            create=False)
     return config
 
 
@@ -151,20 +158,50 @@ def check_pack_flags(configs: list[TrainConfig], packed: bool, why_not: str) -> 
         packing.check_steps_per_dispatch(config, FLAGS.steps_per_dispatch)
 
 
-def pack_runs() -> list[tuple[int, str]]:
-    """(seed, workdir) of each run: --seed in --workdir, or each of --seeds in WORKDIR/seedS."""
-    if not FLAGS.seeds:
-        return [(FLAGS.seed, FLAGS.workdir)]
-    given = ",".join(FLAGS.seeds)
-    if FLAGS["seed"].present:
-        raise cli.UserError(f"--seeds={given} and --seed={FLAGS.seed}: give one of them")
-    try:
-        seeds = packing.check_seeds([int(seed) for seed in FLAGS.seeds])
-    except cli.UserError:
-        raise
-    except ValueError:
-        raise cli.UserError(f"--seeds={given}: seeds are integers, e.g. --seeds=0,1,2") from None
-    return [(seed, files.join(FLAGS.workdir, f"seed{seed}")) for seed in seeds]
+def pack_runs() -> list[tuple[int, float | None, str]]:
+    """(seed, learning rate or None: --learning_rate's, workdir) of each run: --seed in
+    --workdir, each of --seeds in WORKDIR/seedS, and with --learning_rates each rate R with
+    each seed in WORKDIR/lrR/seedS."""
+    if not FLAGS.seeds and not FLAGS.learning_rates:
+        return [(FLAGS.seed, None, FLAGS.workdir)]
+    seeds = [FLAGS.seed]
+    if FLAGS.seeds:
+        given = ",".join(FLAGS.seeds)
+        if FLAGS["seed"].present:
+            raise cli.UserError(f"--seeds={given} and --seed={FLAGS.seed}: give one of them")
+        try:
+            seeds = list(packing.check_seeds([int(seed) for seed in FLAGS.seeds]))
+        except cli.UserError:
+            raise
+        except ValueError:
+            raise cli.UserError(f"--seeds={given}: seeds are integers, e.g. --seeds=0,1,2"
+                                ) from None
+    if not FLAGS.learning_rates:
+        return [(seed, None, files.join(FLAGS.workdir, f"seed{seed}")) for seed in seeds]
+    rates = learning_rates()
+    return [(seed, rate, files.join(FLAGS.workdir, f"lr{rate!r}", f"seed{seed}"))
+            for rate in rates for seed in seeds]
+
+
+def learning_rates() -> list[float]:
+    """--learning_rates as distinct positive floats (a UserError naming the value otherwise)."""
+    given = ",".join(FLAGS.learning_rates)
+    if FLAGS["learning_rate"].present:
+        raise cli.UserError(f"--learning_rates={given} and --learning_rate="
+                            f"{FLAGS.learning_rate}: give one of them")
+    rates = []
+    for text in FLAGS.learning_rates:
+        try:
+            rate = float(text)
+        except ValueError:
+            rate = float("nan")
+        if not math.isfinite(rate) or rate <= 0:
+            raise cli.UserError(f"--learning_rates={given}: {text} is not a positive number")
+        if rate in rates:
+            raise cli.UserError(f"--learning_rates={given}: {text} is given twice; give "
+                                f"distinct rates")
+        rates.append(rate)
+    return rates
 
 
 def main(argv) -> None:
@@ -174,10 +211,11 @@ def main(argv) -> None:
     config = check()
     mesh = mesh_from_flags()
     with cli.flags_recorded(FLAGS.workdir):
-        if FLAGS.seeds:
-            seeds, workdirs = zip(*pack_runs())
+        if FLAGS.seeds or FLAGS.learning_rates:
+            seeds, rates, workdirs = zip(*pack_runs())
             packing.train_pack(config, seeds, workdirs, FLAGS.steps_per_dispatch,
-                               pack_axis=FLAGS.pack_axis)
+                               pack_axis=FLAGS.pack_axis,
+                               learning_rates=None if rates[0] is None else rates)
             return
         train.train_and_evaluate(config, FLAGS.workdir, mesh=mesh, retest=FLAGS.retest)
 

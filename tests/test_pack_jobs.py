@@ -115,7 +115,8 @@ def test_pack_flags_without_a_pack_or_that_do_not_divide_are_refused(tmp_path):
         [f"--workdir={tmp_path / 'a'}", *train, "--seeds=0", "--steps_per_dispatch=5"],
         [f"--workdir={tmp_path / 'b'}", *train, "--pack_axis=map"],
         [f"--workdir={tmp_path / 'c'}", *train, "--seeds=0,1", "--steps_per_dispatch=7"]])
-    assert_error(one, "--steps_per_dispatch=5: applies to a pack (--seeds with two or more)")
+    assert_error(one, "--steps_per_dispatch=5: applies to a pack (--seeds or --learning_rates "
+                      "with two or more runs)")
     assert_error(axis, "--pack_axis=map: applies to a pack")
     assert_error(odd, "--steps_per_dispatch=7 must divide --iters_per_epoch, --log_every and "
                       "--checkpoint_every (now 10, 50, 0")

@@ -132,8 +132,8 @@ def test_a_packed_run_is_an_ordinary_run_with_the_solo_runs_tasks_and_numbers(
             sessions = json.load(f)
         assert sessions["sessions"] == 2 and out["wall_seconds"] < sessions["seconds"]
         # it says that a pack computed its steps (its numbers are the pack's, not the solo's)
-        pack = {"seeds": list(seeds), "axis": steps.resolve_pack_axis("auto"),
-                "steps_per_dispatch": 2}
+        pack = {"seeds": list(seeds), "learning_rates": [PACKED.learning_rate] * len(seeds),
+                "axis": steps.resolve_pack_axis("auto"), "steps_per_dispatch": 2}
         assert out["packs"] == [{"phase": "train", "from_step": 0, "pack": pack}]
         assert "packs.json" in checksums.recorded(workdir)  # its bytes are checked when read
         assert "packs" not in alone and not os.path.exists(tmp_path / f"solo{seed}/packs.json")
@@ -192,12 +192,16 @@ def test_repeated_or_missing_seeds_are_refused():
 
 
 def test_a_sweep_packs_the_runs_that_differ_only_in_their_seeds():
-    from cfsl_jax.experiments import sweep
+    from cfsl_jax.experiments import sweep, sweep_plan
     configs = [dataclasses.replace(CONFIG, seed=s, task=t) for t in ("B2", "B3") for s in range(5)]
     runs_ = [sweep.Run(c, f"w/{c.task}/seed{c.seed}") for c in configs]
     groups = [[run.workdir for run in group] for group in sweep.packs(runs_, 3)]
     assert groups == [["w/B2/seed0", "w/B2/seed1", "w/B2/seed2"], ["w/B2/seed3", "w/B2/seed4"],
                       ["w/B3/seed0", "w/B3/seed1", "w/B3/seed2"], ["w/B3/seed3", "w/B3/seed4"]]
+    # a learning rate is packable (traced per run), a meta-batch is not (another program)
+    mixed = [dataclasses.replace(CONFIG, learning_rate=1e-3), dataclasses.replace(
+        CONFIG, learning_rate=2e-3), dataclasses.replace(CONFIG, meta_batch=4)]
+    assert [len(group) for group in sweep_plan.pack_groups(mixed, 3)] == [2, 1]
     assert [len(g) for g in sweep.packs(runs_, 1)] == [1] * 10
 
 
@@ -332,18 +336,19 @@ def pretrain_losses(workdir: str) -> list[float]:
     return [row["loss"] for row in rows if row["phase"] == "pretrain"]  # log_every=1: each step
 
 
-def test_pretraining_on_tasks_packs_as_meta_training_does(tmp_path, capsys):
-    """Pretrain+Tune's pretraining of two seeds as one program: each run's losses follow its
-    solo run's (the same tasks from the same head), the same test tasks, its numbers to the
-    rounding of batched kernels."""
-    seeds = (0, 1)
-    dirs = [str(tmp_path / f"pack/seed{s}") for s in seeds]
-    packed = packing.train_pack(PRETRAIN, seeds, dirs)
+@pytest.mark.parametrize("seeds, rates", [((0, 1), None), ((0, 0), (1e-3, 4e-3))])
+def test_pretraining_on_tasks_packs_as_meta_training_does(tmp_path, capsys, seeds, rates):
+    """Pretrain+Tune's pretraining of two seeds (or one seed at two learning rates) as one
+    program: each run's losses follow its solo run's (the same tasks from the same head), the
+    same test tasks, its numbers to the rounding of batched kernels."""
+    dirs = [str(tmp_path / f"pack/run{k}") for k in range(len(seeds))]
+    packed = packing.train_pack(PRETRAIN, seeds, dirs, learning_rates=rates)
     assert "[pretrain] compiling a pack of 2 pretrain_tune pretraining runs" in (
         capsys.readouterr().out)  # one program, not each run alone
-    for seed, out, workdir in zip(seeds, packed, dirs):
-        alone_dir = str(tmp_path / f"solo{seed}")
-        alone = train.train_and_evaluate(dataclasses.replace(PRETRAIN, seed=seed), alone_dir)
+    configs = packing.pack_configs(PRETRAIN, seeds, rates)
+    for k, (config, out, workdir) in enumerate(zip(configs, packed, dirs)):
+        alone_dir = str(tmp_path / f"solo{k}")
+        alone = train.train_and_evaluate(config, alone_dir)
         assert out["task_fingerprint"] == alone["task_fingerprint"]
         mine, theirs = pretrain_losses(workdir), pretrain_losses(alone_dir)
         assert len(mine) == len(theirs) == 4
@@ -352,5 +357,92 @@ def test_pretraining_on_tasks_packs_as_meta_training_does(tmp_path, capsys):
         assert abs(out["test"]["acc_mean"] - alone["test"]["acc_mean"]) <= 0.03
         assert out["test"]["ce_mean"] == pytest.approx(alone["test"]["ce_mean"], rel=2e-2)
         assert out["packs"][0]["pack"]["axis"] == steps.resolve_pack_axis("auto")
-    assert pretrain_losses(dirs[0]) != pretrain_losses(dirs[1])  # each run its own seed
+    assert pretrain_losses(dirs[0]) != pretrain_losses(dirs[1])  # its own seed or rate
     # a stopped pretraining pack resumes bit for bit: tests/test_pack_eval.py, with SIGTERM
+
+
+RATES = (1e-3, 2e-3, 4e-3)
+
+
+@pytest.mark.parametrize("pack_axis", ["map", "vmap"])
+def test_runs_at_different_learning_rates_share_one_program(built, pack_axis):
+    """One seed at three learning rates as one pack (``per_run``: each run's rate traced): each
+    run follows the run alone at its rate (its tasks and trajectory, to the rounding of a
+    differently compiled program), its optimiser state has the solo run's layout (its
+    checkpoints are the solo run's), and the rates do differ."""
+    learner, split, _, params = built
+    configs = [dataclasses.replace(CONFIG, learning_rate=rate) for rate in RATES]
+    optimizer = train.make_optimizer(configs[0])
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[params[0]] * len(RATES))
+    keys = jnp.stack([seeding.purpose_key(SEEDS[0], "train")] * len(RATES))
+    packed = steps.make_steps(learner, optimizer, CONFIG.meta_batch, steps=STEPS, runs=True,
+                              pack_axis=pack_axis, per_run=train.pack_optimizer)
+    out, opt_state, metrics = packed(stacked, jax.vmap(optimizer.init)(stacked), split, keys,
+                                     0, progress(0, STEPS), packing.hyper_parameters(configs))
+    finals = []
+    for k, config in enumerate(configs):
+        own = train.make_optimizer(config)
+        alone = steps.make_steps(learner, own, CONFIG.meta_batch, steps=STEPS)
+        p, state, solo_metrics = alone(params[0], own.init(params[0]), split, keys[0], 0,
+                                       progress(0, STEPS))
+        assert jax.tree.structure(state) == jax.tree.structure(
+            jax.tree.map(lambda x: x[k], opt_state))
+        assert_follows(np.asarray(metrics["loss"][k]), jax.tree.map(lambda x: x[k], out),
+                       np.asarray(solo_metrics["loss"]), p, params[0])
+        finals.append(p)
+    assert np.all(np.asarray(metrics["loss"])[:, 0] == metrics["loss"][0, 0])  # same tasks
+    # each run at its own rate: the rates set the runs apart far beyond the pack's rounding
+    assert distance(finals[0], finals[2]) > 10 * distance(jax.tree.map(lambda x: x[0], out),
+                                                          finals[0])
+    assert packing.hyper_parameters(configs[:1] * 3) is None  # a pack of seeds: constants
+
+
+def test_a_learning_rate_pack_from_the_command_line(tmp_path):
+    """``launch.train --learning_rates=A,B --seeds=0,1``: four ordinary runs in WORKDIR/lrR/seedS
+    as one pack, each with its own rate in config.json and its pack (seeds and rates) in
+    packs.json, each at the solo run's test numbers; a mistake in the list is one line."""
+    from launch_inprocess import command_module, run_in_process
+    from test_cli import assert_error, run_cases
+    flags_ = ["--dataset=synthetic", "--dataset_option=num_classes=60",
+              "--dataset_option=samples_per_class=8", "--task=B2", "--nc=3", "--kt=2",
+              "--learner=protonets", "--learner_option=filters=8", "--epochs=1",
+              "--iters_per_epoch=4", "--meta_batch=2", "--val_tasks=4", "--test_tasks=5",
+              "--eval_batch=4", "--keep_best=1", "--log_every=2"]
+    with command_module("train") as module:
+        code, _, err = run_in_process(module, "train", [
+            f"--workdir={tmp_path / 'w'}", *flags_, "--learning_rates=0.001,0.004",
+            "--seeds=0,1", "--steps_per_dispatch=2"])
+    assert code == 0, err
+    assert sorted(os.listdir(tmp_path / "w")) == ["flags.txt", "lr0.001", "lr0.004"]
+    tests = {}
+    for rate in ("0.001", "0.004"):
+        for seed in (0, 1):
+            workdir = tmp_path / "w" / f"lr{rate}" / f"seed{seed}"
+            out = results.read_json(str(workdir / "results.json"))
+            assert (out["config"]["learning_rate"], out["seed"]) == (float(rate), seed)
+            assert out["packs"][0]["pack"]["seeds"] == [0, 1, 0, 1]
+            assert out["packs"][0]["pack"]["learning_rates"] == [0.001, 0.001, 0.004, 0.004]
+            tests[rate, seed] = out["test"]
+    assert packs_note(out).startswith("a pack computed its train steps from 0 (seeds 0,1,0,1 "
+                                      "at learning rates 0.001,0.001,0.004,0.004, ")
+    assert verify(str(workdir)) == []  # an ordinary run: its re-test is bit-equal
+    config = TrainConfig(**results.read_json(str(tmp_path / "w/lr0.004/seed1/config.json")))
+    alone = train.train_and_evaluate(config, str(tmp_path / "solo"))["test"]
+    mine = tests["0.004", 1]
+    assert abs(mine["acc_mean"] - alone["acc_mean"]) <= 0.02
+    assert mine["ce_mean"] == pytest.approx(alone["ce_mean"], rel=1e-2)
+    assert tests["0.001", 1]["ce_mean"] != mine["ce_mean"]  # its own rate
+    bad = run_cases("train", [
+        [f"--workdir={tmp_path / 'x'}", *flags_, f"--learning_rates={rates}"]
+        for rates in ("0.001,fast", "0.001,-1", "0.001,1e-3")] + [
+        [f"--workdir={tmp_path / 'x'}", *flags_, "--learning_rates=0.001,0.01",
+         "--learning_rate=0.1"]])
+    assert_error(bad[0], "--learning_rates=0.001,fast: fast is not a positive number")
+    assert_error(bad[1], "--learning_rates=0.001,-1: -1 is not a positive number")
+    assert_error(bad[2], "--learning_rates=0.001,1e-3: 1e-3 is given twice")
+    assert_error(bad[3], "--learning_rates=0.001,0.01 and --learning_rate=0.1: give one of them")
+    sweep, = run_cases("sweep", [[f"--workdir={tmp_path / 'x'}", "--dataset=synthetic",
+                                  "--learning_rates=0.001,0.01", "--dry_run"]])
+    assert_error(sweep, "--learning_rates=0.001,0.01: launch.train's (a pack of runs at several "
+                        "rates); a sweep runs at one --learning_rate")
+    assert not os.path.exists(tmp_path / "x")

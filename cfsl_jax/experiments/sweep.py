@@ -181,7 +181,8 @@ def execute(config_json: dict, workdir: str, tested=None) -> tuple[str, float, s
 def execute_pack(config_jsons: list[dict], workdirs: list[str],
                  options: packing.PackOptions = packing.PackOptions()
                  ) -> list[tuple[str, float, str]]:
-    """``execute`` for each run of a pack (runs of one config but their seeds), their
+    """``execute`` for each run of a pack (runs of one config but their seeds and learning
+    rates: ``sweep_plan.pack_groups``), their
     meta-training first packed (``packing.meta_train_pack``), then their test
     (``pack_eval.test_pack``); a pack that fails leaves each run to train alone, where its
     error is reported. ``options``: how the pack meta-trains (``--pack=auto``'s shrinking, steps
@@ -194,7 +195,9 @@ def execute_pack(config_jsons: list[dict], workdirs: list[str],
             packing.meta_train_pack(TrainConfig(**config_jsons[0]),
                                     [c["seed"] for c in config_jsons], workdirs,
                                     options.steps_per_dispatch, shrink=options.shrink,
-                                    pack_axis=options.pack_axis)
+                                    pack_axis=options.pack_axis,
+                                    learning_rates=[TrainConfig(**c).learning_rate
+                                                    for c in config_jsons])
             tested = pack_eval.test_pack(TrainConfig(**config_jsons[0]),
                                          [TrainConfig(**c) for c in config_jsons], workdirs)
     except KeyboardInterrupt as error:

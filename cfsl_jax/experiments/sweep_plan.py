@@ -38,7 +38,7 @@ from typing import Iterable, Mapping, NamedTuple, Sequence
 from cfsl_jax import data
 from cfsl_jax.runtime import files
 from cfsl_jax.training import results
-from cfsl_jax.training import runs
+from cfsl_jax.training import pack_runs, runs
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.learners import LEARNERS, get_learner
@@ -216,12 +216,11 @@ def shard(configs: Sequence[TrainConfig], k: int, n: int, pack: int = 1) -> list
 
 def pack_groups(items: Sequence, size: int, config_of=lambda item: item) -> list[list]:
     """``items`` (configs, or anything ``config_of`` maps to one) grouped into packs of at most
-    ``size`` whose configs differ only in their seeds (same learner, dataset, cell and
-    schedule), in order of first appearance."""
+    ``size`` whose configs differ only in ``pack_runs.PACKABLE`` fields (seed, learning rate:
+    same learner, dataset, cell and schedule), in order of first appearance."""
     groups: dict[str, list[list]] = {}
     for item in items:
-        key = json.dumps({k: v for k, v in config_of(item).to_json().items() if k != "seed"},
-                         sort_keys=True)
+        key = pack_runs.pack_key(config_of(item))
         chunks = groups.setdefault(key, [[]])
         if len(chunks[-1]) == size:
             chunks.append([])

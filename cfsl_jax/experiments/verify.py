@@ -157,9 +157,12 @@ def packs_note(recorded: dict) -> str | None:
         if e["pack"]:
             after = [n["from_step"] for n in entries[i + 1:] if n["phase"] == e["phase"]]
             steps = (f"{e['from_step']} to {after[0]}" if after else f"from {e['from_step']}")
+            rates = e["pack"].get("learning_rates") or []  # recorded since 2026-11-28
+            rates = ("" if len(set(rates)) < 2 else
+                     f" at learning rates {','.join(map(repr, rates))}")
             parts.append(f"{e['phase']} steps {steps} (seeds "
-                         f"{','.join(map(str, e['pack']['seeds']))}, {e['pack']['axis']}, "
-                         f"{e['pack']['steps_per_dispatch']} per call)")
+                         f"{','.join(map(str, e['pack']['seeds']))}{rates}, "
+                         f"{e['pack']['axis']}, {e['pack']['steps_per_dispatch']} per call)")
     if not parts:
         return None
     return (f"a pack computed its {'; '.join(parts)}: re-train it with those settings for the "

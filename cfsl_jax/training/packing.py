@@ -1,12 +1,17 @@
-"""Packed runs: K runs of one config that differ only in their seeds, meta-trained as one program.
+"""Packed runs: K runs of one config that differ only in their seeds and learning rates
+(``PACKABLE``), meta-trained as one program.
 
     out = packing.train_pack(config, seeds=(0, 1, 2), workdirs=["W/seed0", "W/seed1", "W/seed2"])
+    out = packing.train_pack(config, seeds=(0, 0), learning_rates=(1e-3, 3e-4),
+                             workdirs=["W/lr0.001/seed0", "W/lr0.0003/seed0"])
 
 Params, optimiser states and keys are stacked on a leading run axis and one jitted program
 (``steps.make_steps(..., runs=True)``, ``steps_per_dispatch`` steps per call) trains them all
 (``pack_axis``: the runs vmapped, or one after another with ``lax.map``; ``auto``: map on CPU,
 vmap on GPU/TPU); run k's step s draws its tasks from ``fold_in(its own train key, s)``, the
-tasks it draws alone. Every run keeps its own workdir as an ordinary run: config.json, checkpoints,
+tasks it draws alone, and its optimiser steps at its own learning rate (a traced scalar
+where the runs' differ: ``steps.make_steps(per_run=train.pack_optimizer)``; which runs pack:
+``pack_runs``). Every run keeps its own workdir as an ordinary run: config.json, checkpoints,
 ``val_history.json``, metrics and, once the pack is trained, the test and results.json of
 ``train.train_and_evaluate`` (which finds the run's meta-training done). A pack resumes from
 its runs' checkpoints; runs that stand at different steps are packed with the runs at the same
@@ -19,9 +24,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import functools
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +37,9 @@ from cfsl_jax.training import (checkpoints, loop, pack_eval, pretrain, results, 
                                steps, train)
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.pack_eval import SharedValidation, stack
+from cfsl_jax.training.pack_runs import (PACKABLE, PackOptions, check_seeds,  # noqa: F401
+                                         check_steps_per_dispatch, hyper_parameters,
+                                         pack_configs, pack_key)
 from cfsl_jax.training.tracking import Tracking
 
 
@@ -80,43 +87,17 @@ class Member(loop.Hook):
         self._each("on_stop", state)
 
 
-class PackOptions(NamedTuple):
-    """How a sweep's packs meta-train (``meta_train_pack``'s settings; none is part of a run's
-    config: they change how its runs are computed, not what)."""
-    steps_per_dispatch: int = 1  # S: meta-steps per host call
-    shrink: bool = False  # --pack=auto: a pack too large for the device trains as smaller ones
-    pack_axis: str = "auto"  # steps.resolve_pack_axis: vmap | map | auto
-
-
-def check_steps_per_dispatch(config: TrainConfig, steps_per_dispatch: int) -> None:
-    """UserError unless S divides the epoch, the log interval and the checkpoint interval."""
-    intervals = (config.iters_per_epoch, config.log_every, config.checkpoint_every)
-    if steps_per_dispatch < 1 or any(i % steps_per_dispatch for i in intervals if i):
-        raise UserError(f"--steps_per_dispatch={steps_per_dispatch} must divide "
-                        f"--iters_per_epoch, --log_every and --checkpoint_every (now "
-                        f"{', '.join(map(str, intervals))}; a checkpoint_every of 0 is free)")
-
-
-def check_seeds(seeds: Sequence[int]) -> tuple[int, ...]:
-    """The seeds of a pack, refused (UserError) when empty or repeated."""
-    seeds = tuple(seeds)
-    repeated = sorted(s for s, n in collections.Counter(seeds).items() if n > 1)
-    if not seeds or repeated:
-        raise UserError(f"--seeds={','.join(map(str, seeds))}: "
-                        + (f"seed {repeated[0]} is given twice" if repeated else "no seed")
-                        + "; give distinct seeds")
-    return seeds
-
-
 def train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequence[str],
                steps_per_dispatch: int = 1, stop_after_steps: int | None = None,
-               pack_axis: str = "auto") -> list[dict[str, Any]]:
-    """Train and test the runs ``config`` with ``seed`` in ``seeds`` into ``workdirs``, the
-    meta-training of the runs that stand at the same step packed, then the test of those
-    done (``pack_eval.test_pack``); returns their results."""
+               pack_axis: str = "auto", learning_rates: Sequence[float] | None = None
+               ) -> list[dict[str, Any]]:
+    """Train and test the runs ``config`` with ``seed`` in ``seeds`` (and the learning rate at
+    the same place in ``learning_rates``) into ``workdirs``, the meta-training of the runs
+    that stand at the same step packed, then the test of those done
+    (``pack_eval.test_pack``); returns their results."""
     meta_train_pack(config, seeds, workdirs, steps_per_dispatch, stop_after_steps,
-                    pack_axis=pack_axis)
-    configs = [dataclasses.replace(config, seed=seed) for seed in check_seeds(seeds)]
+                    pack_axis=pack_axis, learning_rates=learning_rates)
+    configs = pack_configs(config, seeds, learning_rates)
     tested = pack_eval.test_pack(config, configs, workdirs)
     # each run: its (remaining) training alone, its results (its test if not tested above)
     return [train.train_and_evaluate(c, workdir, stop_after_steps, tested=tested.get(workdir))
@@ -125,7 +106,8 @@ def train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequence[str
 
 def meta_train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequence[str],
                     steps_per_dispatch: int = 1, stop_after_steps: int | None = None,
-                    shrink: bool = False, pack_axis: str = "auto") -> None:
+                    shrink: bool = False, pack_axis: str = "auto",
+                    learning_rates: Sequence[float] | None = None) -> None:
     """The packed part of ``train_pack``: meta-train (or pretrain on tasks: Pretrain+Tune,
     EWC-Pretrain) the unfinished runs that stand at the same step as packs (a learner that
     trains nothing or pretrains uniformly, or a lone run: nothing). A pack that does not fit
@@ -133,11 +115,11 @@ def meta_train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequenc
     split into packs of the largest size that fits, said in a line. ``pack_axis``
     (``steps.resolve_pack_axis``): how a pack computes its runs (pretraining too); not part of a
     run's config (it changes how a run is computed, not what: a packed run's config is the solo
-    run's)."""
-    seeds = check_seeds(seeds)
+    run's). ``learning_rates``: each run's, aligned with ``seeds`` (a pack of runs that differ
+    in it; ``PACKABLE``)."""
+    configs = pack_configs(config, seeds, learning_rates)
     check_steps_per_dispatch(config, steps_per_dispatch)
     steps.resolve_pack_axis(pack_axis)  # a wrong name: refused before anything is built
-    configs = [dataclasses.replace(config, seed=seed) for seed in seeds]
     todo = [(c, w) for c, w in zip(configs, workdirs) if runs.finished_results(w, c) is None]
     if len(todo) < 2:
         return
@@ -221,18 +203,22 @@ def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
         initial.append(loop.TrainState(params, optimizer.init(params)))
     keys = jnp.stack([seeding.purpose_key(c.seed, "train") for c, _ in group])
     split = splits["train"]
+    hyper = hyper_parameters([c for c, _ in group])
+    extra = () if hyper is None else (hyper,)  # the runs' own learning rates
 
     def compile_step(state):
         with progress.stage(f"[train] compiling a pack of {len(group)} {learner.name} "
                             f"meta-training runs, {steps_per_dispatch} step(s) per call"):
             multi = _packed_steps(learner, optimizer, config.meta_batch, steps_per_dispatch,
-                                  runs=True, pack_axis=pack_axis).lower(
+                                  runs=True, pack_axis=pack_axis,
+                                  per_run=hyper and train.pack_optimizer).lower(
                 state.params, state.opt_state, split, keys, state.step,
-                np.zeros(steps_per_dispatch, np.float32)).compile()
+                np.zeros(steps_per_dispatch, np.float32), *extra).compile()
         check_pack_fits(multi, len(group), learner.name)
 
         def step_fn(state, first, at):
-            params, opt_state, out = multi(state.params, state.opt_state, split, keys, first, at)
+            params, opt_state, out = multi(state.params, state.opt_state, split, keys, first, at,
+                                           *extra)
             return loop.TrainState(params, opt_state), out
         return step_fn
 
@@ -259,10 +245,12 @@ def _pretrain_pack(learner, splits, group, stop_after_steps: int | None,
         data_keys.append(data_key)
         full[c.seed] = params
     keys = jnp.stack(data_keys)
-    hyper = dict(learner=learner, num_classes=num_classes, tasks=config.meta_batch,
-                 learning_rate=config.learning_rate, weight_decay=config.weight_decay)
-
-    packed = pretrain.packed_task_step(split, classes, keys, pack_axis, **hyper)
+    rates = hyper_parameters([c for c, _ in group])  # None: the runs' are config's
+    constants = {} if rates else {"learning_rate": config.learning_rate,
+                                  "weight_decay": config.weight_decay}
+    packed = pretrain.packed_task_step(split, classes, keys, pack_axis, rates=rates,
+                                       learner=learner, num_classes=num_classes,
+                                       tasks=config.meta_batch, **constants)
 
     def compile_step(state):
         with progress.stage(f"[pretrain] compiling a pack of {len(group)} {learner.name} "
@@ -313,8 +301,9 @@ def _run_hooks(phase: loop.Phase, group, initial: Sequence[loop.TrainState], com
     if start:
         progress.say(f"[{phase.name}] resuming a pack of {len(group)} runs from step {start}")
     seeds = [c.seed for c, _ in group]
+    rates = {"learning_rates": [c.learning_rate for c, _ in group]}
     for _, w in group:
-        results.record_steps(w, phase.name, start, {"seeds": seeds, **how})
+        results.record_steps(w, phase.name, start, {"seeds": seeds, **rates, **how})
     state = loop.TrainState(stack([s.params for s in states]),
                             stack([s.opt_state for s in states]), step=start)
     step_fn = compile_step(state)
@@ -372,5 +361,6 @@ def _hooks(phase: loop.Phase, start: int, outputs: loop.Outputs, validate, k: in
             loop.Validation(phase, start, outputs, validate, metrics)]
 
 
-__all__ = ["PackOptions", "PackTooLarge", "RunView", "check_pack_fits", "check_seeds", "check_steps_per_dispatch",
-           "largest_fitting", "meta_train_pack", "stack", "train_pack"]
+__all__ = ["PACKABLE", "PackOptions", "PackTooLarge", "RunView", "check_pack_fits", "check_seeds",
+           "check_steps_per_dispatch", "hyper_parameters", "largest_fitting", "meta_train_pack",
+           "pack_configs", "pack_key", "stack", "train_pack"]

@@ -233,37 +233,42 @@ def task_images(key: jax.Array, split: data.Split, classes: jax.Array, spec, tas
     return idx, classes[idx]
 
 
-@functools.partial(jax.jit, donate_argnums=0,
-                   static_argnames=("learner", "num_classes", "tasks", "learning_rate",
-                                    "weight_decay", "mesh"))
-def task_step(state: PretrainState, split: data.Split, classes: jax.Array, key: jax.Array, *,
-              learner: Learner, num_classes: int, tasks: int, learning_rate: float,
-              weight_decay: float, mesh: Mesh | None = None
-              ) -> tuple[PretrainState, jax.Array, jax.Array]:
+def _task_update(state: PretrainState, split: data.Split, classes: jax.Array, key: jax.Array, *,
+                 learner: Learner, num_classes: int, tasks: int, learning_rate, weight_decay,
+                 mesh: Mesh | None = None) -> tuple[PretrainState, jax.Array, jax.Array]:
     """One step on every image of ``tasks`` training tasks of ``learner.spec`` drawn with
-    ``key``, the images laid along ``mesh`` (default: one device)."""
+    ``key``, the images laid along ``mesh`` (default: one device); ``learning_rate`` and
+    ``weight_decay`` may be traced (a pack's runs' own)."""
     idx, labels = task_images(key, split, classes, learner.spec, tasks)
     return _update(state, learner, num_classes, split, idx, labels, learning_rate,
                    weight_decay, mesh)
 
 
+task_step = functools.partial(jax.jit, donate_argnums=0, static_argnames=(
+    "learner", "num_classes", "tasks", "learning_rate", "weight_decay", "mesh"))(_task_update)
+
+
 def packed_task_step(split: data.Split, classes: jax.Array, keys: jax.Array,
-                     pack_axis: str = "auto", **hyper):
+                     pack_axis: str = "auto", rates: dict[str, np.ndarray] | None = None,
+                     **hyper):
     """``task_step`` of K runs as one function ``(params, opt_state, first) -> (params,
     opt_state, {"loss", "acc"})`` over the leading run axis of ``params``, ``opt_state`` and
     ``keys`` ([K] data keys): run k's step ``first`` trains on the tasks of
     ``fold_in(keys[k], first)``, as it does alone. ``pack_axis`` as meta-training's
     (``steps.resolve_pack_axis``: ``auto`` maps the runs one after another on CPU, vmaps them
-    elsewhere). ``hyper``: ``task_step``'s keywords."""
-    def one(params, opt_state, key, first):
-        new, loss, accuracy = task_step(PretrainState(params, opt_state), split, classes,
-                                        jax.random.fold_in(key, first), **hyper)
+    elsewhere). ``hyper``: ``task_step``'s keywords; ``rates`` (``packing.hyper_parameters``):
+    each run's ``learning_rate`` and ``weight_decay`` as [K] arrays, in place of ``hyper``'s."""
+    def one(params, opt_state, key, first, run_rates):
+        new, loss, accuracy = _task_update(PretrainState(params, opt_state), split, classes,
+                                           jax.random.fold_in(key, first),
+                                           **{**hyper, **run_rates})
         return new.params, new.opt_state, {"loss": loss, "acc": accuracy}
 
     def packed(params, opt_state, first):
+        runs = (params, opt_state, keys, rates or {})
         if steps.resolve_pack_axis(pack_axis) == "map":
-            return jax.lax.map(lambda run: one(*run, first), (params, opt_state, keys))
-        return jax.vmap(one, in_axes=(0, 0, 0, None))(params, opt_state, keys, first)
+            return jax.lax.map(lambda run: one(*run[:3], first, run[3]), runs)
+        return jax.vmap(one, in_axes=(0, 0, 0, None, 0))(*runs[:3], first, runs[3])
     return packed
 
 

@@ -4,6 +4,7 @@
     steps = make_steps(learner, optimizer, meta_batch, steps=10)    # lax.scan over 10 steps
     packed = make_steps(learner, optimizer, meta_batch, steps=10, runs=True)  # vmapped over K runs
     mapped = make_steps(..., runs=True, pack_axis="map")  # K runs one after another, one program
+    rates = make_steps(..., runs=True, per_run=train.pack_optimizer)  # runs' own learning rates
 
 Step ``s`` of a run draws its tasks from ``fold_in(key, s)`` whichever program runs it, so a
 run trained S steps per call, or packed with other runs (a leading run axis on the params,
@@ -11,6 +12,8 @@ the optimiser state and the keys, vmapped), samples exactly the tasks it samples
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -101,7 +104,7 @@ def resolve_pack_axis(pack_axis: str, platform: str | None = None) -> str:
 
 def make_steps(learner: Learner, optimizer: optax.GradientTransformation, meta_batch: int,
                steps: int, runs: bool = False, mesh: Mesh | None = None,
-               pack_axis: str = "vmap"):
+               pack_axis: str = "vmap", per_run: PerRunOptimizer | None = None):
     """A jitted ``multi(params, opt_state, split, key, first, progress) -> (params, opt_state,
     {"loss": [steps], "acc": [steps]})``: ``steps`` training steps in one program
     (``lax.scan``), step ``first + i`` drawing with ``fold_in(key, first + i)`` at
@@ -113,10 +116,16 @@ def make_steps(learner: Learner, optimizer: optax.GradientTransformation, meta_b
     runs' computations; ``"map"`` runs them one after another in the same program
     (``lax.map``), each the computation it is alone. Not part of a run's config: like packing
     itself, it changes how a run is computed, not what.
-    """
-    body = train_step_fn(learner, optimizer, meta_batch, mesh)
 
-    def multi(params, opt_state, split, key, first, progress):
+    ``per_run`` (a pack of runs that differ in scalar hyper-parameters, e.g. the learning
+    rate): ``multi`` takes a trailing ``hyper``, a dict of float32 [K] arrays, and run k steps
+    with ``per_run(**{name: hyper[name][k]})`` instead of ``optimizer`` (its state has the same
+    structure, so a run's checkpoints are the solo run's).
+    """
+    def alone(params, opt_state, split, key, first, progress, hyper=None):
+        body = train_step_fn(learner, optimizer if hyper is None else per_run(**hyper),
+                             meta_batch, mesh)
+
         def one(carry, xs):
             i, at = xs
             params, opt_state, out = body(*carry, split, jax.random.fold_in(key, first + i), at)
@@ -126,12 +135,21 @@ def make_steps(learner: Learner, optimizer: optax.GradientTransformation, meta_b
                                                  (jnp.arange(steps), progress))
         return params, opt_state, outs
 
-    if runs and resolve_pack_axis(pack_axis) == "map":
-        alone = multi
-
+    if not runs:
         def multi(params, opt_state, split, key, first, progress):
-            return jax.lax.map(lambda run: alone(*run[:2], split, run[2], first, progress),
-                               (params, opt_state, key))
-    elif runs:
-        multi = jax.vmap(multi, in_axes=(0, 0, None, 0, None, None))
+            return alone(params, opt_state, split, key, first, progress)
+    elif resolve_pack_axis(pack_axis) == "map":
+        def multi(params, opt_state, split, key, first, progress, *hyper):
+            return jax.lax.map(lambda run: alone(*run[:2], split, run[2], first, progress,
+                                                 *run[3:]), (params, opt_state, key, *hyper))
+    else:
+        multi = jax.vmap(alone, in_axes=(0, 0, None, 0, None, None)
+                         + ((0,) if per_run is not None else ()))
     return jax.jit(multi)
+
+
+class PerRunOptimizer(Protocol):
+    """``per_run(learning_rate=..., weight_decay=...)``: the optimiser of one run of a pack,
+    from its (traced) hyper-parameters, e.g. ``train.pack_optimizer``."""
+
+    def __call__(self, **hyper: jax.Array) -> optax.GradientTransformation: ...

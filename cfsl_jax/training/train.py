@@ -62,6 +62,13 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     return optimizers.optimizer("adam", config.learning_rate, config.weight_decay)
 
 
+def pack_optimizer(learning_rate: jax.Array, weight_decay: jax.Array
+                   ) -> optax.GradientTransformation:
+    """``make_optimizer`` of one run of a pack from its traced hyper-parameters
+    (``steps.make_steps(per_run=...)``): the same updates to float32 rounding."""
+    return optimizers.optimizer("adam", learning_rate, weight_decay)
+
+
 def meta_train(config: TrainConfig, learner: Learner, params: Any, splits, workdir: str,
                ckpt: checkpoints.Checkpoints, stop_after_steps: int | None = None,
                mesh: Mesh | None = None, tracking: Tracking | None = None) -> Any:
