@@ -446,3 +446,21 @@ def test_a_learning_rate_pack_from_the_command_line(tmp_path):
     assert_error(sweep, "--learning_rates=0.001,0.01: launch.train's (a pack of runs at several "
                         "rates); a sweep runs at one --learning_rate")
     assert not os.path.exists(tmp_path / "x")
+
+
+def test_a_learning_rate_pack_stopped_resumes_to_the_same_numbers(tmp_path):
+    """A pack of one seed at two rates stopped after step 2 (each run checkpointed) and resumed
+    ends where the uninterrupted pack ends, bit for bit, each run at its own rate."""
+    seeds, rates = (0, 0), (1e-3, 4e-3)
+    ends = []
+    for name, stops in (("whole", False), ("stopped", True)):
+        dirs = [str(tmp_path / name / f"lr{rate!r}") for rate in rates]
+        if stops:
+            with pytest.raises(loop.Interrupted):
+                packing.train_pack(PACKED, seeds, dirs, steps_per_dispatch=2,
+                                   stop_after_steps=2, learning_rates=rates)
+        ends.append([(out["config"]["learning_rate"], out["test"]["acc_mean"],
+                      out["test"]["ce_mean"]) for out in packing.train_pack(
+                          PACKED, seeds, dirs, steps_per_dispatch=2, learning_rates=rates)])
+    assert ends[0] == ends[1]
+    assert [rate for rate, *_ in ends[0]] == list(rates) and ends[0][0][2] != ends[0][1][2]
