@@ -11,12 +11,15 @@ reference), the K seeds as one pack of S steps per call (``steps.make_steps(runs
 one JSON line on stdout (a readable one on stderr): the first step's and the largest relative
 loss difference from the reference, the distance of the final params from the reference's as a
 fraction of how far training moved them, and the test accuracy and CE of both on the same
-``--test_tasks`` tasks (``bit_equal``: every loss and parameter identical). docs/results.md
-holds the CPU and GPU figures; issue 28 asks for both.
+``--test_tasks`` tasks (``bit_equal``: every loss and parameter identical). With
+``--learning_rates=A,B,..`` the pack is seed 0 at each rate instead (``launch.train
+--learning_rates``: each run's rate traced), each against seed 0 alone at its rate.
+docs/results.md holds the CPU and GPU figures; issue 28 asks for both.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -26,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cfsl_jax.runtime import backend, seeding
-from cfsl_jax.training import runs, steps, train
+from cfsl_jax.training import pack_runs, runs, steps, train
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.evaluate import evaluate
 
@@ -36,6 +39,8 @@ _PACK = flags.DEFINE_integer("pack", 3, "Seeds in the pack (0..K-1).", lower_bou
 _STEPS = flags.DEFINE_integer("steps", 20, "Training steps (a multiple of S).", lower_bound=1)
 _S = flags.DEFINE_integer("steps_per_dispatch", 10, "Steps per call S.", lower_bound=1)
 _AXIS = flags.DEFINE_enum("pack_axis", "auto", list(steps.PACK_AXES), "The pack's run axis.")
+_RATES = flags.DEFINE_list("learning_rates", [], "A pack of seed 0 at these learning rates "
+                           "(instead of seeds 0..K-1 at the default rate).")
 _TEST_TASKS = flags.DEFINE_integer("test_tasks", 100, "Test tasks (one seed for all).")
 flags.register_multi_flags_validator(
     ["steps", "steps_per_dispatch"], lambda f: f["steps"] % f["steps_per_dispatch"] == 0,
@@ -68,13 +73,16 @@ def _solo(learner, optimizer, split, params, seed: int, total: int):
     return params, np.asarray(losses)
 
 
-def _scanned(learner, optimizer, split, params, keys, count: int, total: int, pack: bool):
+def _scanned(learner, optimizer, split, params, keys, count: int, total: int, pack: bool,
+             hyper=None):
     multi = steps.make_steps(learner, optimizer, 1, count, runs=pack,
-                             **({"pack_axis": _AXIS.value} if pack else {}))
+                             **({"pack_axis": _AXIS.value} if pack else {}),
+                             **({"per_run": train.pack_optimizer} if hyper else {}))
+    extra = (hyper,) if hyper else ()
     state, losses = (jax.vmap(optimizer.init) if pack else optimizer.init)(params), []
     for first in range(0, total, count):
         params, state, metrics = multi(params, state, split, keys, first,
-                                       _progress(first, count, total))
+                                       _progress(first, count, total), *extra)
         losses.append(np.asarray(metrics["loss"]))
     return params, np.concatenate(losses, axis=-1)
 
@@ -84,12 +92,13 @@ def _test(learner, split, params):
                     cost_metrics=False)
 
 
-def _row(learner, variant, seed, init, ref, ref_losses, ref_test, params, losses, test) -> dict:
+def _row(learner, variant, seed, learning_rate, init, ref, ref_losses, ref_test, params, losses, test) -> dict:
     rel = np.abs(losses - ref_losses) / np.abs(ref_losses)
     return {"benchmark": "pack_agreement", "backend": jax.default_backend(),
             "device_kind": jax.devices()[0].device_kind, "precision": backend.precision(),
             "jax_version": jax.__version__, "learner": learner.name, "cell": _CELL.value,
             "variant": variant, "seed": seed, "steps": _STEPS.value,
+            "learning_rate": learning_rate,
             "first_loss_rel_diff": float(rel[0]), "max_loss_rel_diff": float(rel.max()),
             "params_distance_over_moved": _tree_distance(params, ref) / _tree_distance(ref, init),
             "bit_equal": bool(_bit_equal(params, ref) and np.array_equal(losses, ref_losses)),
@@ -102,31 +111,37 @@ def _row(learner, variant, seed, init, ref, ref_losses, ref_test, params, losses
 def main(argv) -> None:
     del argv
     backend.configure(_PRECISION.value)
-    total, count, seeds = _STEPS.value, _S.value, list(range(_PACK.value))
+    total, count = _STEPS.value, _S.value
     axis = steps.resolve_pack_axis(_AXIS.value)
     for name in _LEARNERS.value:
-        config = TrainConfig(learner=name, dataset="synthetic", task=_CELL.value, meta_batch=1)
-        learner, splits = runs.build(config)
-        optimizer, split = train.make_optimizer(config), splits["train"]
-        inits = [runs.init_params(learner, split, seed) for seed in seeds]
-        keys = jnp.stack([seeding.purpose_key(seed, "train") for seed in seeds])
-        alone = [_solo(learner, optimizer, split, p, seed, total) for seed, p in zip(seeds, inits)]
+        base = TrainConfig(learner=name, dataset="synthetic", task=_CELL.value, meta_batch=1)
+        configs = ([dataclasses.replace(base, learning_rate=float(r)) for r in _RATES.value]
+                   or [dataclasses.replace(base, seed=seed) for seed in range(_PACK.value)])
+        learner, splits = runs.build(base)
+        split = splits["train"]
+        optimizers = [train.make_optimizer(c) for c in configs]
+        inits = [runs.init_params(learner, split, c.seed) for c in configs]
+        keys = jnp.stack([seeding.purpose_key(c.seed, "train") for c in configs])
+        alone = [_solo(learner, o, split, p, c.seed, total)
+                 for c, o, p in zip(configs, optimizers, inits)]
         stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *inits)
-        packed, packed_losses = _scanned(learner, optimizer, split, stacked, keys, count, total,
-                                         pack=True)
-        for k, seed in enumerate(seeds):
-            variants = [(f"pack of {len(seeds)} ({axis}), S={count}",
+        packed, packed_losses = _scanned(learner, optimizers[0], split, stacked, keys, count,
+                                         total, pack=True,
+                                         hyper=pack_runs.hyper_parameters(configs))
+        for k, c in enumerate(configs):
+            variants = [(f"pack of {len(configs)} ({axis}), S={count}",
                          jax.tree.map(lambda x: x[k], packed), packed_losses[k])]
             if k == 0:
                 variants.append((f"alone, S={count}", *_scanned(
-                    learner, optimizer, split, inits[0], keys[0], count, total, pack=False)))
+                    learner, optimizers[0], split, inits[0], keys[0], count, total, pack=False)))
             ref_test = _test(learner, splits["test"], alone[k][0])
             for variant, params, losses in variants:
-                row = _row(learner, variant, seed, inits[k], *alone[k], ref_test, params,
-                           losses, _test(learner, splits["test"], params))
+                row = _row(learner, variant, c.seed, c.learning_rate, inits[k], *alone[k],
+                           ref_test, params, losses, _test(learner, splits["test"], params))
                 print(json.dumps(row), flush=True)
-                print(f"{name} seed {seed} {variant:24s} loss rel diff first "
-                      f"{row['first_loss_rel_diff']:.2e} max {row['max_loss_rel_diff']:.2e}, "
+                print(f"{name} seed {c.seed} lr {c.learning_rate:g} {variant:24s} loss rel diff "
+                      f"first {row['first_loss_rel_diff']:.2e} max "
+                      f"{row['max_loss_rel_diff']:.2e}, "
                       f"params {row['params_distance_over_moved']:.2e} of the distance moved, "
                       f"test acc {row['test']['acc']:.4f} / solo {row['solo_test']['acc']:.4f}, "
                       f"CE {row['test']['ce']:.5f} / {row['solo_test']['ce']:.5f}"

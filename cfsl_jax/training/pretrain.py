@@ -256,7 +256,7 @@ def packed_task_step(split: data.Split, classes: jax.Array, keys: jax.Array,
     ``keys`` ([K] data keys): run k's step ``first`` trains on the tasks of
     ``fold_in(keys[k], first)``, as it does alone. ``pack_axis`` as meta-training's
     (``steps.resolve_pack_axis``: ``auto`` maps the runs one after another on CPU, vmaps them
-    elsewhere). ``hyper``: ``task_step``'s keywords; ``rates`` (``packing.hyper_parameters``):
+    elsewhere). ``hyper``: ``task_step``'s keywords; ``rates`` (``pack_runs.hyper_parameters``):
     each run's ``learning_rate`` and ``weight_decay`` as [K] arrays, in place of ``hyper``'s."""
     def one(params, opt_state, key, first, run_rates):
         new, loss, accuracy = _task_update(PretrainState(params, opt_state), split, classes,
