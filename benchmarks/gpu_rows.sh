@@ -7,7 +7,8 @@
 # 0. AGREEMENT (each line, pack_agreement.py's flags; "" skips it): how far a pack and S
 #    steps per call land from the solo run on this backend, at most AGREEMENT_S seconds for
 #    all lines (default 240: MAML++ L's pack of 3 against its solo runs, not yet measured on a
-#    GPU, compiles four MAML-family programs);
+#    GPU, compiles four MAML-family programs; then, if time is left, a ProtoNets pack of three
+#    learning rates);
 # then the rows, each line one `benchmarks/accelerator.py --kinds=pack` call:
 # 1. MAML++ H: B3 K = 8 and solo, B10 K = 1, 3;
 # 2. SCA B10 K = 3, MAML++ L B10 solo (S=10), the pretraining step on B10;
@@ -45,7 +46,8 @@ quiet() { grep --line-buffered -v "^[IW][0-9]\|^$\|^\[test\]\|^\[generating"; }
 note() { echo "=== +$((SECONDS - start))s $*" | tee -a "$out/rows.log"; }
 note "$(date -u +%FT%TZ) commit $commit, $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo no GPU)"
 
-: "${AGREEMENT=--learners=maml_low --pack=3 --steps=20 --steps_per_dispatch=10 --test_tasks=100}"
+: "${AGREEMENT=--learners=maml_low --pack=3 --steps=20 --steps_per_dispatch=10 --test_tasks=100
+--learners=protonets --learning_rates=0.001,0.003,0.0003 --steps=20 --steps_per_dispatch=10 --test_tasks=100}"
 agreement_end=$(( SECONDS + ${AGREEMENT_S:-240} ))
 while read -r flags; do
   [[ -z $flags ]] && continue

@@ -211,7 +211,7 @@ def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
                             f"meta-training runs, {steps_per_dispatch} step(s) per call"):
             multi = _packed_steps(learner, optimizer, config.meta_batch, steps_per_dispatch,
                                   runs=True, pack_axis=pack_axis,
-                                  per_run=hyper and train.pack_optimizer).lower(
+                                  per_run=None if hyper is None else train.pack_optimizer).lower(
                 state.params, state.opt_state, split, keys, state.step,
                 np.zeros(steps_per_dispatch, np.float32), *extra).compile()
         check_pack_fits(multi, len(group), learner.name)
