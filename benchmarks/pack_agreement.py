@@ -40,7 +40,20 @@ _STEPS = flags.DEFINE_integer("steps", 20, "Training steps (a multiple of S).", 
 _S = flags.DEFINE_integer("steps_per_dispatch", 10, "Steps per call S.", lower_bound=1)
 _AXIS = flags.DEFINE_enum("pack_axis", "auto", list(steps.PACK_AXES), "The pack's run axis.")
 _RATES = flags.DEFINE_list("learning_rates", [], "A pack of seed 0 at these learning rates "
-                           "(instead of seeds 0..K-1 at the default rate).")
+                           "(instead of seeds 0..K-1 at the default rate; --pack is then "
+                           "ignored).")
+
+
+def _distinct_positive(texts: list[str]) -> bool:
+    try:
+        rates = [float(text) for text in texts]
+    except ValueError:
+        return False
+    return all(0 < rate < float("inf") for rate in rates) and len(set(rates)) == len(rates)
+
+
+flags.register_validator("learning_rates", _distinct_positive,
+                         "--learning_rates must be distinct positive numbers")
 _TEST_TASKS = flags.DEFINE_integer("test_tasks", 100, "Test tasks (one seed for all).")
 flags.register_multi_flags_validator(
     ["steps", "steps_per_dispatch"], lambda f: f["steps"] % f["steps_per_dispatch"] == 0,
@@ -92,7 +105,8 @@ def _test(learner, split, params):
                     cost_metrics=False)
 
 
-def _row(learner, variant, seed, learning_rate, init, ref, ref_losses, ref_test, params, losses, test) -> dict:
+def _row(learner, variant, seed, learning_rate, init, ref, ref_losses, ref_test, params, losses,
+         test) -> dict:
     rel = np.abs(losses - ref_losses) / np.abs(ref_losses)
     return {"benchmark": "pack_agreement", "backend": jax.default_backend(),
             "device_kind": jax.devices()[0].device_kind, "precision": backend.precision(),

@@ -140,6 +140,9 @@ def check() -> TrainConfig:
     planned = pack_runs()
     check_pack_flags([config], len(planned) > 1, "applies to a pack (--seeds or "
                      "--learning_rates with two or more runs); this command trains one run")
+    if len(planned) > 1:  # the runs' configs as the pack will build them (refused: one line)
+        seeds, rates, _ = zip(*planned)
+        packing.pack_configs(config, seeds, None if rates[0] is None else rates)
     for seed, rate, workdir in planned:
         runs.check_workdir_config(workdir, dataclasses.replace(
             config, seed=seed, learning_rate=config.learning_rate if rate is None else rate),

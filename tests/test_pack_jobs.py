@@ -127,9 +127,12 @@ def test_pack_flags_without_a_pack_or_that_do_not_divide_are_refused(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_a_pack_too_large_for_the_device_is_refused_and_leaves_nothing(tmp_path, monkeypatch):
-    """``launch.train --seeds`` whose pack does not fit: one line naming --pack and the largest
-    pack that fits, status 2, and no workdir left behind (as a solo run refused)."""
+@pytest.mark.parametrize("runs", [["--seeds=0,1"], ["--learning_rates=0.001,0.002"]])
+def test_a_pack_too_large_for_the_device_is_refused_and_leaves_nothing(tmp_path, monkeypatch,
+                                                                      runs):
+    """``launch.train --seeds`` (or ``--learning_rates``: W/lrR/seed0) whose pack does not fit:
+    one line naming --pack and the largest pack that fits, status 2, and no workdir or folder
+    left behind (as a solo run refused)."""
     from cfsl_jax.runtime import memory
     from launch_inprocess import run_in_process
     monkeypatch.setattr(memory, "needed_bytes", lambda compiled, with_arguments=True:
@@ -137,7 +140,7 @@ def test_a_pack_too_large_for_the_device_is_refused_and_leaves_nothing(tmp_path,
     monkeypatch.setattr(memory, "device_limit", lambda device: (int(1.5 * memory.GIB), True))
     with command_module("train") as module:
         code, _, err = run_in_process(module, "train", [
-            f"--workdir={tmp_path / 'w'}", "--seeds=0,1", "--dataset=synthetic", "--task=B2",
+            f"--workdir={tmp_path / 'w'}", *runs, "--dataset=synthetic", "--task=B2",
             "--learner=protonets", "--learner_option=filters=8", "--epochs=1",
             "--iters_per_epoch=2", "--val_tasks=2", "--test_tasks=2", "--eval_batch=2"])
     assert code == 2 and len(err.strip().splitlines()) == 1, err

@@ -185,6 +185,13 @@ def test_repeated_or_missing_seeds_are_refused():
         packing.check_seeds((0, 1, 0))
     with pytest.raises(UserError, match=r"--seeds=: no seed"):
         packing.check_seeds(())
+    # --eval_seed=seed: each seed its own validation and test tasks, which a pack cannot share
+    # (it tested seed 1 on seed 0's tasks before this refusal)
+    with pytest.raises(UserError, match=r"--eval_seed=seed with --seeds=0,1: a pack validates "
+                       r"and tests its runs on the same tasks"):
+        packing.pack_configs(dataclasses.replace(PACKED, eval_seed=None), (0, 1))
+    assert len(packing.pack_configs(dataclasses.replace(PACKED, eval_seed=None), (3, 3),
+                                    learning_rates=(1e-3, 2e-3))) == 2  # one seed: its tasks
     packing.check_steps_per_dispatch(PACKED, 2)  # divides 4, 2 and 2
     packing.check_steps_per_dispatch(dataclasses.replace(PACKED, checkpoint_every=0), 2)
     with pytest.raises(UserError, match=r"--steps_per_dispatch=4 must divide .* \(now 4, 2, 2"):
@@ -202,6 +209,9 @@ def test_a_sweep_packs_the_runs_that_differ_only_in_their_seeds():
     mixed = [dataclasses.replace(CONFIG, learning_rate=1e-3), dataclasses.replace(
         CONFIG, learning_rate=2e-3), dataclasses.replace(CONFIG, meta_batch=4)]
     assert [len(group) for group in sweep_plan.pack_groups(mixed, 3)] == [2, 1]
+    # with --eval_seed=seed every seed has its own evaluation tasks: no two of them pack
+    own = [dataclasses.replace(CONFIG, seed=s, eval_seed=None) for s in range(3)]
+    assert [len(group) for group in sweep_plan.pack_groups(own, 3)] == [1, 1, 1]
     assert [len(g) for g in sweep.packs(runs_, 1)] == [1] * 10
 
 
@@ -436,11 +446,14 @@ def test_a_learning_rate_pack_from_the_command_line(tmp_path):
         [f"--workdir={tmp_path / 'x'}", *flags_, f"--learning_rates={rates}"]
         for rates in ("0.001,fast", "0.001,-1", "0.001,1e-3")] + [
         [f"--workdir={tmp_path / 'x'}", *flags_, "--learning_rates=0.001,0.01",
-         "--learning_rate=0.1"]])
+         "--learning_rate=0.1"], [f"--workdir={tmp_path / 'x'}", *flags_, "--seeds=0,1",
+                                  "--eval_seed=seed"]])
     assert_error(bad[0], "--learning_rates=0.001,fast: fast is not a positive number")
     assert_error(bad[1], "--learning_rates=0.001,-1: -1 is not a positive number")
     assert_error(bad[2], "--learning_rates=0.001,1e-3: 1e-3 is given twice")
     assert_error(bad[3], "--learning_rates=0.001,0.01 and --learning_rate=0.1: give one of them")
+    assert_error(bad[4], "--eval_seed=seed with --seeds=0,1: a pack validates and tests its "
+                         "runs on the same tasks")
     sweep, = run_cases("sweep", [[f"--workdir={tmp_path / 'x'}", "--dataset=synthetic",
                                   "--learning_rates=0.001,0.01", "--dry_run"]])
     assert_error(sweep, "--learning_rates=0.001,0.01: launch.train's (a pack of runs at several "

@@ -229,7 +229,8 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
     ``jax_options`` (``jax.config`` names -> values) are applied in every worker
     process after the ones inherited from this process (``INHERITED_JAX_OPTIONS``);
     with ``workers=0`` the runs use this process's configuration as it is. ``pack``: the runs
-    that differ only in their seeds meta-train in packs of at most ``pack`` (``packs``);
+    that differ only in their seeds (``pack_runs.pack_key``) meta-train in packs of at most
+    ``pack`` (``packs``);
     ``pack_options``: how a pack meta-trains (``execute_pack``).
     """
     if workers is not None and workers < 0:
@@ -320,7 +321,7 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
 
 def packs(runs: Sequence[Run], size: int) -> list[list[Run]]:
     """``runs`` grouped into packs of at most ``size`` runs whose configs differ only in their
-    seeds (``sweep_plan.pack_groups``)."""
+    seeds and learning rates, with shared evaluation tasks (``sweep_plan.pack_groups``)."""
     return pack_groups(runs, size, lambda run: run.config)
 
 

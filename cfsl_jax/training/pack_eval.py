@@ -81,7 +81,11 @@ def test_pack(config: TrainConfig, configs: Sequence[TrainConfig], workdirs: Seq
     """The test records (by workdir) of the runs of a pack that have only their test left,
     tested as one program on the test tasks sampled once; ``{}`` when fewer than two have,
     or for a learner that selects no epochs. ``config`` is any run's config (they differ only
-    in their seeds)."""
+    in ``pack_runs.PACKABLE`` fields, which evaluation does not read, and share their test
+    tasks' seed: ``pack_runs.pack_configs``)."""
+    if len({c.task_seed for c in configs}) > 1:
+        raise ValueError(f"a pack's runs must share their test tasks' seed, got "
+                         f"{sorted({c.task_seed for c in configs})}")
     ready = [(c, w) for c, w in zip(configs, workdirs) if ready_to_test(c, w)]
     if len(ready) < 2:
         return {}

@@ -43,9 +43,11 @@ PACKABLE = ("seed", "learning_rate")
 
 
 def pack_key(config: TrainConfig) -> str:
-    """What the runs of one pack share: ``config`` without the ``PACKABLE`` fields."""
-    return json.dumps({k: v for k, v in config.to_json().items() if k not in PACKABLE},
-                      sort_keys=True)
+    """What the runs of one pack share: ``config`` without the ``PACKABLE`` fields, and the
+    seed of its validation and test tasks (``task_seed``: a pack evaluates its runs on tasks
+    sampled once, so runs with ``--eval_seed=seed`` pack with none but their own seed's)."""
+    shared = {k: v for k, v in config.to_json().items() if k not in PACKABLE}
+    return json.dumps({**shared, "task_seed": config.task_seed}, sort_keys=True)
 
 
 def check_seeds(seeds: Sequence[int]) -> tuple[int, ...]:
@@ -62,7 +64,20 @@ def check_seeds(seeds: Sequence[int]) -> tuple[int, ...]:
 def pack_configs(config: TrainConfig, seeds: Sequence[int],
                  learning_rates: Sequence[float] | None = None) -> list[TrainConfig]:
     """The runs' configs: ``config`` with each of ``seeds`` (and its learning rate, aligned
-    with ``seeds``); a seed repeated at one learning rate is refused (UserError)."""
+    with ``seeds``); refused (UserError): a seed repeated at one learning rate, and seeds that
+    would each be validated and tested on their own tasks (``--eval_seed=seed``), which a
+    pack's shared evaluation cannot do."""
+    configs = _configs(config, seeds, learning_rates)
+    if len({c.task_seed for c in configs}) > 1:
+        raise UserError(f"--eval_seed=seed with --seeds={','.join(map(str, seeds))}: a pack "
+                        f"validates and tests its runs on the same tasks, and each of these "
+                        f"seeds would have its own; give --eval_seed=N (the default is 0) or "
+                        f"train each seed alone with --seed")
+    return configs
+
+
+def _configs(config: TrainConfig, seeds: Sequence[int],
+             learning_rates: Sequence[float] | None) -> list[TrainConfig]:
     if learning_rates is None:
         return [dataclasses.replace(config, seed=seed) for seed in check_seeds(seeds)]
     if len(learning_rates) != len(seeds):

@@ -148,7 +148,12 @@ def _removed_if_refused(workdirs: Sequence[str]):
     ``PackTooLarge``, a full disk, out of memory) before any of them checkpointed: nothing is
     left half-written."""
     created = [w for w in workdirs if not files.exists(w)]
-    parents = {files.dirname(w) for w in created if not files.exists(files.dirname(w))}
+    parents = set()  # every folder above them made with them (W/lrR and W), deepest first
+    for w in created:
+        parent = files.dirname(w)
+        while parent and parent != files.dirname(parent) and not files.exists(parent):
+            parents.add(parent)
+            parent = files.dirname(parent)
     try:
         yield
     except Exception as error:
@@ -157,7 +162,7 @@ def _removed_if_refused(workdirs: Sequence[str]):
             for w in created:
                 if files.isdir(w):
                     files.rmtree(w)
-            for parent in parents:
+            for parent in sorted(parents, key=len, reverse=True):
                 if files.isdir(parent) and not files.listdir(parent):
                     files.rmtree(parent)
         raise
@@ -188,7 +193,8 @@ def _train_group(learner, splits, group, steps_per_dispatch: int,
 
 
 # One jitted packed step per settings (as ``train._train_step``): a resumed or repeated pack
-# of the same settings in the process finds it compiled.
+# of the same settings in the process lowers the same function (its ``.lower().compile()``
+# compiles again, or loads the program from the persistent compilation cache).
 _packed_steps = functools.lru_cache(maxsize=16)(steps.make_steps)
 
 

@@ -123,6 +123,9 @@ def make_steps(learner: Learner, optimizer: optax.GradientTransformation, meta_b
     structure, so a run's checkpoints are the solo run's).
     """
     def alone(params, opt_state, split, key, first, progress, hyper=None):
+        if (hyper is None) != (per_run is None or not runs):
+            raise TypeError("make_steps(per_run=...) takes the runs' hyper-parameters as its "
+                            "last argument, and only then")
         body = train_step_fn(learner, optimizer if hyper is None else per_run(**hyper),
                              meta_batch, mesh)
 

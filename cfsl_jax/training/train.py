@@ -59,13 +59,14 @@ START_BYTES = 1 << 20  # free space a new workdir needs before anything is creat
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    return optimizers.optimizer("adam", config.learning_rate, config.weight_decay)
+    return pack_optimizer(config.learning_rate, config.weight_decay)
 
 
-def pack_optimizer(learning_rate: jax.Array, weight_decay: jax.Array
+def pack_optimizer(learning_rate: float | jax.Array, weight_decay: float | jax.Array
                    ) -> optax.GradientTransformation:
-    """``make_optimizer`` of one run of a pack from its traced hyper-parameters
-    (``steps.make_steps(per_run=...)``): the same updates to float32 rounding."""
+    """Meta-training's optimiser (``make_optimizer``'s), also from a pack's run's traced
+    hyper-parameters (``steps.make_steps(per_run=...)``): the same updates to float32
+    rounding."""
     return optimizers.optimizer("adam", learning_rate, weight_decay)
 
 
