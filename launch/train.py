@@ -18,7 +18,6 @@ if __name__ == "__main__":  # the command: its first line before the imports bel
     from .starting import main
     raise SystemExit(main("train", __package__))
 
-import dataclasses
 import math
 
 from absl import flags
@@ -137,16 +136,12 @@ def check() -> TrainConfig:
     check_data_flags()
     check_output_dir("workdir", FLAGS.workdir)
     config = config_from_flags()
-    planned = pack_runs()
-    check_pack_flags([config], len(planned) > 1, "applies to a pack (--seeds or "
+    seeds, rates, workdirs = pack_runs()
+    configs = packing.pack_configs(config, seeds, rates)  # as the pack builds them
+    check_pack_flags([config], len(configs) > 1, "applies to a pack (--seeds or "
                      "--learning_rates with two or more runs); this command trains one run")
-    if len(planned) > 1:  # the runs' configs as the pack will build them (refused: one line)
-        seeds, rates, _ = zip(*planned)
-        packing.pack_configs(config, seeds, None if rates[0] is None else rates)
-    for seed, rate, workdir in planned:
-        runs.check_workdir_config(workdir, dataclasses.replace(
-            config, seed=seed, learning_rate=config.learning_rate if rate is None else rate),
-            create=False)
+    for c, workdir in zip(configs, workdirs):
+        runs.check_workdir_config(workdir, c, create=False)
     return config
 
 
@@ -161,12 +156,12 @@ def check_pack_flags(configs: list[TrainConfig], packed: bool, why_not: str) -> 
         packing.check_steps_per_dispatch(config, FLAGS.steps_per_dispatch)
 
 
-def pack_runs() -> list[tuple[int, float | None, str]]:
-    """(seed, learning rate or None: --learning_rate's, workdir) of each run: --seed in
-    --workdir, each of --seeds in WORKDIR/seedS, and with --learning_rates each rate R with
-    each seed in WORKDIR/lrR/seedS."""
+def pack_runs() -> tuple[list[int], list[float] | None, list[str]]:
+    """The runs' seeds, learning rates (None: --learning_rate's for every run) and workdirs:
+    --seed in --workdir, each of --seeds in WORKDIR/seedS, and with --learning_rates each rate
+    R with each seed in WORKDIR/lrR/seedS."""
     if not FLAGS.seeds and not FLAGS.learning_rates:
-        return [(FLAGS.seed, None, FLAGS.workdir)]
+        return [FLAGS.seed], None, [FLAGS.workdir]
     seeds = [FLAGS.seed]
     if FLAGS.seeds:
         given = ",".join(FLAGS.seeds)
@@ -180,10 +175,10 @@ def pack_runs() -> list[tuple[int, float | None, str]]:
             raise cli.UserError(f"--seeds={given}: seeds are integers, e.g. --seeds=0,1,2"
                                 ) from None
     if not FLAGS.learning_rates:
-        return [(seed, None, files.join(FLAGS.workdir, f"seed{seed}")) for seed in seeds]
-    rates = learning_rates()
-    return [(seed, rate, files.join(FLAGS.workdir, f"lr{rate!r}", f"seed{seed}"))
-            for rate in rates for seed in seeds]
+        return seeds, None, [files.join(FLAGS.workdir, f"seed{seed}") for seed in seeds]
+    runs_ = [(seed, rate) for rate in learning_rates() for seed in seeds]
+    return ([seed for seed, _ in runs_], [rate for _, rate in runs_],
+            [files.join(FLAGS.workdir, f"lr{rate!r}", f"seed{seed}") for seed, rate in runs_])
 
 
 def learning_rates() -> list[float]:
@@ -215,10 +210,9 @@ def main(argv) -> None:
     mesh = mesh_from_flags()
     with cli.flags_recorded(FLAGS.workdir):
         if FLAGS.seeds or FLAGS.learning_rates:
-            seeds, rates, workdirs = zip(*pack_runs())
+            seeds, rates, workdirs = pack_runs()
             packing.train_pack(config, seeds, workdirs, FLAGS.steps_per_dispatch,
-                               pack_axis=FLAGS.pack_axis,
-                               learning_rates=None if rates[0] is None else rates)
+                               pack_axis=FLAGS.pack_axis, learning_rates=rates)
             return
         train.train_and_evaluate(config, FLAGS.workdir, mesh=mesh, retest=FLAGS.retest)
 

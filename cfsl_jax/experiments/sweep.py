@@ -190,16 +190,14 @@ def execute_pack(config_jsons: list[dict], workdirs: list[str],
     if len(workdirs) == 1:
         return [execute(config_jsons[0], workdirs[0])]
     started, tested = time.perf_counter(), {}
+    configs = [TrainConfig(**c) for c in config_jsons]
     try:
         with progress.prefixed(f"pack of {len(workdirs)}: "):
-            packing.meta_train_pack(TrainConfig(**config_jsons[0]),
-                                    [c["seed"] for c in config_jsons], workdirs,
+            packing.meta_train_pack(configs[0], [c.seed for c in configs], workdirs,
                                     options.steps_per_dispatch, shrink=options.shrink,
                                     pack_axis=options.pack_axis,
-                                    learning_rates=[TrainConfig(**c).learning_rate
-                                                    for c in config_jsons])
-            tested = pack_eval.test_pack(TrainConfig(**config_jsons[0]),
-                                         [TrainConfig(**c) for c in config_jsons], workdirs)
+                                    learning_rates=[c.learning_rate for c in configs])
+            tested = pack_eval.test_pack(configs[0], configs, workdirs)
     except KeyboardInterrupt as error:
         return [("interrupted", time.perf_counter() - started, str(error))] * len(workdirs)
     except Exception as error:  # noqa: BLE001  (each run alone then says what is wrong)

@@ -251,12 +251,10 @@ def _pretrain_pack(learner, splits, group, stop_after_steps: int | None,
         data_keys.append(data_key)
         full[c.seed] = params
     keys = jnp.stack(data_keys)
-    rates = hyper_parameters([c for c, _ in group])  # None: the runs' are config's
-    constants = {} if rates else {"learning_rate": config.learning_rate,
-                                  "weight_decay": config.weight_decay}
-    packed = pretrain.packed_task_step(split, classes, keys, pack_axis, rates=rates,
-                                       learner=learner, num_classes=num_classes,
-                                       tasks=config.meta_batch, **constants)
+    packed = pretrain.packed_task_step(
+        split, classes, keys, pack_axis, rates=hyper_parameters([c for c, _ in group]),
+        learner=learner, num_classes=num_classes, tasks=config.meta_batch,
+        learning_rate=config.learning_rate, weight_decay=config.weight_decay)
 
     def compile_step(state):
         with progress.stage(f"[pretrain] compiling a pack of {len(group)} {learner.name} "

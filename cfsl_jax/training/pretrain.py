@@ -257,7 +257,8 @@ def packed_task_step(split: data.Split, classes: jax.Array, keys: jax.Array,
     ``fold_in(keys[k], first)``, as it does alone. ``pack_axis`` as meta-training's
     (``steps.resolve_pack_axis``: ``auto`` maps the runs one after another on CPU, vmaps them
     elsewhere). ``hyper``: ``task_step``'s keywords; ``rates`` (``pack_runs.hyper_parameters``):
-    each run's ``learning_rate`` and ``weight_decay`` as [K] arrays, in place of ``hyper``'s."""
+    each run's ``learning_rate`` and ``weight_decay`` as [K] arrays, traced in place of
+    ``hyper``'s constants (None: the constants for every run)."""
     def one(params, opt_state, key, first, run_rates):
         new, loss, accuracy = _task_update(PretrainState(params, opt_state), split, classes,
                                            jax.random.fold_in(key, first),
