@@ -46,9 +46,17 @@ def counting(monkeypatch, signal_at=None):
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
-    """An uninterrupted pack of two seeds: (workdirs, results, evaluations by purpose)."""
+    """An uninterrupted pack of two seeds: (workdirs, results, evaluations by purpose); the
+    evaluations' list also holds, in order, each run's metrics read and checkpoint saved as
+    ``("read", workdir, step)`` and ``("save", workdir, step)``."""
     monkeypatch = pytest.MonkeyPatch()
     calls = counting(monkeypatch)
+    for hook, method, event in ((loop.Metrics, "read", "read"), (loop.Checkpoint, "save", "save")):
+        def logged(self, *args, real=getattr(hook, method), event=event):
+            step = args[0] if event == "read" else args[0].step
+            calls.append((event, self.outputs.workdir, step))
+            return real(self, *args)
+        monkeypatch.setattr(hook, method, logged)
     dirs = [str(tmp_path_factory.mktemp("pack") / f"seed{s}") for s in SEEDS]
     try:
         out = packing.train_pack(CONFIG, SEEDS, dirs)
@@ -85,7 +93,7 @@ def test_a_pack_validates_and_tests_once_and_each_run_verifies(packed, tmp_path,
     pack (the suite's -O0 with im2col: 1.650140643 recorded and re-tested as the pack against
     1.650140609 alone for the first run)."""
     dirs, out, calls = packed
-    assert calls == ["val"] * CONFIG.epochs + ["test"]
+    assert [c for c in calls if isinstance(c, str)] == ["val"] * CONFIG.epochs + ["test"]
     learner, splits = runs.build(CONFIG)
     checked = dict(num_tasks=CONFIG.test_tasks, seed=CONFIG.task_seed,
                    batch_size=CONFIG.eval_batch, ensemble=True, cost_metrics=False)
@@ -122,6 +130,20 @@ def test_a_pack_validates_and_tests_once_and_each_run_verifies(packed, tmp_path,
     assert differences[0].startswith("ce_mean: recorded") and len(differences) == 2
     assert differences[1].startswith("note: the recorded test is its pack's")
     assert "the largest difference is 3.0e-08 relative" in differences[1]
+
+
+def test_every_run_of_a_pack_is_read_and_checkpointed_before_the_pack_validates(packed):
+    """At an epoch end each run's metrics are read (its progress line and recorded steps/s end
+    with its training, not after the pack's validation) and its checkpoint saved, for every run,
+    before the one validation of the pack, as ``loop.run`` orders them for a run alone."""
+    dirs, _, calls = packed
+    for epoch in range(CONFIG.epochs):
+        end = (epoch + 1) * CONFIG.iters_per_epoch
+        before = calls[:[i for i, c in enumerate(calls) if c == "val"][epoch]]
+        for workdir in dirs:
+            assert ("read", workdir, end) in before and ("save", workdir, end) in before
+    saves = [c for c in calls if isinstance(c, tuple) and c[0] == "save"]
+    assert len(saves) == len(dirs) * CONFIG.epochs  # one checkpoint per run and epoch end
 
 
 @pytest.mark.parametrize("moment", [("val", 2), ("test", 1)])

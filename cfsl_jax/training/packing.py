@@ -311,7 +311,11 @@ def _run_hooks(phase: loop.Phase, group, initial: Sequence[loop.TrainState], com
     state = loop.TrainState(stack([s.params for s in states]),
                             stack([s.opt_state for s in states]), step=start)
     step_fn = compile_step(state)
-    hooks: list[loop.Hook] = [Member(h, k) for k, (_, h) in enumerate(members)]
+    # each kind of hook for every run before the next kind (as ``loop.run``'s order within a
+    # run): every run's progress line and steps/s are read before the pack's validation, and
+    # every run is checkpointed before it
+    hooks: list[loop.Hook] = [Member([h[i]], k) for i in range(len(members[0][1]))
+                              for k, (_, h) in enumerate(members)]
     if stop_after_steps is not None:
         hooks.append(loop.StopAfter(stop_after_steps, phase.total))
     try:
