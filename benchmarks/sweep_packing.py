@@ -53,23 +53,32 @@ def sweep(workdir: str, pack: int) -> float:
     return time.perf_counter() - started
 
 
-DONE = re.compile(r"^(?:pack of (\d+): )?.*\[(train|val|test|pretrain)\] (compiling)?.*"
-                  r"done in (?:(\d+)m)?([\d.]+)s")
+DONE = re.compile(r"\[(\w+)\] (compiling)?.*done in (?:(\d+)m)?([\d.]+)s")
+TRAINING = ("train", "pretrain")  # the metrics.jsonl phases of training steps
 
 
-def breakdown(log_path: str, total: float) -> dict[str, float]:
-    """Seconds by stage from a sweep's progress lines ("... done in [Xm]Ys"): compile, train,
-    val, test; ``other`` (start-up, data, building, checkpoints, MACs) is the rest of ``total``.
-    A pack's K runs each print a bar for the same training epoch: each counts 1/K."""
+def breakdown(log_path: str, total: float, workdir: str, pack: int) -> dict[str, float]:
+    """Seconds by stage: compile, train, val, test; ``other`` (start-up, data, building,
+    checkpoints, MACs) is the rest of ``total``. Validation, test and compilations from the
+    sweep's progress lines ("... done in [Xm]Ys"); training from the runs' metrics.jsonl (each
+    logged window's steps / its ``steps_per_s``), whose windows a pack's ``pack`` runs share:
+    each counts 1/pack."""
     spent = dict.fromkeys(("compile", "train", "val", "test"), 0.0)
     with open(log_path) as log:
         for line in log:
             match = DONE.search(line)
-            if match:
-                pack, stage, compiling, minutes, seconds = match.groups()
-                stage = "compile" if compiling else stage.replace("pretrain", "train")
-                share = 1 / int(pack) if pack and stage == "train" else 1
-                spent[stage] += share * (60 * int(minutes or 0) + float(seconds))
+            if match and (match[2] or match[1] in ("val", "test")):  # training: below
+                stage = "compile" if match[2] else match[1]
+                spent[stage] += 60 * int(match[3] or 0) + float(match[4])
+    for root, _, names in os.walk(workdir):
+        if "metrics.jsonl" in names:
+            last = {}
+            with open(os.path.join(root, "metrics.jsonl")) as f:
+                for row in map(json.loads, f):
+                    if row.get("phase") in TRAINING and row.get("steps_per_s"):
+                        steps = row["step"] - last.get(row["phase"], 0)
+                        last[row["phase"]] = row["step"]
+                        spent["train"] += steps / row["steps_per_s"] / pack
     spent["other"] = total - sum(spent.values())
     return {k: round(v, 1) for k, v in spent.items()}
 
@@ -92,8 +101,9 @@ def main(argv) -> None:
         solo_s = sweep(solo_dir, 1)
         pack_s = sweep(pack_dir, _PACK.value)
         solo, packed = results(solo_dir), results(pack_dir)
-        stages = {"solo": breakdown(solo_dir + ".log", solo_s),
-                  "packed": breakdown(pack_dir + ".log", pack_s)}
+        stages = {"solo": breakdown(solo_dir + ".log", solo_s, solo_dir, 1),
+                  "packed": breakdown(pack_dir + ".log", pack_s, pack_dir,
+                                      min(_PACK.value, len(_SEEDS.value)))}
     for name, spent in stages.items():
         print(f"{name}: " + ", ".join(f"{k} {v:.0f} s" for k, v in spent.items()),
               file=sys.stderr)
