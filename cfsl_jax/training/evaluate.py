@@ -106,11 +106,7 @@ def _evaluate_chunk(learner: Learner, params: Any, split: data.Split, key_data: 
         return episode.run_tasks(learner, member_params, support_x, tasks.support_labels,
                                  target_x, run_keys, mesh)
 
-    def outcome(run_params):
-        if ensemble:
-            logits = jax.lax.map(logits_of, run_params).mean(axis=0)
-        else:
-            logits = logits_of(run_params)
+    def scores(logits):
         return {
             "acc": metrics.accuracy(logits, tasks.target_labels),
             "ce": metrics.cross_entropy(logits, tasks.target_labels),
@@ -118,10 +114,22 @@ def _evaluate_chunk(learner: Learner, params: Any, split: data.Split, key_data: 
                                                 tasks.target_group, spec.num_groups),
         }
 
-    # runs: a pack's runs one after another on the tasks sampled once (each run's program as
-    # alone, so its numbers are the lone run's; pack_eval.evaluate_runs)
+    # every member of every run (a pack's runs: its leading axis) one after another in one
+    # loop, on the tasks sampled once, and each run's scores in a loop too (vmapped, their
+    # means round differently): each computation is the one it is alone, so a run's numbers
+    # are the lone run's (pack_eval)
+    axes = int(runs) + int(ensemble)  # leading axes of params: [runs,] [members,]
+    if axes:
+        lead = jax.tree.leaves(params)[0].shape[:axes]
+        logits = jax.lax.map(logits_of, jax.tree.map(
+            lambda x: x.reshape(-1, *x.shape[axes:]), params))
+        logits = logits.reshape(*lead, *logits.shape[1:])
+    else:
+        logits = logits_of(params)
+    if ensemble:
+        logits = logits.mean(axis=int(runs))
     return {**{name: getattr(tasks, name) for name in FINGERPRINTED},  # for task_fingerprint
-            **(jax.lax.map(outcome, params) if runs else outcome(params))}
+            **(jax.lax.map(scores, logits) if runs else scores(logits))}
 
 
 def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | None = None,
