@@ -53,32 +53,53 @@ def sweep(workdir: str, pack: int) -> float:
     return time.perf_counter() - started
 
 
-DONE = re.compile(r"\[(\w+)\] (compiling)?.*done in (?:(\d+)m)?([\d.]+)s")
-TRAINING = ("train", "pretrain")  # the metrics.jsonl phases of training steps
+DONE = re.compile(r"^(?:([^\[]+?): )?\[(\w+)\] (compiling)?.*done in (?:(\d+)m)?([\d.]+)s")
+TRAINING = ("train", "pretrain")  # the phases of training steps
 
 
-def breakdown(log_path: str, total: float, workdir: str, pack: int) -> dict[str, float]:
+def breakdown(log_path: str, total: float, workdir: str) -> dict[str, float]:
     """Seconds by stage: compile, train, val, test; ``other`` (start-up, data, building,
-    checkpoints, MACs) is the rest of ``total``. Validation, test and compilations from the
-    sweep's progress lines ("... done in [Xm]Ys"); training from the runs' metrics.jsonl (each
-    logged window's steps / its ``steps_per_s``), whose windows a pack's ``pack`` runs share:
-    each counts 1/pack."""
+    restoring, checkpoints, ATM and MACs) is the rest of ``total``. Validation, test and
+    compilations from the sweep's progress lines ("... done in [Xm]Ys"). Training from each
+    run's metrics.jsonl (every logged window's steps over its ``steps_per_s``), a window that a
+    pack of K computed counted 1/K for each of its runs (``packs.json``: the pack of each phase
+    from its first step on); a run whose training logs no windows (pretraining on uniform
+    images, ``loop.run_steps``) from its own "done in" lines."""
     spent = dict.fromkeys(("compile", "train", "val", "test"), 0.0)
+    logged = set()  # the runs (learner/cell/seed, as the log names them) with windows
+    for root, _, names in os.walk(workdir):
+        if "metrics.jsonl" not in names:
+            continue
+        packs = []
+        if "packs.json" in names:
+            with open(os.path.join(root, "packs.json")) as f:
+                packs = json.load(f)
+        last = {}
+        with open(os.path.join(root, "metrics.jsonl")) as f:
+            for row in map(json.loads, f):
+                phase = row.get("phase")
+                if phase not in TRAINING or not row.get("steps_per_s"):
+                    continue
+                steps, last[phase] = row["step"] - last.get(phase, 0), row["step"]
+                size = ([len(e["pack"]["seeds"]) if e["pack"] else 1 for e in packs
+                         if e["phase"] == phase and e["from_step"] < row["step"]] or [1])[-1]
+                spent["train"] += steps / row["steps_per_s"] / size
+                logged.add("/".join(root.split(os.sep)[-3:]))
     with open(log_path) as log:
         for line in log:
             match = DONE.search(line)
-            if match and (match[2] or match[1] in ("val", "test")):  # training: below
-                stage = "compile" if match[2] else match[1]
-                spent[stage] += 60 * int(match[3] or 0) + float(match[4])
-    for root, _, names in os.walk(workdir):
-        if "metrics.jsonl" in names:
-            last = {}
-            with open(os.path.join(root, "metrics.jsonl")) as f:
-                for row in map(json.loads, f):
-                    if row.get("phase") in TRAINING and row.get("steps_per_s"):
-                        steps = row["step"] - last.get(row["phase"], 0)
-                        last[row["phase"]] = row["step"]
-                        spent["train"] += steps / row["steps_per_s"] / pack
+            if not match or "MACs" in line or "restoring" in line:
+                continue
+            run, stage, compiling, minutes, seconds = match.groups()
+            if compiling:
+                stage = "compile"
+            elif stage in TRAINING:
+                if run is None or run in logged or run.startswith("pack of"):
+                    continue  # counted from metrics.jsonl above
+                stage = "train"
+            elif stage not in spent:
+                continue
+            spent[stage] += 60 * int(minutes or 0) + float(seconds)
     spent["other"] = total - sum(spent.values())
     return {k: round(v, 1) for k, v in spent.items()}
 
@@ -101,9 +122,8 @@ def main(argv) -> None:
         solo_s = sweep(solo_dir, 1)
         pack_s = sweep(pack_dir, _PACK.value)
         solo, packed = results(solo_dir), results(pack_dir)
-        stages = {"solo": breakdown(solo_dir + ".log", solo_s, solo_dir, 1),
-                  "packed": breakdown(pack_dir + ".log", pack_s, pack_dir,
-                                      min(_PACK.value, len(_SEEDS.value)))}
+        stages = {"solo": breakdown(solo_dir + ".log", solo_s, solo_dir),
+                  "packed": breakdown(pack_dir + ".log", pack_s, pack_dir)}
     for name, spent in stages.items():
         print(f"{name}: " + ", ".join(f"{k} {v:.0f} s" for k, v in spent.items()),
               file=sys.stderr)

@@ -14,7 +14,7 @@ import pytest
 from conftest import UNOPTIMISED, unoptimised_env
 from cfsl_jax.experiments.verify import match_detail, verify
 from cfsl_jax.runtime import stops
-from cfsl_jax.training import loop, pack_eval, packing, results, runs
+from cfsl_jax.training import loop, pack_eval, packing, results, runs, tracking
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.evaluate import evaluate
 
@@ -66,13 +66,14 @@ def packed(tmp_path_factory):
 
 
 def test_the_runs_of_a_pack_are_evaluated_as_each_alone_bit_for_bit():
-    """``evaluate(runs=True)`` of two runs' params (and of two best-epoch ensembles): each run's
+    """``evaluate(runs=True)`` of two runs' params (and of three-member ensembles): each run's
     record equals its own evaluation alone, per task, bit for bit."""
     learner, splits = runs.build(CONFIG)
     members = [runs.init_params(learner, splits["train"], seed) for seed in (0, 1)]
     for ensemble in (False, True):
-        params = ([pack_eval.stack([p, jax.tree.map(lambda x: 1.01 * x, p)]) for p in members]
-                  if ensemble else members)
+        # three members: their mean's order of additions matters (two add alike either way)
+        params = ([pack_eval.stack([p, *(jax.tree.map(lambda x: f * x, p) for f in (1.01, 0.97)
+                                         )]) for p in members] if ensemble else members)
         together = evaluate(learner, pack_eval.stack(params), splits["test"], num_tasks=7,
                             batch_size=4, ensemble=ensemble, per_task=True, runs=True,
                             cost_metrics=False)
@@ -144,6 +145,14 @@ def test_every_run_of_a_pack_is_read_and_checkpointed_before_the_pack_validates(
             assert ("read", workdir, end) in before and ("save", workdir, end) in before
     saves = [c for c in calls if isinstance(c, tuple) and c[0] == "save"]
     assert len(saves) == len(dirs) * CONFIG.epochs  # one checkpoint per run and epoch end
+    rows = [tracking.read(os.path.join(w, tracking.METRICS_FILE)) for w in dirs]
+    for epoch in range(CONFIG.epochs):
+        end = (epoch + 1) * CONFIG.iters_per_epoch
+        trained, validated = ([r["time"] for run in rows for r in run
+                               if (r["phase"], r["step"]) == (phase, end)]
+                              for phase in ("train", "val"))
+        assert len(trained) == len(validated) == len(dirs)
+        assert max(trained) <= min(validated)  # every run's window logged before any val row
 
 
 @pytest.mark.parametrize("moment", [("val", 2), ("test", 1)])

@@ -106,7 +106,9 @@ def _evaluate_chunk(learner: Learner, params: Any, split: data.Split, key_data: 
         return episode.run_tasks(learner, member_params, support_x, tasks.support_labels,
                                  target_x, run_keys, mesh)
 
-    def scores(logits):
+    def scores(logits):  # one run's: [members,] tasks, targets, classes
+        if ensemble:
+            logits = logits.mean(axis=0)
         return {
             "acc": metrics.accuracy(logits, tasks.target_labels),
             "ce": metrics.cross_entropy(logits, tasks.target_labels),
@@ -115,9 +117,10 @@ def _evaluate_chunk(learner: Learner, params: Any, split: data.Split, key_data: 
         }
 
     # every member of every run (a pack's runs: its leading axis) one after another in one
-    # loop, on the tasks sampled once, and each run's scores in a loop too (vmapped, their
-    # means round differently): each computation is the one it is alone, so a run's numbers
-    # are the lone run's (pack_eval)
+    # loop, on the tasks sampled once (their logits, [runs * members, tasks, targets, classes],
+    # held at once: small beside the images), then each run's ensemble mean and scores in a
+    # loop (batched over the runs, a reduction may add in another order): each computation is
+    # the one it is alone, so a run's numbers are the lone run's (pack_eval)
     axes = int(runs) + int(ensemble)  # leading axes of params: [runs,] [members,]
     if axes:
         lead = jax.tree.leaves(params)[0].shape[:axes]
@@ -126,8 +129,6 @@ def _evaluate_chunk(learner: Learner, params: Any, split: data.Split, key_data: 
         logits = logits.reshape(*lead, *logits.shape[1:])
     else:
         logits = logits_of(params)
-    if ensemble:
-        logits = logits.mean(axis=int(runs))
     return {**{name: getattr(tasks, name) for name in FINGERPRINTED},  # for task_fingerprint
             **(jax.lax.map(scores, logits) if runs else scores(logits))}
 
