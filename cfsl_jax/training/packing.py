@@ -61,15 +61,13 @@ class RunView:
 
 
 class Member(loop.Hook):
-    """Run ``k``'s hooks in a pack: each call sees the run's slice of the state."""
+    """Run ``k``'s ``hook`` in a pack: each call sees the run's slice of the state."""
 
-    def __init__(self, hooks: list[loop.Hook], k: int):
-        self.hooks, self.k = hooks, k
+    def __init__(self, hook: loop.Hook, k: int):
+        self.hook, self.k = hook, k
 
     def _each(self, method: str, state, *args) -> None:
-        view = RunView(state, self.k)
-        for hook in self.hooks:
-            getattr(hook, method)(view, *args)
+        getattr(self.hook, method)(RunView(state, self.k), *args)
 
     def begin(self, state):
         self._each("begin", state)
@@ -314,7 +312,7 @@ def _run_hooks(phase: loop.Phase, group, initial: Sequence[loop.TrainState], com
     # each kind of hook for every run before the next kind (as ``loop.run``'s order within a
     # run): every run's progress line and steps/s are read before the pack's validation, and
     # every run is checkpointed before it
-    hooks: list[loop.Hook] = [Member([h[i]], k) for i in range(len(members[0][1]))
+    hooks: list[loop.Hook] = [Member(h[i], k) for i in range(len(members[0][1]))
                               for k, (_, h) in enumerate(members)]
     if stop_after_steps is not None:
         hooks.append(loop.StopAfter(stop_after_steps, phase.total))
