@@ -27,6 +27,8 @@ import time
 
 from absl import app, flags
 
+from cfsl_jax.training import results, tracking
+
 _LEARNER = flags.DEFINE_string("learner", "protonets", "The learner.")
 _CELL = flags.DEFINE_string("cell", "B3", "The cell.")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "The runs' seeds.")
@@ -70,21 +72,17 @@ def breakdown(log_path: str, total: float, workdir: str) -> dict[str, float]:
     for root, _, names in os.walk(workdir):
         if "metrics.jsonl" not in names:
             continue
-        packs = []
-        if "packs.json" in names:
-            with open(os.path.join(root, "packs.json")) as f:
-                packs = json.load(f)
+        packs = results.read_json(os.path.join(root, results.PACKS_FILE), default=[])
         last = {}
-        with open(os.path.join(root, "metrics.jsonl")) as f:
-            for row in map(json.loads, f):
-                phase = row.get("phase")
-                if phase not in TRAINING or not row.get("steps_per_s"):
-                    continue
-                steps, last[phase] = row["step"] - last.get(phase, 0), row["step"]
-                size = ([len(e["pack"]["seeds"]) if e["pack"] else 1 for e in packs
-                         if e["phase"] == phase and e["from_step"] < row["step"]] or [1])[-1]
-                spent["train"] += steps / row["steps_per_s"] / size
-                logged.add("/".join(root.split(os.sep)[-3:]))
+        for row in tracking.read(os.path.join(root, tracking.METRICS_FILE)):
+            phase = row.get("phase")
+            if phase not in TRAINING or not row.get("steps_per_s"):
+                continue
+            steps, last[phase] = row["step"] - last.get(phase, 0), row["step"]
+            size = ([len(e["pack"]["seeds"]) if e["pack"] else 1 for e in packs
+                     if e["phase"] == phase and e["from_step"] < row["step"]] or [1])[-1]
+            spent["train"] += steps / row["steps_per_s"] / size
+            logged.add("/".join(root.split(os.sep)[-3:]))
     with open(log_path) as log:
         for line in log:
             match = DONE.search(line)
@@ -104,7 +102,7 @@ def breakdown(log_path: str, total: float, workdir: str) -> dict[str, float]:
     return {k: round(v, 1) for k, v in spent.items()}
 
 
-def results(workdir: str) -> dict[str, dict]:
+def finished(workdir: str) -> dict[str, dict]:
     """{seed folder: results.json} of every run under ``workdir``."""
     found = {}
     for root, _, files in os.walk(workdir):
@@ -121,7 +119,7 @@ def main(argv) -> None:
         solo_dir, pack_dir = os.path.join(base, "pack1"), os.path.join(base, f"pack{_PACK.value}")
         solo_s = sweep(solo_dir, 1)
         pack_s = sweep(pack_dir, _PACK.value)
-        solo, packed = results(solo_dir), results(pack_dir)
+        solo, packed = finished(solo_dir), finished(pack_dir)
         stages = {"solo": breakdown(solo_dir + ".log", solo_s, solo_dir),
                   "packed": breakdown(pack_dir + ".log", pack_s, pack_dir)}
     for name, spent in stages.items():
