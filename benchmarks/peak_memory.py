@@ -28,15 +28,12 @@ from absl import app, flags
 QUICKSTART = ["-m", "cfsl_jax.launch.train", "--learner=protonets", "--task=B3", "--epochs=3",
               "--iters_per_epoch=20", "--meta_batch=4", "--val_tasks=100"]
 COMMANDS = {"quickstart": QUICKSTART}
-# The README's figures, measured (MiB of ru_maxrss): the quickstart peaks in its test, whose
-# 50-task evaluation program XLA gives 2.87 GB of temporary buffers (models.norm's running
-# batch-norm averages at test; 1.53 GB with --learner_option=bn_stats=batch): XLA:CPU's YNNPACK
-# "reduce" fusion takes the whole prediction into one kernel whose inputs include the first
-# layer's running mean and 1/sqrt(var) broadcast to its [50, 75, 28, 28, 64] activation (2 x 718
-# MB); without that fusion (XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=-reduce) 1.40 GB,
-# but a few tasks' cross-entropy changes in the last bit, so the default keeps it. 4,273 MiB on
-# 2026-11-27 (ProtoNets' conv=auto: im2col in meta-training only; 4,268 with gemm_grad throughout).
-BUDGET_MB = {"quickstart": 4273}
+# The README's figures, measured (MiB of ru_maxrss). Before 2026-11-28 the quickstart peaked
+# in its test (4,273 MiB): its 50-task evaluation program, one vmap of the tasks, held 2.87 GB
+# of XLA temporaries (XLA:CPU's YNNPACK "reduce" fusion broadcast the first layer's running
+# batch-norm statistics to its [50, 75, 28, 28, 64] activation). On CPU the tasks now run one
+# at a time (episode.sequential), one task's activations at a time: 1,338 MiB on 2026-11-28.
+BUDGET_MB = {"quickstart": 1338}
 
 flags.DEFINE_enum("command", "quickstart", tuple(COMMANDS), "Which command to measure.")
 flags.DEFINE_integer("budget_mb", None, "Peak RSS the command may reach (MB; default: the "

@@ -22,7 +22,8 @@ import pytest
 from cfsl_jax.experiments import sweep, verify
 from cfsl_jax.runtime import checksums, disk, locks
 from cfsl_jax.runtime.errors import UserError
-from cfsl_jax.training import loop, train, tracking
+from cfsl_jax.training import evaluate as evaluation
+from cfsl_jax.training import loop, results, runs, train, tracking
 from cfsl_jax.training.config import TrainConfig
 from conftest import unoptimised_env
 from launch_inprocess import command_module, run_in_process
@@ -149,6 +150,30 @@ def test_a_workdir_written_before_checksums_still_verifies(tmp_path, capsys, fin
     assert "[verify] checksums" not in said
 
 
+def test_a_test_recorded_before_tasks_ran_in_turn_is_re_tested_as_it_ran(tmp_path, monkeypatch,
+                                                                         finished):
+    """ProtoNets' test tasks ran as one vmap on CPU before 2026-11-28 (now one at a time, its
+    record says ``tasks_in_turn``): verify re-tests a record without the field as one vmap, a
+    record with it as it says, and both MATCH."""
+    real, asked = evaluation.evaluate, []
+    monkeypatch.setattr(evaluation, "evaluate", lambda *a, **k: asked.append(
+        k.get("tasks_in_turn")) or real(*a, **k))
+    workdir = copied(finished, tmp_path)
+    assert verify.verify(workdir) == [] and asked == [True]
+    recorded = results.read_json(os.path.join(workdir, "results.json"))
+    assert recorded["test"]["tasks_in_turn"] is True
+    learner, splits = runs.build(CONFIG)
+    params = runs.restore_params(CONFIG, learner, splits, workdir, ensemble=True)
+    vmapped = real(learner, params, splits["test"], num_tasks=CONFIG.test_tasks,
+                   seed=CONFIG.task_seed, batch_size=CONFIG.eval_batch, ensemble=True,
+                   cost_metrics=False, tasks_in_turn=False)
+    assert vmapped.tasks_in_turn is False
+    del recorded["test"]["tasks_in_turn"]
+    recorded["test"].update({k: vmapped[k] for k in verify.CHECKED_METRICS})
+    results.write_json(os.path.join(workdir, "results.json"), recorded)
+    assert verify.verify(workdir) == [] and asked == [True, False]
+
+
 def test_a_nan_names_its_step_and_the_checkpoint_it_resumed_from(tmp_path, monkeypatch,
                                                                  stopped_run):
     workdir = stopped(stopped_run, tmp_path / "w")
@@ -252,7 +277,9 @@ def _commandline(module: str, *args: str) -> list[str]:
 @pytest.mark.parametrize("after", [0.0, 0.4, 1.2])
 def test_a_stop_while_jax_is_imported_is_one_line_and_130(tmp_path, after):
     """Ctrl-C from the command's first line ("[train] starting", printed as the launch
-    package is imported) on, while JAX and the command's modules are imported."""
+    package is imported) on, while JAX and the command's modules are imported. On an idle fast
+    machine the command is training 1.2 s after that line: that stop leaves the workdir it
+    started, and says so."""
     workdir = tmp_path / "w"
     process = subprocess.Popen(
         _commandline("cfsl_jax.launch.train", "--dataset=synthetic", f"--workdir={workdir}"),
@@ -263,7 +290,8 @@ def test_a_stop_while_jax_is_imported_is_one_line_and_130(tmp_path, after):
     out, err = process.communicate(timeout=120)
     assert process.returncode == 130, err
     assert err.strip().splitlines()[-1].startswith("interrupted") and "Traceback" not in err
-    assert not workdir.exists()
+    assert not workdir.exists() or (after > 0.5 and err.strip().splitlines()[-1].endswith(
+        f"{workdir}: re-run the same command to resume"))
 
 
 def mounted_tmpfs(folder, size: str):

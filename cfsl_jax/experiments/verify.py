@@ -8,6 +8,7 @@ import os
 
 import jax
 
+from cfsl_jax.protocol import episode
 from cfsl_jax.runtime import checksums, files, progress
 from cfsl_jax.training import checkpoints, pack_eval, results
 from cfsl_jax.training import runs
@@ -101,7 +102,8 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
         retest = functools.partial(evaluate, learner, split=splits["test"],
                                    num_tasks=config.test_tasks, seed=config.task_seed,
                                    batch_size=config.eval_batch, cost_metrics=False,
-                                   ensemble=runs.selects_epochs(config, learner))
+                                   ensemble=runs.selects_epochs(config, learner),
+                                   tasks_in_turn=tested_in_turn(stored, recorded, learner))
         report = retest(params)
         relative = _relative_differences(report, stored)
         if relative and stored.pack_runs:  # tested by its pack (results.json's test_in_pack)
@@ -128,6 +130,18 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
                 f"relative, the rounding of another backend's kernels; verify on "
                 f"{recorded['backend']} for the bit-for-bit check")
     return differences
+
+
+def tested_in_turn(stored, recorded: dict, learner) -> bool | None:
+    """Whether the recorded test ran each device's tasks one at a time (as a re-test must, to be
+    bit-equal), where this backend is the one it ran on; None (this backend's default) on another.
+    A test recorded before the record said (``tasks_in_turn`` None) ran them one at a time on CPU
+    only for per-task-weight learners."""
+    if recorded.get("backend") not in (None, jax.default_backend()):
+        return None
+    if stored.tasks_in_turn is not None:
+        return stored.tasks_in_turn
+    return learner.recipe.per_task_weights and episode.sequential()
 
 
 def _relative_differences(report, stored) -> dict[str, float]:

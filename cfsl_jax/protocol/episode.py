@@ -127,28 +127,33 @@ def meta_loss(learner: Learner, params: Params, support_x: jax.Array, support_y:
     return target_loss(learner, params, support_x, support_y, target_x, target_y, key, unroll)
 
 
-def sequential(learner: Learner, mesh: Mesh | None = None) -> bool:
-    """Whether a batch of tasks runs one task at a time per device (not one vmap).
+def sequential(mesh: Mesh | None = None) -> bool:
+    """Whether a batch of tasks runs one task at a time per device (not one vmap): on CPU
+    (``mesh``'s devices, default ``backend.lowering_platform()``), for every learner.
 
-    True for per-task-weight learners on CPU (``mesh``'s devices, default
-    ``backend.lowering_platform()``): vmapping per-task weights turns
-    convolutions into grouped ones, which XLA:CPU runs slowly.
+    On XLA:CPU one task at a time is the faster program: vmapping per-task weights turns
+    convolutions into slow grouped ones, and even with shared weights (ProtoNets) one vmap of a
+    batch of tasks ran 1.7-2.9x slower in evaluation and 1.2-1.5x slower in meta-training, and
+    held the whole batch's activations (docs/results.md, "Tasks one at a time on CPU"). On an
+    accelerator a vmap of the batch is what fills the device.
     """
     platform = mesh.devices.flat[0].platform if mesh is not None else None
-    return learner.recipe.per_task_weights and not backend.is_accelerator(platform)
+    return not backend.is_accelerator(platform)
 
 
 def run_tasks(learner: Learner, params: Params, support_x: jax.Array, support_y: jax.Array,
-              target_x: jax.Array, keys: jax.Array, mesh: Mesh | None = None) -> jax.Array:
+              target_x: jax.Array, keys: jax.Array, mesh: Mesh | None = None,
+              in_turn: bool | None = None) -> jax.Array:
     """``run_task`` over a batch of tasks (leading axis B on every array but ``params``).
 
-    The batch is laid along ``mesh`` (default: one device) with
-    ``parallel.map_tasks``; ``sequential(learner)`` decides vmap or one at a time.
+    The batch is laid along ``mesh`` (default: one device) with ``parallel.map_tasks``,
+    one task at a time (``in_turn=True``) or as one vmap; default ``sequential(mesh)``.
     """
     mesh = mesh or parallel.make_mesh(1)
+    in_turn = sequential(mesh) if in_turn is None else in_turn
     return parallel.map_tasks(lambda sx, sy, tx, k, p: run_task(learner, p, sx, sy, tx, k),
-                              (support_x, support_y, target_x, keys), mesh,
-                              sequential(learner, mesh), shared=params)
+                              (support_x, support_y, target_x, keys), mesh, in_turn,
+                              shared=params)
 
 
 def meta_step_macs(learner, params, image_shape: tuple[int, ...], dtype=jnp.float32,

@@ -88,8 +88,9 @@ class Recipe(NamedTuple):
     "pretrain" (ordinary cross-entropy on all training classes, ``cfsl_jax.training.pretrain``;
     params must hold the backbone under "embed") or "none" (a fixed function of the seed).
     ``per_task_weights``: whether ``state`` holds per-task copies of network weights
-    (fine-tuning); on CPU such learners run tasks one after another, since vmapping per-task
-    weights turns convolutions into slow grouped ones.
+    (fine-tuning). Before 2026-11-28 only such learners ran their tasks one after another on
+    CPU (now every learner does, ``episode.sequential``); ``launch.verify`` re-tests a run
+    recorded before then the way it was tested.
     ``meta_loss``: the learner's own meta-training objective (multi-step loss, SCA); None means
     the mean target cross-entropy of ``episode.run_task``.
     ``for_epoch``: the learner to meta-train with in a given epoch (e.g. a first-order variant

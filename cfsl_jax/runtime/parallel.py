@@ -109,7 +109,7 @@ def map_tasks(fn, tasks: tuple, mesh: Mesh, sequential: bool, shared: Any = ()):
     """``fn(*task, shared)`` for every task of a batch laid along the mesh (leading axis B).
 
     ``sequential=False``: one ``vmap`` over the batch, sharded over the mesh.
-    ``sequential=True`` (per-task-weight learners on CPU, ``episode.sequential``): each device walks
+    ``sequential=True`` (on CPU, ``episode.sequential``): each device walks
     its own contiguous block of tasks one at a time (a ``lax.map`` inside
     ``shard_map``), so it holds one task's activations at a time and runs the
     same program as a single device would. ``shared`` (a pytree: the params, the split, a

@@ -17,10 +17,11 @@ Chunks are laid along a device mesh (``parallel``; default: every device):
 ``batch_size`` is the number of tasks per DEVICE per program (fewer when
 the tasks do not fill that many: ``ceil(num_tasks / devices)``), so a chunk
 holds ``batch_size * devices`` tasks; each device samples, gathers and runs
-its own, and the per-task metrics come back to every host. XLA's kernels may
-sum in a batch-size-dependent order, so a task's numbers depend on the
-per-device batch but not on the device count: two device counts that run the
-same per-device batch (e.g. 600 tasks, 50 per device, on 1 or 8 devices)
+its own (one at a time on CPU, one vmap on an accelerator: ``episode.sequential``),
+and the per-task metrics come back to every host. XLA compiles a program per
+per-device batch and may round differently in each, so a task's numbers depend
+on the per-device batch but not on the device count: two device counts that run
+the same per-device batch (e.g. 600 tasks, 50 per device, on 1 or 8 devices)
 give bit-identical numbers; otherwise they agree to float rounding.
 Long tasks bound the per-device batch: at most ``PIXELS_IN_FLIGHT`` target
 pixels (``min(T, episode.TARGET_CHUNK) * H * W`` per task) -- 50 tasks of
@@ -92,9 +93,10 @@ def tasks_in_flight(spec: TaskSpec, image_shape: tuple[int, ...]) -> int:
     return max(1, PIXELS_IN_FLIGHT // pixels)
 
 
-@functools.partial(jax.jit, static_argnames=("learner", "ensemble", "mesh", "runs"))
+@functools.partial(jax.jit, static_argnames=("learner", "ensemble", "mesh", "runs", "in_turn"))
 def _evaluate_chunk(learner: Learner, params: Any, split: data.Split, key_data: jax.Array,
-                    ensemble: bool, mesh: Mesh, runs: bool = False) -> dict[str, jax.Array]:
+                    ensemble: bool, mesh: Mesh, runs: bool = False, in_turn: bool = False
+                    ) -> dict[str, jax.Array]:
     spec = learner.spec
     keys = jax.random.wrap_key_data(key_data)
     tasks = jax.vmap(lambda k: sample_task(k, split.class_table, split.class_sizes, spec))(keys)
@@ -104,7 +106,7 @@ def _evaluate_chunk(learner: Learner, params: Any, split: data.Split, key_data: 
 
     def logits_of(member_params):
         return episode.run_tasks(learner, member_params, support_x, tasks.support_labels,
-                                 target_x, run_keys, mesh)
+                                 target_x, run_keys, mesh, in_turn)
 
     def scores(logits):  # one run's: [members,] tasks, targets, classes
         if ensemble:
@@ -137,7 +139,8 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
              num_tasks: int = 600, seed: int = 0, purpose: str = "test",
              batch_size: int = 50, ensemble: bool = False,
              cost_metrics: bool = True, mesh: Mesh | None = None,
-             per_task: bool = False, runs: bool = False) -> EvalRecord | list[EvalRecord]:
+             per_task: bool = False, runs: bool = False, tasks_in_turn: bool | None = None
+             ) -> EvalRecord | list[EvalRecord]:
     """Evaluate ``learner`` on ``num_tasks`` tasks of ``split``, over ``mesh`` (default: all).
 
     Returns an ``EvalRecord``: acc_mean/std/ci95, ce_mean/std/ci95, group_acc
@@ -151,6 +154,8 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
     ``params`` carry a leading run axis (a pack's runs, each an ensemble with ``ensemble``):
     the tasks are sampled once and each run is evaluated on them in turn in the same program;
     returns one record per run (``seconds`` the pack's; costs from run 0: shapes only).
+    ``tasks_in_turn``: each device runs its tasks one at a time, or as one vmap (rounding
+    apart, the same numbers); default ``episode.sequential`` (one at a time on CPU), recorded.
     """
     learner = learner.evaluated  # e.g. batch norm on running averages
     spec = spec or learner.spec
@@ -160,6 +165,7 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
         raise ValueError(f"num_tasks and batch_size must be >= 1, got {num_tasks}, {batch_size}")
     check_split(split.class_table, split.class_sizes, spec)
     mesh = mesh or parallel.make_mesh()
+    in_turn = episode.sequential(mesh) if tasks_in_turn is None else bool(tasks_in_turn)
     image_shape = tuple(split.images.shape[1:])
     per_device = min(batch_size, -(-num_tasks // mesh.size), tasks_in_flight(spec, image_shape))
     batch_size = per_device * mesh.size
@@ -177,7 +183,7 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
     with progress.stage(f"[{label}] compiling the evaluation program ({batch_size} tasks at "
                         f"once)", quiet_below=COMPILE_QUIET_S):
         program = _evaluate_chunk.lower(learner, params, split, chunk_keys[0], ensemble,
-                                        mesh, runs).compile()
+                                        mesh, runs, in_turn).compile()
     start = time.perf_counter()
     chunks = []
     with progress.tracker(label, num_tasks, "tasks", first_line=False) as bar, \
@@ -198,6 +204,7 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
     report: dict[str, Any] = {}
     report["num_tasks"] = num_tasks
     report["devices"] = mesh.size
+    report["tasks_in_turn"] = in_turn
     # the tasks the program sampled: task_fingerprint(split, spec, num_tasks, seed, purpose)
     report["task_fingerprint"] = _digest(split, [values[name] for name in FINGERPRINTED])
     report["dataset_identity"] = dataset_identity(split)

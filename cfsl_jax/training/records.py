@@ -43,6 +43,8 @@ class EvalRecord:
     retest_compile_seconds: float | None = None  # a re-test's own compile seconds
     per_task: Mapping[str, list[float]] | None = None  # {"acc", "ce"}: each task's, in order
     pack_runs: int | None = None  # evaluate(runs=True): the runs its one program evaluated
+    tasks_in_turn: bool | None = None  # each device ran its tasks one at a time (else one
+    # vmap); None: recorded before 2026-11-28 (one at a time then: per-task-weight learners on CPU)
 
     def __getitem__(self, name: str) -> Any:
         if name not in _FIELDS:

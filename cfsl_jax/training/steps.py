@@ -29,23 +29,24 @@ from cfsl_jax.runtime import parallel
 
 
 def make_train_step(learner: Learner, optimizer: optax.GradientTransformation, meta_batch: int,
-                    mesh: Mesh | None = None):
+                    mesh: Mesh | None = None, in_turn: bool | None = None):
     """``train_step_fn`` jitted."""
-    return jax.jit(train_step_fn(learner, optimizer, meta_batch, mesh))
+    return jax.jit(train_step_fn(learner, optimizer, meta_batch, mesh, in_turn))
 
 
 def train_step_fn(learner: Learner, optimizer: optax.GradientTransformation, meta_batch: int,
-                  mesh: Mesh | None = None):
+                  mesh: Mesh | None = None, in_turn: bool | None = None):
     """``step(params, opt_state, split, key, progress) -> (params, opt_state, metrics)``.
 
     The meta-batch's tasks are laid along ``mesh`` (default: one device) and
     padded to a multiple of its size with masked copies; each device samples,
     gathers and differentiates its own tasks (``parallel.map_tasks``: a vmap,
-    or one task at a time for per-task-weight learners on CPU), and the mean
-    gradient over the ``meta_batch`` real tasks is reduced by XLA.
+    or one task at a time: ``in_turn``, default ``episode.sequential``, on CPU), and the
+    mean gradient over the ``meta_batch`` real tasks is reduced by XLA.
     """
     spec = learner.spec
     mesh = mesh or parallel.make_mesh(1)
+    in_turn = episode.sequential(mesh) if in_turn is None else in_turn
     padded = parallel.padded(meta_batch, mesh)
 
     def task_loss(params, task, progress):  # task: support x, y, target x, y, key
@@ -70,7 +71,7 @@ def train_step_fn(learner: Learner, optimizer: optax.GradientTransformation, met
         weights = (jnp.arange(padded) < meta_batch).astype(jnp.float32) / meta_batch
         loss, acc, grads, moments = parallel.map_tasks(
             lambda k, shared: task_grads(*shared, k), (keys,), mesh,
-            episode.sequential(learner, mesh), shared=(params, split, progress))
+            in_turn, shared=(params, split, progress))
         loss, acc, grads = jax.tree.map(lambda x: jnp.tensordot(weights, x, axes=1),
                                         (loss, acc, grads))
         updates, opt_state = optimizer.update(grads, opt_state, params)
