@@ -94,7 +94,7 @@ def _train_step(learner, optimizer):
     every task's residuals and ran 2x slower, with 3x the memory, here).
     Otherwise the gradient of the ``vmap``ped mean loss.
     """
-    sequential = episode.sequential()
+    sequential = episode.sequential(learner=learner)
 
     def task_loss(params, task, progress):
         return episode.meta_loss(learner, params, *task, progress)[0]

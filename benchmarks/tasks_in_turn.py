@@ -13,10 +13,10 @@ on synthetic glyphs with fresh parameters (no training needed to time a program)
   tasks, with ``in_turn`` true and false.
 
 Each timing is the median of ``--repeats`` calls, the layouts interleaved so that a busy
-machine disturbs both alike. Prints a table with the ratio vmap / in turn (above 1: one at a
-time is faster), whether the two layouts' numbers (per-task CE; the params and optimiser state
-after the step) agree bit for bit, their largest difference relative to each array's largest
-value, and one JSON line per row.
+machine disturbs both alike. Prints a line per row with the ratio vmap / in turn (above 1: one
+at a time is faster), whether the two layouts' numbers (per-task CE; the params and optimiser
+state after the step) agree bit for bit, their largest difference relative to each array's
+largest value, and one JSON line per row.
 """
 
 from __future__ import annotations

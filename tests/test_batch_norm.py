@@ -131,7 +131,8 @@ def test_a_workdir_saved_before_eval_seed_keeps_its_tasks_and_batch_statistics(t
     config = runs.load_config(str(tmp_path))
     assert config.task_seed == 3 and config.eval_seed is None
     assert config.learner_options == {**dataclasses.asdict(ProtoNetsOptions()), "filters": 8,
-                                      "bn_stats": "batch", "conv": "gemm_grad"}
+                                      "bn_stats": "batch", "conv": "gemm_grad",
+                                      "tasks_on_cpu": "vmap"}
     assert runs.build(config)[0].recipe.running_bn is None
     today = train.TrainConfig(**{**TINY.to_json(), "seed": 3})
     assert runs.config_differences(saved, today) == ["eval_seed", "learner_options"]

@@ -1,6 +1,7 @@
 """A changed learner-option default never changes what an existing workdir computes: config.json
 records every learner option (given or default), and one saved before that (only the options
-given on its command line) reads back with the defaults it ran with (ProtoNets' conv=gemm_grad),
+given on its command line) reads back with the defaults it ran with (ProtoNets' conv=gemm_grad
+and tasks_on_cpu=vmap),
 also under a later default (``conv_default_auto``: ProtoNets' conv default made "auto", as the
 other learners')."""
 
@@ -66,17 +67,22 @@ def file_bytes(folder: str) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def old_run(tmp_path_factory):
-    """A finished ProtoNets run trained with the convolution old runs used (given explicitly),
-    then made to look as such a run looks: its config.json without ``conv``. Returns its
+    """A finished ProtoNets run trained with the convolution and the CPU task layout old runs
+    used (given explicitly), then made to look as such a run looks: its config.json without
+    ``conv`` and ``tasks_on_cpu``, its test record without ``tasks_in_turn``. Returns its
     workdir and the config.json and results.json config it was written with."""
     workdir = str(tmp_path_factory.mktemp("old") / "run")
     with command_module("train") as module:
         code, _, err = run_in_process(module, "train", [
-            *ARGS, "--learner_option=conv=gemm_grad", f"--workdir={workdir}"])
+            *ARGS, "--learner_option=conv=gemm_grad", "--learner_option=tasks_on_cpu=vmap",
+            f"--workdir={workdir}"])
     assert code == 0, err
     written = {"config.json": results.read_json(os.path.join(workdir, "config.json")),
                "results.json": results.read_json(os.path.join(workdir, "results.json"))["config"]}
     as_saved_before_resolving(workdir, {"filters": 8})
+    stored = results.read_json(os.path.join(workdir, "results.json"))
+    assert stored["test"].pop("tasks_in_turn") is False  # vmap: on CPU as asked, else always
+    results.write_json(os.path.join(workdir, "results.json"), stored)
     return workdir, written
 
 
@@ -86,6 +92,7 @@ def test_a_run_records_every_learner_option(old_run, tmp_path, conv_default_auto
     for name, config in written.items():
         assert set(config["learner_options"]) == every, name
         assert config["learner_options"]["conv"] == "gemm_grad"
+        assert config["learner_options"]["tasks_on_cpu"] == "vmap"
         assert config["learner_options"]["bn_stats"] == "running"
     workdir = str(tmp_path / "new")
     runs.check_workdir_config(workdir, TINY)  # what a new run writes first
@@ -101,6 +108,7 @@ def test_an_old_protonets_config_reads_as_gemm_grad_and_verifies_bit_equal(
         "filters": 8}
     config = runs.load_config(workdir)
     assert config.learner_options["conv"] == "gemm_grad"
+    assert config.learner_options["tasks_on_cpu"] == "vmap"
     assert config.learner_options["filters"] == 8
     with command_module("verify") as module:
         code, out, err = run_in_process(module, "verify", [f"--workdir={workdir}"])
@@ -118,13 +126,15 @@ def test_resuming_an_old_run_with_its_flags_names_the_option_whose_default_chang
     assert code == 2, out + err
     assert err.strip().splitlines() == [
         f"error: workdir {workdir!r} holds a run with a different config: learner_options conv: "
-        f"the workdir ran gemm_grad, this command gives auto (add "
-        f"--learner_option=conv=gemm_grad to continue it)"]
+        f"the workdir ran gemm_grad, this command gives auto; learner_options tasks_on_cpu: the "
+        f"workdir ran vmap, this command gives in_turn (add --learner_option=conv=gemm_grad "
+        f"--learner_option=tasks_on_cpu=vmap to continue it)"]
     after = file_bytes(workdir)
     assert after == before  # nothing written
     # With the option the line names, it is the same run: nothing to refuse.
     runs.check_workdir_config(workdir, dataclasses.replace(
-        TINY, learner_options={"filters": 8, "conv": "gemm_grad"}), create=False)
+        TINY, learner_options={"filters": 8, "conv": "gemm_grad", "tasks_on_cpu": "vmap"}),
+        create=False)
 
 
 def test_a_changed_default_does_not_change_what_a_workdir_resumes_with(tmp_path, monkeypatch):

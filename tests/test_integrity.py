@@ -20,6 +20,7 @@ import time
 import pytest
 
 from cfsl_jax.experiments import sweep, verify
+from cfsl_jax.protocol import episode
 from cfsl_jax.runtime import checksums, disk, locks
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training import evaluate as evaluation
@@ -150,28 +151,37 @@ def test_a_workdir_written_before_checksums_still_verifies(tmp_path, capsys, fin
     assert "[verify] checksums" not in said
 
 
-def test_a_test_recorded_before_tasks_ran_in_turn_is_re_tested_as_it_ran(tmp_path, monkeypatch,
-                                                                         finished):
-    """ProtoNets' test tasks ran as one vmap on CPU before 2026-11-28 (now one at a time, its
-    record says ``tasks_in_turn``): verify re-tests a record without the field as one vmap, a
-    record with it as it says, and both MATCH."""
+def test_a_run_from_before_tasks_ran_in_turn_is_re_tested_as_it_ran(
+        tmp_path, monkeypatch, finished):
+    """ProtoNets ran a CPU batch of tasks as one vmap before 2026-11-28 (now one at a time): a
+    config.json saved then (no ``tasks_on_cpu``) reads back as ``vmap``, so verify re-tests its
+    record (no ``tasks_in_turn``) as one vmap and MATCHes (its training, resumed, reads the
+    same rule: ``episode.sequential(mesh, learner)``)."""
     real, asked = evaluation.evaluate, []
-    monkeypatch.setattr(evaluation, "evaluate", lambda *a, **k: asked.append(
-        k.get("tasks_in_turn")) or real(*a, **k))
+    monkeypatch.setattr(evaluation, "evaluate", lambda learner, *a, **k: asked.append(
+        (learner.recipe.vmap_on_cpu, k.get("tasks_in_turn"))) or real(learner, *a, **k))
     workdir = copied(finished, tmp_path)
-    assert verify.verify(workdir) == [] and asked == [True]
+    in_turn = episode.sequential()  # on CPU (on an accelerator a vmap either way)
+    assert verify.verify(workdir) == [] and asked == [(False, in_turn)]
     recorded = results.read_json(os.path.join(workdir, "results.json"))
-    assert recorded["test"]["tasks_in_turn"] is True
-    learner, splits = runs.build(CONFIG)
-    params = runs.restore_params(CONFIG, learner, splits, workdir, ensemble=True)
+    assert recorded["test"]["tasks_in_turn"] is in_turn
+    old = dataclasses.replace(CONFIG, learner_options={**CONFIG.learner_options,
+                                                       "tasks_on_cpu": "vmap"})
+    learner, splits = runs.build(old)
+    params = runs.restore_params(old, learner, splits, workdir, ensemble=True)
     vmapped = real(learner, params, splits["test"], num_tasks=CONFIG.test_tasks,
                    seed=CONFIG.task_seed, batch_size=CONFIG.eval_batch, ensemble=True,
-                   cost_metrics=False, tasks_in_turn=False)
-    assert vmapped.tasks_in_turn is False
+                   cost_metrics=False)
+    assert vmapped.tasks_in_turn is False and not episode.sequential(learner=learner)
     del recorded["test"]["tasks_in_turn"]
     recorded["test"].update({k: vmapped[k] for k in verify.CHECKED_METRICS})
+    saved = results.read_json(os.path.join(workdir, "config.json"))
+    for entry in (saved, recorded["config"]):
+        del entry["learner_options"]["tasks_on_cpu"]
     results.write_json(os.path.join(workdir, "results.json"), recorded)
-    assert verify.verify(workdir) == [] and asked == [True, False]
+    results.write_json(os.path.join(workdir, "config.json"), saved)
+    assert runs.load_config(workdir).learner_options["tasks_on_cpu"] == "vmap"
+    assert verify.verify(workdir) == [] and asked[1:] == [(True, None)]
 
 
 def test_a_nan_names_its_step_and_the_checkpoint_it_resumed_from(tmp_path, monkeypatch,

@@ -8,7 +8,6 @@ import os
 
 import jax
 
-from cfsl_jax.protocol import episode
 from cfsl_jax.runtime import checksums, files, progress
 from cfsl_jax.training import checkpoints, pack_eval, results
 from cfsl_jax.training import runs
@@ -103,7 +102,7 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
                                    num_tasks=config.test_tasks, seed=config.task_seed,
                                    batch_size=config.eval_batch, cost_metrics=False,
                                    ensemble=runs.selects_epochs(config, learner),
-                                   tasks_in_turn=tested_in_turn(stored, recorded, learner))
+                                   tasks_in_turn=tested_in_turn(stored, recorded))
         report = retest(params)
         relative = _relative_differences(report, stored)
         if relative and stored.pack_runs:  # tested by its pack (results.json's test_in_pack)
@@ -132,16 +131,14 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
     return differences
 
 
-def tested_in_turn(stored, recorded: dict, learner) -> bool | None:
-    """Whether the recorded test ran each device's tasks one at a time (as a re-test must, to be
-    bit-equal), where this backend is the one it ran on; None (this backend's default) on another.
-    A test recorded before the record said (``tasks_in_turn`` None) ran them one at a time on CPU
-    only for per-task-weight learners."""
+def tested_in_turn(stored, recorded: dict) -> bool | None:
+    """How the recorded test ran each device's tasks (one at a time or one vmap), as a re-test
+    on the backend it ran on must, to be bit-equal; None (the learner's rule,
+    ``episode.sequential``) on another backend or for a record written before it said (a
+    ProtoNets config saved then reads back as ``tasks_on_cpu=vmap``, the rule it ran)."""
     if recorded.get("backend") not in (None, jax.default_backend()):
         return None
-    if stored.tasks_in_turn is not None:
-        return stored.tasks_in_turn
-    return learner.recipe.per_task_weights and episode.sequential()
+    return stored.tasks_in_turn
 
 
 def _relative_differences(report, stored) -> dict[str, float]:

@@ -51,6 +51,7 @@ from cfsl_jax.protocol.spec import TaskSpec
 
 DISTANCES: tuple[str, ...] = ("squared_euclidean", "dot")
 BN_STATS: tuple[str, ...] = ("running", "batch")
+TASKS_ON_CPU: tuple[str, ...] = ("in_turn", "vmap")
 
 
 class ProtoState(NamedTuple):
@@ -90,6 +91,10 @@ class ProtoNetsOptions:
                        "gemm_grad (XLA's convolution) in validation and test, which take no "
                        "gradients; runs saved before this default ran 'gemm_grad'.",
                        choices=CONV_IMPLS)
+    tasks_on_cpu: str = option("in_turn", "How a CPU device runs a batch of tasks: one at a "
+                               "time ('in_turn', the faster program there) or one 'vmap' (runs "
+                               "saved before 2026-11-28; rounding apart, the same numbers). "
+                               "Accelerators run one vmap either way.", choices=TASKS_ON_CPU)
 
     def __post_init__(self):
         check_fields(self)
@@ -123,7 +128,8 @@ def protonets(spec: TaskSpec, opts: ProtoNetsOptions = ProtoNetsOptions(), *,
 
     def learner(embed: Conv4, recipe: Recipe = Recipe()) -> Learner:
         adapt, predict = _episode_fns(embed, spec, state_dtype, last_sample_prototype, distance)
-        return Learner("protonets", spec, init_params, init, adapt, predict, recipe)
+        return Learner("protonets", spec, init_params, init, adapt, predict,
+                       recipe._replace(vmap_on_cpu=opts.tasks_on_cpu == "vmap"))
 
     # conv=auto: im2col where gradients are taken (meta-training: 1.1-1.2x faster than gemm_grad,
     # and it batches under vmap), gemm_grad -- XLA's convolution forward -- in validation and

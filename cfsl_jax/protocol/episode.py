@@ -127,18 +127,20 @@ def meta_loss(learner: Learner, params: Params, support_x: jax.Array, support_y:
     return target_loss(learner, params, support_x, support_y, target_x, target_y, key, unroll)
 
 
-def sequential(mesh: Mesh | None = None) -> bool:
+def sequential(mesh: Mesh | None = None, learner: Learner | None = None) -> bool:
     """Whether a batch of tasks runs one task at a time per device (not one vmap): on CPU
-    (``mesh``'s devices, default ``backend.lowering_platform()``), for every learner.
+    (``mesh``'s devices, default ``backend.lowering_platform()``), for every learner but one
+    that asks for a vmap there (``Recipe.vmap_on_cpu``: runs saved before 2026-11-28).
 
     On XLA:CPU one task at a time is the faster program: vmapping per-task weights turns
     convolutions into slow grouped ones, and even with shared weights (ProtoNets) one vmap of a
-    batch of tasks ran 1.7-2.9x slower in evaluation and 1.2-1.5x slower in meta-training, and
+    batch of tasks ran 1.8-2.3x slower in evaluation and up to 1.6x slower in meta-training, and
     held the whole batch's activations (docs/results.md, "Tasks one at a time on CPU"). On an
     accelerator a vmap of the batch is what fills the device.
     """
     platform = mesh.devices.flat[0].platform if mesh is not None else None
-    return not backend.is_accelerator(platform)
+    return not backend.is_accelerator(platform) and not (
+        learner is not None and learner.recipe.vmap_on_cpu)
 
 
 def run_tasks(learner: Learner, params: Params, support_x: jax.Array, support_y: jax.Array,
@@ -147,10 +149,10 @@ def run_tasks(learner: Learner, params: Params, support_x: jax.Array, support_y:
     """``run_task`` over a batch of tasks (leading axis B on every array but ``params``).
 
     The batch is laid along ``mesh`` (default: one device) with ``parallel.map_tasks``,
-    one task at a time (``in_turn=True``) or as one vmap; default ``sequential(mesh)``.
+    one task at a time (``in_turn=True``) or as one vmap; default ``sequential(mesh, learner)``.
     """
     mesh = mesh or parallel.make_mesh(1)
-    in_turn = sequential(mesh) if in_turn is None else in_turn
+    in_turn = sequential(mesh, learner) if in_turn is None else in_turn
     return parallel.map_tasks(lambda sx, sy, tx, k, p: run_task(learner, p, sx, sy, tx, k),
                               (support_x, support_y, target_x, keys), mesh, in_turn,
                               shared=params)

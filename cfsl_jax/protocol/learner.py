@@ -87,10 +87,12 @@ class Recipe(NamedTuple):
     ``training``: how ``params`` are obtained: "meta" (episodic meta-training on tasks),
     "pretrain" (ordinary cross-entropy on all training classes, ``cfsl_jax.training.pretrain``;
     params must hold the backbone under "embed") or "none" (a fixed function of the seed).
+    ``vmap_on_cpu``: a CPU device runs a batch of this learner's tasks as one vmap, not one at a
+    time (``episode.sequential``; ProtoNets' ``tasks_on_cpu=vmap``, what runs saved before
+    2026-11-28 ran).
     ``per_task_weights``: whether ``state`` holds per-task copies of network weights
     (fine-tuning). Before 2026-11-28 only such learners ran their tasks one after another on
-    CPU (now every learner does, ``episode.sequential``); ``launch.verify`` re-tests a run
-    recorded before then the way it was tested.
+    CPU; now every learner does (``episode.sequential``) unless ``vmap_on_cpu``.
     ``meta_loss``: the learner's own meta-training objective (multi-step loss, SCA); None means
     the mean target cross-entropy of ``episode.run_task``.
     ``for_epoch``: the learner to meta-train with in a given epoch (e.g. a first-order variant
@@ -109,6 +111,7 @@ class Recipe(NamedTuple):
     embed_apply: Callable[[Params, jax.Array], jax.Array] | None = None
     evaluation: "Learner | None" = None
     running_bn: RunningBN | None = None
+    vmap_on_cpu: bool = False
 
 
 class Learner(NamedTuple):

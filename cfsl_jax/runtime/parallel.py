@@ -118,7 +118,7 @@ def map_tasks(fn, tasks: tuple, mesh: Mesh, sequential: bool, shared: Any = ()):
     ``shard_map`` keeps the mesh's global sharding, and an op that copies that sharding
     (``zeros_like``, a gather) fails on a mesh of more than one device (a split sharded by
     ``place_split`` would be gathered whole for it: training never shards one on CPU, the
-    only platform with ``sequential``). B must be a multiple of the mesh size.
+    only platform where ``sequential`` is the default). B must be a multiple of the mesh size.
     """
     size = jax.tree.leaves(tasks)[0].shape[0]
     if size % mesh.size:

@@ -136,10 +136,12 @@ LEGACY_DEFAULTS: dict[str, Any] = {"pretrain_data": "uniform", "eval_seed": None
 # since: learner -> option -> (value, ``since``). ``since`` is a field that every config.json saved
 # after the change holds (the file then lacks the option because it ran today's default), or None
 # (every file that lacks the option ran ``value``). ProtoNets ran gemm_grad convolutions until its
-# default became auto; protonets, maml_high and sca ran batch-statistics batch norm until
-# eval_seed was added.
+# default became auto, and ran a CPU batch of tasks as one vmap until tasks_on_cpu was added
+# (2026-11-28); protonets, maml_high and sca ran batch-statistics batch norm until eval_seed was
+# added.
 LEGACY_LEARNER_OPTIONS: dict[str, dict[str, tuple[Any, str | None]]] = {
-    "protonets": {"bn_stats": ("batch", "eval_seed"), "conv": ("gemm_grad", None)},
+    "protonets": {"bn_stats": ("batch", "eval_seed"), "conv": ("gemm_grad", None),
+                  "tasks_on_cpu": ("vmap", None)},
     "maml_high": {"bn_stats": ("batch", "eval_seed")},
     "sca": {"bn_stats": ("batch", "eval_seed")},
 }

@@ -95,8 +95,8 @@ def tasks_in_flight(spec: TaskSpec, image_shape: tuple[int, ...]) -> int:
 
 @functools.partial(jax.jit, static_argnames=("learner", "ensemble", "mesh", "runs", "in_turn"))
 def _evaluate_chunk(learner: Learner, params: Any, split: data.Split, key_data: jax.Array,
-                    ensemble: bool, mesh: Mesh, runs: bool = False, in_turn: bool = False
-                    ) -> dict[str, jax.Array]:
+                    ensemble: bool, mesh: Mesh, runs: bool = False,
+                    in_turn: bool | None = None) -> dict[str, jax.Array]:
     spec = learner.spec
     keys = jax.random.wrap_key_data(key_data)
     tasks = jax.vmap(lambda k: sample_task(k, split.class_table, split.class_sizes, spec))(keys)
@@ -165,7 +165,7 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
         raise ValueError(f"num_tasks and batch_size must be >= 1, got {num_tasks}, {batch_size}")
     check_split(split.class_table, split.class_sizes, spec)
     mesh = mesh or parallel.make_mesh()
-    in_turn = episode.sequential(mesh) if tasks_in_turn is None else bool(tasks_in_turn)
+    in_turn = episode.sequential(mesh, learner) if tasks_in_turn is None else bool(tasks_in_turn)
     image_shape = tuple(split.images.shape[1:])
     per_device = min(batch_size, -(-num_tasks // mesh.size), tasks_in_flight(spec, image_shape))
     batch_size = per_device * mesh.size

@@ -46,7 +46,7 @@ def train_step_fn(learner: Learner, optimizer: optax.GradientTransformation, met
     """
     spec = learner.spec
     mesh = mesh or parallel.make_mesh(1)
-    in_turn = episode.sequential(mesh) if in_turn is None else in_turn
+    in_turn = episode.sequential(mesh, learner) if in_turn is None else in_turn
     padded = parallel.padded(meta_batch, mesh)
 
     def task_loss(params, task, progress):  # task: support x, y, target x, y, key
