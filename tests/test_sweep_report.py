@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from cfsl_jax.experiments import figures, paper_results, report, sweep, sweep_plan
+from cfsl_jax.training import results, runs
 from cfsl_jax.training.config import TrainConfig
 from conftest import (TEST_PRECISION, TINY_SWEEP, TINY_SWEEP_LEARNER_OPTIONS,
                       WORKER_JAX_OPTIONS, interruptible_module)
@@ -236,6 +237,28 @@ def test_a_changed_budget_is_a_conflict_and_is_not_run(killed_and_resumed):
     outcomes = sweep.run_sweep(configs, sweep_dir, workers=2, log=lambda line: None)
     assert [o.status for o in outcomes] == ["conflict"]
     assert "fields: epochs" in outcomes[0].detail
+
+
+def test_a_changed_learner_option_default_is_a_conflict_naming_the_sweep_flag(tmp_path):
+    """A ProtoNets run saved before ``tasks_on_cpu`` (its config.json without it: it ran ``vmap``)
+    in a sweep directory: today's sweep is a conflict whose line names the option, both values
+    and the sweep's flag that continues it; with that flag the run is the sweep's own."""
+    config = tiny_configs()[0]
+    assert config.learner == "protonets"
+    sweep_dir = str(tmp_path / "sweep")
+    workdir = sweep_plan.run_dir(sweep_dir, config)
+    runs.check_workdir_config(workdir, config)
+    saved = results.read_json(os.path.join(workdir, "config.json"))
+    del saved["learner_options"]["tasks_on_cpu"]
+    results.write_json(os.path.join(workdir, "config.json"), saved)
+    (_, status, detail), = sweep_plan.plan([config], sweep_dir)
+    assert status == "conflict"
+    assert detail == (f"{workdir} holds a run with a different config: learner_options "
+                      f"tasks_on_cpu: the workdir ran vmap, this command gives in_turn (add "
+                      f"--learner_option=protonets:tasks_on_cpu=vmap to continue it)")
+    old = dataclasses.replace(config, learner_options={**config.learner_options,
+                                                       "tasks_on_cpu": "vmap"})
+    assert sweep_plan.plan([old], sweep_dir)[0][1] == "partial"
 
 
 def test_a_learner_that_does_not_build_is_skipped_with_its_reason():

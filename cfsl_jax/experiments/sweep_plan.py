@@ -144,10 +144,10 @@ def status(run: Run) -> tuple[str, str]:
     config_path = files.join(run.workdir, "config.json")
     if not files.exists(config_path):
         return "new", ""
-    differs = runs.config_differences(results.read_json(config_path), run.config)
-    if differs:
-        return "conflict", (f"{run.workdir} holds a run with a different config (fields: "
-                            f"{', '.join(differs)}); use another sweep directory")
+    differences = runs.describe_differences(results.read_json(config_path), run.config,
+                                            sweep=True)
+    if differences:
+        return "conflict", f"{run.workdir} holds a run with a different config{differences}"
     if files.exists(files.join(run.workdir, "results.json")):
         return "done", ""
     return "partial", ""

@@ -93,7 +93,8 @@ class ProtoNetsOptions:
                        choices=CONV_IMPLS)
     tasks_on_cpu: str = option("in_turn", "How a CPU device runs a batch of tasks: one at a "
                                "time ('in_turn', the faster program there) or one 'vmap' (runs "
-                               "saved before 2026-11-28; rounding apart, the same numbers). "
+                               "saved before this option existed; rounding apart, the same "
+                               "numbers). "
                                "Accelerators run one vmap either way.", choices=TASKS_ON_CPU)
 
     def __post_init__(self):

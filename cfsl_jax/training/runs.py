@@ -105,19 +105,22 @@ def config_differences(saved: dict, config: TrainConfig) -> list[str]:
                   if saved.get(k) != current.get(k) and k not in _NOT_IDENTITY)
 
 
-def describe_differences(saved: dict, config: TrainConfig) -> str:
+def describe_differences(saved: dict, config: TrainConfig, sweep: bool = False) -> str:
     """How ``config`` differs from a saved ``config.json``, as the end of a refusal ('' if it
     does not): the fields, or, where only learner options differ, each option with both values
-    and the flags that continue the saved run."""
+    and the flags that continue the saved run (``sweep``: ``launch.sweep``'s, scoped to the
+    learner, and another sweep directory for other fields)."""
     differs = config_differences(saved, config)
     if differs != ["learner_options"]:
-        return f" (fields: {', '.join(differs)}); use a new workdir" if differs else ""
+        elsewhere = "another sweep directory" if sweep else "a new workdir"
+        return f" (fields: {', '.join(differs)}); use {elsewhere}" if differs else ""
     ran = from_json(saved).learner_options  # both resolved: every option of the learner
     given = config.to_json()["learner_options"]
     names = sorted(k for k in set(ran) | set(given) if ran.get(k) != given.get(k))
     words = "; ".join(f"learner_options {k}: the workdir ran {_flag_value(ran.get(k))}, this "
                       f"command gives {_flag_value(given.get(k))}" for k in names)
-    flags = " ".join(f"--learner_option={k}={_flag_value(ran.get(k))}" for k in names)
+    scope = f"{config.learner}:" if sweep else ""
+    flags = " ".join(f"--learner_option={scope}{k}={_flag_value(ran.get(k))}" for k in names)
     return f": {words} (add {flags} to continue it)"
 
 
