@@ -130,7 +130,8 @@ def meta_loss(learner: Learner, params: Params, support_x: jax.Array, support_y:
 def sequential(mesh: Mesh | None = None, learner: Learner | None = None) -> bool:
     """Whether a batch of tasks runs one task at a time per device (not one vmap): on CPU
     (``mesh``'s devices, default ``backend.lowering_platform()``), for every learner but one
-    that asks for a vmap there (``Recipe.vmap_on_cpu``: runs saved before 2026-11-28).
+    that asks for a vmap there (``Recipe.vmap_on_cpu``: ProtoNets runs saved before its
+    ``tasks_on_cpu`` option existed).
 
     On XLA:CPU one task at a time is the faster program: vmapping per-task weights turns
     convolutions into slow grouped ones, and even with shared weights (ProtoNets) one vmap of a

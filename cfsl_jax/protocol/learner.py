@@ -88,8 +88,8 @@ class Recipe(NamedTuple):
     "pretrain" (ordinary cross-entropy on all training classes, ``cfsl_jax.training.pretrain``;
     params must hold the backbone under "embed") or "none" (a fixed function of the seed).
     ``vmap_on_cpu``: a CPU device runs a batch of this learner's tasks as one vmap, not one at a
-    time (``episode.sequential``; ProtoNets' ``tasks_on_cpu=vmap``, what runs saved before
-    2026-11-28 ran).
+    time (``episode.sequential``; ProtoNets' ``tasks_on_cpu=vmap``, what its runs saved before
+    that option existed ran).
     ``per_task_weights``: whether ``state`` holds per-task copies of network weights
     (fine-tuning). Before 2026-11-28 only such learners ran their tasks one after another on
     CPU; now every learner does (``episode.sequential``) unless ``vmap_on_cpu``.
