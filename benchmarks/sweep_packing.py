@@ -117,6 +117,11 @@ def main(argv) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         base = _KEEP.value or scratch
         solo_dir, pack_dir = os.path.join(base, "pack1"), os.path.join(base, f"pack{_PACK.value}")
+        for folder in (solo_dir, pack_dir):
+            if os.path.exists(folder):  # a sweep there would resume, not measure
+                sys.exit(f"sweep_packing: --keep={base} already holds {folder}; "
+                         "give an empty or new folder")
+        os.makedirs(base, exist_ok=True)
         solo_s = sweep(solo_dir, 1)
         pack_s = sweep(pack_dir, _PACK.value)
         solo, packed = finished(solo_dir), finished(pack_dir)

@@ -300,8 +300,9 @@ def test_a_stop_while_jax_is_imported_is_one_line_and_130(tmp_path, after):
     out, err = process.communicate(timeout=120)
     assert process.returncode == 130, err
     assert err.strip().splitlines()[-1].startswith("interrupted") and "Traceback" not in err
-    assert not workdir.exists() or (after > 0.5 and err.strip().splitlines()[-1].endswith(
-        f"{workdir}: re-run the same command to resume"))
+    assert not workdir.exists() or (after > 0.5 and err.strip().splitlines()[-1].endswith((
+        f"before its first checkpoint; no step is kept in {workdir}: re-run the same command "
+        "to start it", f"{workdir}: re-run the same command to resume")))
 
 
 def mounted_tmpfs(folder, size: str):

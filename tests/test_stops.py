@@ -221,7 +221,8 @@ def test_a_scheduler_handler_inside_a_deferred_block_runs_at_its_end():
 
 def test_a_stop_outside_every_phase_says_how_to_resume(monkeypatch, tmp_path):
     """SIGTERM while the run is being built (before a phase holds state): one ``Stopped`` that
-    names the signal and how to resume, with the termination status; nothing is written."""
+    names the signal, that no step is kept and how to start it, with the termination status;
+    nothing is written."""
     workdir = str(tmp_path / "stopped")
     built = train.init_params
 
@@ -239,7 +240,8 @@ def test_a_stop_outside_every_phase_says_how_to_resume(monkeypatch, tmp_path):
         signal.signal(SIGTERM, previous)
     assert stop.value.exit_status == 128 + SIGTERM
     assert stops.name(SIGTERM) in str(stop.value)
-    assert str(stop.value).endswith(f"in {workdir}: re-run the same command to resume")
+    assert str(stop.value).endswith(f"before its first checkpoint; no step is kept in {workdir}: "
+                                    "re-run the same command to start it")
     assert not os.path.exists(os.path.join(workdir, "results.json"))
 
 

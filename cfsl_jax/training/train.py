@@ -191,8 +191,11 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
         # outside a phase (building, restoring, between phases): no step was taken since the
         # last checkpoint, so there is nothing to save
         stops.clear()
-        raise loop.interrupted(stop, "between training steps", "its checkpoints are",
-                               workdir) from None
+        if has_checkpoints(workdir):
+            raise loop.interrupted(stop, "between training steps", "its checkpoints are",
+                                   workdir) from None
+        raise loop.interrupted(stop, "before its first checkpoint", "no step is kept",
+                               workdir, then="start it") from None
     except Exception as error:
         if new and files.isdir(workdir) and refused(error) and not has_checkpoints(workdir):
             files.rmtree(workdir)
