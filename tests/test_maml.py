@@ -23,6 +23,7 @@ from cfsl_jax.models.densenet import SEDenseNet
 from cfsl_jax.models.norm import PerStepBatchNorm
 from cfsl_jax.protocol.sampler import sample_task, sample_tasks
 from cfsl_jax.protocol.spec import TaskSpec
+from cfsl_jax.training.train import TrainConfig, per_task_meta_step_macs
 from conftest import compile_unoptimised
 
 IMAGE = (28, 28, 1)
@@ -372,6 +373,27 @@ def test_macs_of_adaptation_prediction_and_one_meta_training_step():
     assert macs["macs_predict"] == one["macs_predict"] > 0
     step = meta_step_macs(learner, params, SMALL)
     assert step > 2 * (TINY_SPEC.nss * macs["macs_adapt"] + macs["macs_predict"])
+
+
+def test_a_rolled_inner_loop_counts_the_macs_of_the_unrolled_one():
+    """XLA counts a loop's body once: with ``unroll_inner=False`` the S=2 inner steps are a
+    scan, and the MACs (adaptation, per task, a meta-training step) are still every step's."""
+    unrolled = get_learner("maml_low", TINY_SPEC, **TINY_LOW)
+    rolled = get_learner("maml_low", TINY_SPEC, unroll_inner=False, **TINY_LOW)
+    params = init(unrolled, SMALL)
+    assert unrolled.recipe.counted is None and rolled.recipe.counted is not None
+    counts = {learner: metrics.learner_macs(learner.evaluated, params, SMALL)
+              for learner in (unrolled, rolled)}
+    assert counts[rolled] == counts[unrolled]
+    assert counts[rolled]["macs_adapt"] > 1.5 * metrics.xla_macs(  # the scan counted alone
+        rolled.adapt, params, rolled.init(params, jax.random.key(0), TINY_SPEC),
+        jnp.zeros((TINY_SPEC.support_size, *SMALL)), jnp.zeros(TINY_SPEC.support_size, int))
+    steps = {ui: per_task_meta_step_macs(
+        TrainConfig(learner="maml_low", task="B3", spec_overrides=dict(
+            nss=2, nc=2, ks=1, kt=1, cci=1, overwrite=False), learner_options={
+            **{k: v for k, v in TINY_LOW.items() if k != "image_shape"}, "unroll_inner": ui}),
+        None, params, SMALL) for ui in (True, False)}
+    assert steps[True] == steps[False] > 0
 
 
 @pytest.mark.parametrize("name,option,value", [

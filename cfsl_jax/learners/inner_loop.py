@@ -148,7 +148,9 @@ class InnerLoop(NamedTuple):
     featurize: Callable  # (params, x) -> features (identity without an embedding)
     logits: Callable  # (params, fast, features, step) -> logits
     sgd_step: Callable  # (params, fast, loss_fn(fast), step, first_order) -> fast
-    adapt: Callable  # first_order -> (params, state, x, y) -> state (checkpointed)
+    # (first_order, unrolled=options.unroll_inner) -> (params, state, x, y) -> state
+    # (checkpointed); ``unrolled=True``: the S inner steps unrolled (what XLA counts exactly)
+    adapt: Callable
     objective: Callable  # first_order -> (params, sx, sy, tx, ty, key, progress) -> TaskObjective
     # with running BN averages: the loop that evaluation runs (the embedding on them), and
     # (params, support_x, target_x) -> the moments of the training forward passes
@@ -269,7 +271,7 @@ def make_inner_loop(spec: TaskSpec, image_shape: tuple[int, ...], net: nn.Module
         policy = jax.checkpoint_policies.dots_saveable if options.remat == "dots" else None
         return jax.checkpoint(fn, policy=policy, prevent_cse=False)
 
-    def make_adapt(first_order: bool):
+    def make_adapt(first_order: bool, unrolled: bool):
         def adapt(params, state, support_x, support_y):
             features = featurize(params, support_x)
             frozen, rates = view(params, state.step, S)
@@ -280,7 +282,7 @@ def make_inner_loop(spec: TaskSpec, image_shape: tuple[int, ...], net: nn.Module
                 return update(fast, jax.grad(loss_fn)(fast), rates, s, first_order)
 
             fast = split_fast(params["net"])[0] if options.restart_each_support_set else state.fast
-            if options.unroll_inner:
+            if unrolled:
                 for s in range(S):
                     fast = one_step(fast, s)
             else:
@@ -290,10 +292,14 @@ def make_inner_loop(spec: TaskSpec, image_shape: tuple[int, ...], net: nn.Module
 
         return remat(adapt)
 
-    adapts = {order: make_adapt(order) for order in (False, True)}
+    adapts = {(order, unrolled): make_adapt(order, unrolled)
+              for order in (False, True) for unrolled in (False, True)}
+
+    def adapt_of(first_order: bool, unrolled: bool | None = None):
+        return adapts[first_order, options.unroll_inner if unrolled is None else unrolled]
 
     def make_objective(first_order: bool):
-        adapt = adapts[first_order]
+        adapt = adapt_of(first_order)
 
         def objective(params, support_x, support_y, target_x, target_y, key, progress):
             target_features = featurize(params, target_x)
@@ -335,7 +341,7 @@ def make_inner_loop(spec: TaskSpec, image_shape: tuple[int, ...], net: nn.Module
                   make_inner_loop(spec, image_shape, net, options, embed_eval, extra_steps,
                                   embed_init))
     return InnerLoop(spec, options, num_steps, init_params, init, featurize, logits, sgd_step,
-                     adapts.__getitem__, make_objective, evaluation,
+                     adapt_of, make_objective, evaluation,
                      moments if running else None)
 
 
@@ -374,15 +380,25 @@ def assemble(name: str, loop: InnerLoop, predict: Callable | None = None,
         first = options.first_order or epoch < options.first_order_epochs
         return variants[first]
 
+    def counted(of: InnerLoop, first: bool) -> Learner | None:
+        """With the inner steps rolled (``unroll_inner=False``), the same learner unrolled:
+        XLA counts a loop's body once, so MACs are counted on this one."""
+        if options.unroll_inner:
+            return None
+        return Learner(name, of.spec, loop.init_params, of.init, of.adapt(first, True),
+                       predict(of, first), Recipe(per_task_weights=True))
+
     recipe = Recipe(training="meta", per_task_weights=True, for_epoch=for_epoch)
     if loop.evaluation is not None:
         ev = loop.evaluation
         recipe = recipe._replace(
             evaluation=Learner(name, ev.spec, loop.init_params, ev.init, ev.adapt(False),
-                               predict(ev, False), Recipe(per_task_weights=True)),
+                               predict(ev, False),
+                               Recipe(per_task_weights=True, counted=counted(ev, False))),
             running_bn=RunningBN("embed_stats", loop.moments))
     for first in (False, True):
         variants[first] = Learner(name, loop.spec, loop.init_params, loop.init,
                                   loop.adapt(first), predict(loop, first),
-                                  recipe._replace(meta_loss=meta_loss(first)))
+                                  recipe._replace(meta_loss=meta_loss(first),
+                                                  counted=counted(loop, first)))
     return variants[options.first_order]

@@ -102,6 +102,9 @@ class Recipe(NamedTuple):
     ``evaluation``: the learner that validation and test run (``cfsl_jax.training.evaluate``),
     e.g. with batch norm on running averages; None: this one.
     ``running_bn``: how meta-training updates those running averages (``RunningBN``).
+    ``counted``: the same learner with its loops unrolled, whose ``init``/``adapt``/``predict``
+    XLA counts exactly (``metrics.learner_macs``: XLA counts a loop's body once); None: this
+    one (its loops are unrolled, e.g. MAML++'s inner steps unless ``unroll_inner=False``).
     """
 
     training: str = "meta"
@@ -112,6 +115,7 @@ class Recipe(NamedTuple):
     evaluation: "Learner | None" = None
     running_bn: RunningBN | None = None
     vmap_on_cpu: bool = False
+    counted: "Learner | None" = None
 
 
 class Learner(NamedTuple):

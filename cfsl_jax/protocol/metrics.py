@@ -23,9 +23,11 @@ Definitions (as in the README, "Metrics"):
   that fall on SAME padding are skipped, so a conv layer counts fewer MACs
   than the textbook ``H*W*K*K*Cin*Cout``. Elementwise ops count too. XLA
   counts the body of a loop (``lax.scan``, ``fori_loop``) ONCE, whatever its
-  trip count: learners unroll their few inner steps inside ``adapt``, and
-  ``episode.meta_step_macs`` unrolls the scan over support sets, so the counts are
-  exact; a learner whose ``adapt`` keeps a rolled loop would be undercounted.
+  trip count: learners unroll their few inner steps inside ``adapt`` (a learner
+  built with a rolled loop, MAML++'s ``unroll_inner=False``, is counted through its
+  unrolled twin, ``Recipe.counted``), and ``episode.meta_step_macs`` unrolls the scan
+  over support sets (``per_task_meta_step_macs`` rebuilds MAML++/SCA with ``unroll`` and
+  ``unroll_inner``), so the counts are exact.
 """
 
 from __future__ import annotations
@@ -205,6 +207,7 @@ def learner_macs(learner, params, image_shape: tuple[int, ...], dtype=jnp.float3
 
 
 def _learner_macs(learner, params, image_shape: tuple[int, ...], dtype) -> dict[str, float]:
+    learner = learner.recipe.counted or learner  # its loops unrolled: counted exactly
     spec = learner.spec
     key = jax.random.key(0)
     state = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),

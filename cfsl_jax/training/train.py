@@ -143,13 +143,15 @@ def per_task_meta_step_macs(config: TrainConfig, learner: Learner, params: Any,
                             image_shape: tuple[int, ...]) -> float:
     """XLA's MACs of one task's meta-training step, with every support set counted.
 
-    A learner with its own meta-loss is rebuilt with ``unroll=True`` where its
-    factory has that option (MAML++/SCA), since XLA counts a loop body once.
+    A learner with its own meta-loss is rebuilt with ``unroll=True`` and
+    ``unroll_inner=True`` where its factory has those options (MAML++/SCA), since XLA counts
+    a loop body once.
     """
     try:
         learner = get_learner(config.learner, config.spec, image_shape=image_shape,
                               compute_dtype=config.compute_dtype,
-                              **{**config.learner_options, "unroll": True})
+                              **{**config.learner_options, "unroll": True,
+                                 "unroll_inner": True})
     except ValueError:  # no such option: the episode scan is the only loop
         pass
     return episode.meta_step_macs(learner, params, image_shape)
