@@ -173,6 +173,20 @@ def test_evaluation_tasks_are_a_function_of_the_seed():
     assert task_fingerprint(splits["val"], spec, 20, seed=0, purpose="eval") != first
 
 
+def test_evaluation_tasks_do_not_depend_on_the_chunking_or_the_key_splitting_mode():
+    """7 tasks in chunks of 3 pad to 9: the 7 are split(key, 7)'s, also where a longer split
+    does not share its prefix (``jax_threefry_partitionable=False``, JAX's default before 0.5)."""
+    learner, splits = runs.build(TINY)
+    params = runs.init_params(learner, splits["val"], 0)
+    for partitionable in (True, False):
+        with jax.threefry_partitionable(partitionable):
+            expected = task_fingerprint(splits["val"], learner.spec, 7, seed=0, purpose="val")
+            for batch_size in (3, 7):
+                record = evaluate(learner, params, splits["val"], num_tasks=7, seed=0,
+                                  purpose="val", batch_size=batch_size, cost_metrics=False)
+                assert record.task_fingerprint == expected, (partitionable, batch_size)
+
+
 def test_the_task_fingerprint_does_not_depend_on_how_the_source_is_worded():
     split = data.load_split("synthetic", "test", num_classes=60, samples_per_class=8)
     reworded = split.replace(info=dataclasses.replace(split.info, source="made elsewhere"))

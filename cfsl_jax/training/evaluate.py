@@ -8,8 +8,9 @@ evaluated on the same tasks.
 
 Tasks are processed in chunks of ``batch_size`` by one jitted program that
 samples the indices, gathers the images on device, runs every task and
-reduces it to per-task metrics; the last chunk is padded with extra tasks
-whose results are dropped, so nothing recompiles. ``params`` may carry a
+reduces it to per-task metrics; the last chunk is padded with repeats of the
+first tasks, whose results are dropped, so nothing recompiles and the tasks
+are ``task_keys(seed, purpose, num_tasks)``'s whatever the chunking. ``params`` may carry a
 leading ensemble axis (``ensemble=True``): the members' target logits are
 averaged, as the paper tests with its best 5 checkpoints.
 
@@ -170,8 +171,11 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
     per_device = min(batch_size, -(-num_tasks // mesh.size), tasks_in_flight(spec, image_shape))
     batch_size = per_device * mesh.size
     num_chunks = -(-num_tasks // batch_size)
-    # padded to whole chunks; the extra tasks' results are dropped below
-    keys = np.asarray(jax.random.key_data(task_keys(seed, purpose, num_chunks * batch_size)))
+    # padded to whole chunks with repeats of the first tasks, whose results are dropped below:
+    # the tasks are split(key, num_tasks)'s whatever the chunking (a longer split shares its
+    # prefix only with jax_threefry_partitionable, the default since JAX 0.5)
+    keys = np.asarray(jax.random.key_data(task_keys(seed, purpose, num_tasks)))
+    keys = keys[np.arange(num_chunks * batch_size) % num_tasks]
     params = parallel.replicate(params, mesh)
     split = parallel.place_split(split, mesh, shard=parallel.is_sharded(split.images) or None)
     start = time.perf_counter()
