@@ -261,8 +261,12 @@ def _report() -> None:
     """Write the report of every finished run in --workdir (all shards) and print Table 1."""
     if not FLAGS.report:
         return
-    paths = report.write_report(FLAGS.workdir)
-    accuracy = report.aggregate(report.load_results(FLAGS.workdir), "acc")
+    try:
+        paths = report.write_report(FLAGS.workdir)
+        accuracy = report.aggregate(report.load_results(FLAGS.workdir), "acc")
+    except ValueError as error:  # e.g. a cell whose runs differ in more than their seed
+        raise cli.UserError(f"the runs are done, but no report was written: {error}; "
+                            f"or give --report=false") from None
     for dataset, path in paths["markdown"].items():
         print(f"\nTest accuracy (%) on {dataset}, mean ± std across seeds:\n")
         print(report.markdown(report.table(accuracy, dataset, "acc")))

@@ -9,6 +9,7 @@ notebook tests share (tests/test_notebooks.py uses the same settings).
 import csv
 import dataclasses
 import json
+import re
 import os
 import signal
 import subprocess
@@ -215,6 +216,27 @@ def test_report_compares_with_the_shipped_paper_numbers(tmp_path):
                                 figure3=False)
     assert ("(pretraining: the same schedule on the images of training tasks)."
             in open(paths["markdown"]["omniglot/full"]).read())
+
+
+def test_a_cell_whose_seeds_ran_different_experiments_is_refused():
+    """Two runs of one cell that differ in a learner option are two experiments: averaging
+    them would print one number for both. Seeds, logging and evaluation batch may differ."""
+    def result(seed, acc, **fields):
+        config = TrainConfig(task="B3", seed=seed, **fields)
+        return {"dataset": "synthetic", "learner": "protonets", "seed": seed,
+                "spec": dataclasses.asdict(TaskSpec.parse("B3")), "config": config.to_json(),
+                "test": {"acc_mean": acc, "ce_mean": 0.5, "atm": 0.1, "macs_per_task": 1e6}}
+    same = [result(0, 0.6), result(1, 0.7, log_every=7, eval_batch=10, checkpoint_every=3,
+                                   learner_options={"conv": "xla", "tasks_on_cpu": "vmap"})]
+    assert report.aggregate(same, "acc")[("synthetic", "protonets", "B3")].mean == \
+        pytest.approx(0.65)
+    mixed = [result(0, 0.6), result(1, 0.38, learner_options={"distance": "dot"})]
+    with pytest.raises(ValueError, match=re.escape(
+            "synthetic/protonets/B3: the runs of seeds 0 and 1 differ in learner_options, not "
+            "only in their seed")):
+        report.aggregate(mixed, "acc")
+    with pytest.raises(ValueError, match="differ in eval_seed, meta_batch"):
+        report.aggregate([result(0, 0.6), result(1, 0.6, eval_seed=5, meta_batch=2)], "acc")
 
 
 def test_dry_run_lists_every_run_with_its_status(killed_and_resumed):

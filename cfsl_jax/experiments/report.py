@@ -8,7 +8,10 @@ Rules:
 
 - Input: every ``results.json`` under the sweep directory (any depth), grouped
   by (dataset, learner, cell); a cell is the run config's ``task`` (``B3``,
-  ``D8``, ...). Runs without results (unfinished, failed) are not counted.
+  ``D8``, ...). Runs without results (unfinished, failed) are not counted. The
+  runs of a cell must differ only in their seed (``SEED_FIELDS``): a cell whose
+  runs differ in a learner option (but those that change only the rounding,
+  ``config.COMPUTATION_OPTIONS``), the budget or anything else is refused.
 - Statistic: per run, the test metric's mean over its test tasks; then the
   mean, the sample standard deviation (ddof=1) and a Student-t 95% interval of
   those values across the seeds of a cell (``metrics.across_runs``).
@@ -46,7 +49,8 @@ from cfsl_jax.learners import LEARNERS
 from cfsl_jax.training.records import EvalRecord
 from cfsl_jax.protocol.spec import PAPER_GRID
 from cfsl_jax.experiments.sweep_plan import safe_name
-from cfsl_jax.training.config import from_json
+from cfsl_jax.training.config import COMPUTATION_OPTIONS, from_json
+from cfsl_jax.training.runs import config_differences
 
 # name -> (key in results.json's "test", title, scale for display, format)
 METRICS: dict[str, tuple[str, str, float, str]] = {
@@ -91,10 +95,12 @@ def aggregate(results: Iterable[dict[str, Any]], metric: str) -> dict[Key, Aggre
         raise ValueError(f"unknown metric {metric!r}; valid: {tuple(METRICS)}")
     field = METRICS[metric][0]
     grouped: dict[Key, list[tuple[int, float, dict]]] = {}
+    first: dict[Key, dict] = {}  # the first result of each cell: the others must match it
     for result in results:
         key = (result["dataset"], result["learner"], result["config"]["task"])
         value = EvalRecord.from_json(result["test"]).get(field)
         if value is not None:
+            _check_same_experiment(key, first.setdefault(key, result), result)
             grouped.setdefault(key, []).append((result["seed"], float(value), result["spec"]))
     out = {}
     for key, runs in grouped.items():
@@ -107,6 +113,32 @@ def aggregate(results: Iterable[dict[str, Any]], metric: str) -> dict[Key, Aggre
         out[key] = Aggregate(spread.mean, spread.std, tuple(run[1] for run in runs), seeds,
                              runs[0][2], spread.ci95)
     return out
+
+
+# Config fields in which the seeds of one cell may differ (besides those that only say where
+# files are read from or metrics are sent, ``runs.config_differences``): the seed, and how
+# often a run checkpoints, logs or batches its evaluation, which do not change its numbers
+# beyond rounding.
+SEED_FIELDS = ("seed", "checkpoint_every", "log_every", "eval_batch")
+
+
+def _check_same_experiment(key: Key, first: dict[str, Any], result: dict[str, Any]) -> None:
+    """Refuse (ValueError) a cell whose runs differ in more than their seed: a learner option,
+    a spec override, the budget, the evaluation seed... averaged across seeds, they would
+    make one number of two experiments."""
+    differs = [name for name in config_differences(result["config"],
+                                                   from_json(first["config"]))
+               if name not in SEED_FIELDS]
+    if "learner_options" in differs:  # resolved, and those that change only the rounding out
+        options = [{k: v for k, v in from_json(r["config"]).learner_options.items()
+                    if k not in COMPUTATION_OPTIONS} for r in (first, result)]
+        if options[0] == options[1]:
+            differs.remove("learner_options")
+    if differs:
+        raise ValueError(
+            f"{'/'.join(key)}: the runs of seeds {first['seed']} and {result['seed']} differ "
+            f"in {', '.join(differs)}, not only in their seed; report each experiment from "
+            f"its own sweep directory")
 
 
 def _cell_order(cells: Iterable[str]) -> list[str]:
@@ -246,12 +278,15 @@ def per_task_accuracy(results: Iterable[dict[str, Any]],
     """{cell: {learner: accuracy per test task}} of ``dataset``'s runs on each cell's most
     common test tasks (task fingerprint), a learner's seeds averaged task by task (with a
     fixed ``--eval_seed`` every seed tests the same tasks); runs without per-task accuracies
-    are left out."""
+    are left out; a cell whose runs differ in more than their seed is refused (ValueError)."""
     cells: dict[str, dict[str, dict[str, list]]] = {}  # cell -> fingerprint -> learner -> runs
+    first: dict[Key, dict] = {}
     for result in results:
         per_task = result["test"].get("per_task")
         if result["dataset"] != dataset or per_task is None:
             continue
+        key = (dataset, result["learner"], result["config"]["task"])
+        _check_same_experiment(key, first.setdefault(key, result), result)
         cell = cells.setdefault(result["config"]["task"], {})
         cell.setdefault(result["task_fingerprint"], {}).setdefault(
             result["learner"], []).append(np.asarray(per_task["acc"], np.float64))

@@ -139,6 +139,11 @@ LEGACY_DEFAULTS: dict[str, Any] = {"pretrain_data": "uniform", "eval_seed": None
 # default became auto, and ran a CPU batch of tasks as one vmap until tasks_on_cpu was added
 # (2026-11-28); protonets, maml_high and sca ran batch-statistics batch norm until eval_seed was
 # added.
+# Learner options that change how a run is computed, not what: the same numbers up to float
+# rounding (the convolutions' kernels, how a device lays out a batch of tasks, what is
+# rematerialised or unrolled). Runs that differ only in these are one experiment (the seeds of
+# one cell in a report).
+COMPUTATION_OPTIONS = ("conv", "tasks_on_cpu", "remat", "unroll", "unroll_inner")
 LEGACY_LEARNER_OPTIONS: dict[str, dict[str, tuple[Any, str | None]]] = {
     "protonets": {"bn_stats": ("batch", "eval_seed"), "conv": ("gemm_grad", None),
                   "tasks_on_cpu": ("vmap", None)},
