@@ -386,14 +386,17 @@ def test_figure4_says_which_learners_lines_coincide(tmp_path):
 def test_paired_differences_compare_learners_task_by_task_on_shared_tasks():
     from cfsl_jax.experiments.report import paired_rows
 
-    def run(learner, seed, acc, fingerprint="f", cell="B3"):
-        return {"dataset": "d", "learner": learner, "seed": seed, "config": {"task": cell},
+    def run(learner, seed, acc, fingerprint="f", cell="B3", **data):
+        return {"dataset": "d", "learner": learner, "seed": seed, "config": {"task": cell, **data},
                 "task_fingerprint": fingerprint,
                 "test": {"acc_mean": float(np.mean(acc)), "per_task": {"acc": list(acc)}}}
 
     results = [run("protonets", 0, [0.9, 0.8, 1.0, 0.7]), run("protonets", 1, [0.7, 0.8, 1.0, 0.9]),
                run("maml_low", 0, [0.6, 0.8, 0.9, 0.7]),
                run("sca", 0, [0.1, 0.1, 0.1, 0.1], fingerprint="other tasks"),
+               # the same indices in another class split of the characters: other tasks
+               run("ewc_init", 0, [0.2] * 4, dataset="omniglot/full",
+                   dataset_options={"class_split": "authors"}),
                {**run("init_tune", 0, [0.0] * 4), "test": {"acc_mean": 0.0}}]  # no per-task
     rows = paired_rows(results, "d")
     assert rows[0][:4] == ["cell", "learner", "against", "difference (points)"]

@@ -36,6 +36,7 @@ Rules:
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
@@ -276,9 +277,10 @@ def write_csv(path: str, rows: Sequence[dict[str, Any]]) -> None:
 def per_task_accuracy(results: Iterable[dict[str, Any]],
                       dataset: str) -> dict[str, dict[str, np.ndarray]]:
     """{cell: {learner: accuracy per test task}} of ``dataset``'s runs on each cell's most
-    common test tasks (task fingerprint), a learner's seeds averaged task by task (with a
-    fixed ``--eval_seed`` every seed tests the same tasks); runs without per-task accuracies
-    are left out; a cell whose runs differ in more than their seed is refused (ValueError)."""
+    common test tasks (task fingerprint and dataset options), a learner's seeds averaged task
+    by task (with a fixed ``--eval_seed`` every seed tests the same tasks); runs without
+    per-task accuracies are left out; a cell whose runs differ in more than their seed is
+    refused (ValueError)."""
     cells: dict[str, dict[str, dict[str, list]]] = {}  # cell -> fingerprint -> learner -> runs
     first: dict[Key, dict] = {}
     for result in results:
@@ -288,7 +290,11 @@ def per_task_accuracy(results: Iterable[dict[str, Any]],
         key = (dataset, result["learner"], result["config"]["task"])
         _check_same_experiment(key, first.setdefault(key, result), result)
         cell = cells.setdefault(result["config"]["task"], {})
-        cell.setdefault(result["task_fingerprint"], {}).setdefault(
+        # the fingerprint hashes the tasks' indices in a split named by its variant, which a
+        # dataset option such as Omniglot's class_split does not change: the options too
+        same_tasks = (result["task_fingerprint"], json.dumps(
+            from_json(result["config"]).dataset_options, sort_keys=True))
+        cell.setdefault(same_tasks, {}).setdefault(
             result["learner"], []).append(np.asarray(per_task["acc"], np.float64))
     return {cell: {name: np.mean(runs, axis=0)
                    for name, runs in max(cells[cell].values(), key=len).items()}
