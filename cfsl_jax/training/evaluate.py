@@ -65,7 +65,12 @@ FINGERPRINTED = ("support_idx", "support_labels", "target_idx", "target_labels")
 def task_fingerprint(split: data.Split, spec: TaskSpec, num_tasks: int, seed: int,
                      purpose: str = "test") -> str:
     """SHA-256 of the split's identity (dataset and variant, split, class and image counts,
-    image shape) and all evaluation tasks' support/target indices and labels (hex)."""
+    image shape) and all evaluation tasks' support/target indices and labels (hex).
+
+    Not the class names or the pixels: a dataset option that picks other classes with the same
+    counts (Omniglot's ``class_split``) samples the same indices, so it gives the same
+    fingerprint; the option is in the run's config, and ``report.per_task_accuracy`` pairs
+    runs on both."""
     tasks = sample_tasks(task_keys(seed, purpose, num_tasks), split.class_table,
                          split.class_sizes, spec)
     return _digest(split, [np.asarray(getattr(tasks, name)) for name in FINGERPRINTED])
