@@ -201,7 +201,9 @@ def counted(what: str, count: Callable[[], Any], learner, params, *shapes: Any) 
 
 def learner_macs(learner, params, image_shape: tuple[int, ...], dtype=jnp.float32
                  ) -> dict[str, float]:
-    """MACs to adapt to one support set, to predict the target set, and per task."""
+    """MACs to adapt to one support set, to predict the target set, and per task: a fresh
+    state (``init``: nothing for most learners, a fresh head's draw for init_tune's
+    ``fresh_head``) + adapt x NSS + predict."""
     return dict(counted("learner", lambda: _learner_macs(learner, params, image_shape, dtype),
                         learner, params, tuple(image_shape), np.dtype(dtype)))
 

@@ -150,7 +150,7 @@ def table(result: dict[str, Any]) -> str:
     if test.atm is not None:
         lines.append(f"  ATM            {test.atm:.4g}")
         lines.append(f"  MACs per task  {test.macs_per_task:.4g} "
-                     f"(adapt {test.macs_adapt:.4g} x NSS + predict "
+                     f"(init + adapt {test.macs_adapt:.4g} x NSS + predict "
                      f"{test.macs_predict:.4g})")
     if test.macs_per_meta_step is not None:
         lines.append(f"  MACs per meta-training step per task  {test.macs_per_meta_step:.4g}")
