@@ -218,6 +218,25 @@ def test_report_compares_with_the_shipped_paper_numbers(tmp_path):
             in open(paths["markdown"]["omniglot/full"]).read())
 
 
+@pytest.mark.parametrize("label_offset", ["per_class_group", "per_support_set"])
+def test_a_d_cell_beside_table_1_says_how_the_paper_labelled_it(tmp_path, label_offset):
+    spec = dataclasses.replace(TaskSpec.parse("D4"), label_offset=label_offset,
+                               target_mode="per_support_set")
+    config = TrainConfig(dataset="omniglot/small", task="D4", spec_overrides={
+        "label_offset": label_offset, "target_mode": "per_support_set"})
+    result = {"dataset": "omniglot/small", "learner": "protonets", "seed": 0,
+              "spec": dataclasses.asdict(spec), "config": config.to_json(),
+              "test": {"acc_mean": 0.6, "ce_mean": 0.5, "atm": 0.1, "macs_per_task": 1e6}}
+    (tmp_path / "sweep" / "r").mkdir(parents=True)
+    (tmp_path / "sweep" / "r" / "results.json").write_text(json.dumps(result))
+    paths = report.write_report(str(tmp_path / "sweep"), str(tmp_path / "report"),
+                                figure3=False)
+    markdown = open(paths["markdown"]["omniglot/small"]).read()
+    assert "| protonets | D4 |" in markdown
+    assert ("Table 1's D cells come from code that labelled each support set on its own"
+            in markdown) == (label_offset == "per_class_group")
+
+
 def test_a_cell_whose_seeds_ran_different_experiments_is_refused():
     """Two runs of one cell that differ in a learner option are two experiments: averaging
     them would print one number for both. Seeds, logging and evaluation batch may differ."""
