@@ -121,6 +121,38 @@ def test_damaged_best_checkpoints_are_trained_again_never_ensembled(tmp_path, ca
     assert out == finished[0]  # the epochs re-created bit for bit, in the ensemble
 
 
+def test_a_missing_best_epoch_is_trained_again_never_left_out_of_the_ensemble(
+        tmp_path, capsys, finished):
+    """best/1 deleted (an incomplete copy): a re-test and verify refuse the run; its training
+    command (results.json removed) re-creates the epoch, bit for bit, before testing."""
+    workdir = copied(finished, tmp_path)
+    shutil.rmtree(os.path.join(workdir, "checkpoints", "best", "1"))
+    missing = "the best-epoch checkpoint of epoch 1 is missing from"
+    with pytest.raises(UserError, match=missing):
+        runs.evaluate_run(workdir)
+    (difference,) = verify.verify(workdir)
+    assert difference.startswith(f"training: {missing}"), difference
+    os.remove(os.path.join(workdir, "results.json"))
+    out = numbers(train.train_and_evaluate(CONFIG, workdir))
+    assert "re-creating best epoch(s) [1]" in capsys.readouterr().out
+    assert out == finished[0]
+    assert verify.verify(workdir) == []
+
+
+def test_a_run_stopped_part_way_is_never_re_tested_or_verified_as_finished(
+        tmp_path, stopped_run, finished):
+    """After epoch 0 of 2 a re-test (launch.evaluate) would test epoch 0 as the run; and a
+    finished run's results.json copied beside it does not verify."""
+    workdir = stopped(stopped_run, tmp_path / "w")
+    with pytest.raises(UserError, match=f"the run in {workdir} has validated 1 of its 2 epochs: "
+                                        f"finish its training first"):
+        runs.evaluate_run(workdir)
+    assert not os.path.exists(os.path.join(workdir, "results.json"))
+    shutil.copy(os.path.join(finished[1], "results.json"), workdir)
+    (difference,) = verify.verify(workdir)
+    assert difference.startswith("training: the run in") and "validated 1 of its 2" in difference
+
+
 def test_a_damaged_file_is_refused_by_verify_and_train_naming_it(tmp_path, capsys, finished):
     workdir = copied(finished, tmp_path)
     assert verify.check_files(workdir) == [

@@ -66,6 +66,26 @@ def check_files(workdir: str) -> list[str]:
     return checked
 
 
+def trained_differences(config: TrainConfig, learner, workdir: str,
+                        recorded: dict) -> list[str]:
+    """How the run's checkpoints fall short of a finished run's (``runs.check_trained``: a
+    results.json beside a run stopped part-way, or missing a best epoch, is not that run), and
+    whether its best epochs are the ones its test ensembled."""
+    if not files.isdir(files.join(workdir, "checkpoints")):
+        return [f"training: no checkpoints in {workdir}"]
+    ckpt = checkpoints.Checkpoints(workdir, config.keep_best, read_only=True)
+    try:
+        runs.check_trained(config, learner, workdir, ckpt)
+        kept = ckpt.best_epochs()
+    except UserError as error:
+        return [f"training: {error}"]
+    finally:
+        ckpt.close()
+    if recorded.get("best_epochs") and recorded["best_epochs"] != kept:
+        return [f"best_epochs: recorded {recorded['best_epochs']}, now {kept}"]
+    return []
+
+
 def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
            manual_dir: str | None = None) -> list[str]:
     """Differences between ``workdir/results.json`` and a recomputation (empty list: MATCH).
@@ -81,6 +101,8 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
     config, recorded = load(workdir, data_dir=data_dir, manual_dir=manual_dir)
     learner, splits = runs.build(config)
     differences = []
+    if runs.selects_epochs(config, learner) or learner.recipe.training == "pretrain":
+        differences += trained_differences(config, learner, workdir, recorded)
     sizes = results.split_sizes(splits)
     if sizes != recorded["splits"]:
         differences.append(f"split sizes: recorded {recorded['splits']}, now {sizes}")

@@ -46,7 +46,7 @@ class Checkpoints:
 
     def __init__(self, workdir: str, keep_best: int = 5, read_only: bool = False):
         """``read_only``: the workdir must already hold checkpoints (nothing is saved then)."""
-        root = files.join(workdir, "checkpoints")
+        self.root = root = files.join(workdir, "checkpoints")
         if read_only and not files.isdir(root):
             raise FileNotFoundError(f"no checkpoints in {workdir!r} (looked for {root})")
         # checked: a workdir of this version (its JSON files have checksums); else legacy
@@ -126,16 +126,33 @@ class Checkpoints:
                 damaged[epoch] = str(error)
         return damaged
 
-    def repair_best(self, iters_per_epoch: int) -> None:
+    def missing_best(self, history: list[dict]) -> dict[int, str]:
+        """{epoch: why} of the epochs that ``history`` (``val_history.json``'s rows) ranks among
+        the best ``keep_best`` but that have no best-epoch checkpoint (a folder deleted, or
+        not copied with the others): a test would quietly ensemble fewer epochs. Validation
+        writes an epoch's checkpoint before its row, so a finished epoch has both."""
+        kept = set(self.best.all_steps())
+        scores = {h["epoch"]: float(h["val_acc"]) for h in history}
+        floor = min((scores[e] for e in kept if e in scores), default=float("inf"))
+        ranked = sorted((e for e in scores if e not in kept), key=lambda e: (-scores[e], e))
+        short = max(0, min(self.keep_best, len(scores)) - len(kept))
+        missing = set(ranked[:short]) | {e for e in ranked if scores[e] > floor}
+        return {e: (f"the best-epoch checkpoint of epoch {e} is missing from "
+                    f"{files.join(self.root, 'best')} (val_history.json ranks it among the best "
+                    f"{self.keep_best})") for e in sorted(missing)}
+
+    def repair_best(self, iters_per_epoch: int, history: list[dict] | None = None) -> None:
         """Remove the damaged best-epoch checkpoints and set ``resume_limit`` so that training
-        resumes before the first of them: re-training re-creates them (bit for bit)."""
-        damaged = self.damaged_best()
+        resumes before the first of them, or of those missing (``missing_best``, given the
+        validation ``history``): re-training re-creates them (bit for bit)."""
+        damaged = {**self.damaged_best(), **self.missing_best(history or [])}
         if not damaged:
             return
         first = min(damaged)
         self.resume_limit = first * iters_per_epoch
-        for epoch, why in sorted(damaged.items()):
-            self.best.delete(epoch)
+        for epoch in sorted(damaged):
+            if epoch in self.best.all_steps():
+                self.best.delete(epoch)
         progress.say(f"warning: {damaged[first]}; re-creating best epoch(s) "
                      f"{sorted(damaged)} by training again from step {self.resume_limit} or "
                      f"the nearest intact checkpoint before it (the same numbers)")

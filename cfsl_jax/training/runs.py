@@ -176,17 +176,42 @@ def restore(workdir: str, ensemble: bool = False) -> tuple[Learner, Any, TaskSpe
     return learner, restore_params(config, learner, splits, workdir, ensemble), config.spec
 
 
+def validated(workdir: str) -> list[dict]:
+    """The rows of ``workdir``'s ``val_history.json`` (one per validated epoch)."""
+    return results.read_json(files.join(workdir, "val_history.json"), default=[])
+
+
+def check_trained(config: TrainConfig, learner: Learner, workdir: str,
+                  ckpt: checkpoints.Checkpoints) -> None:
+    """UserError unless the run's training is finished: every epoch validated and every best
+    epoch that validation ranks among the kept ones present (for a run that selects epochs),
+    the pretrained checkpoint (for one pretrained on images). A re-test or verify of a run
+    stopped part-way would otherwise report its early epochs as the finished run."""
+    again = "finish its training first (re-run launch.train with its flags)"
+    if selects_epochs(config, learner):
+        done = {h["epoch"] for h in validated(workdir)}
+        if not done >= set(range(config.epochs)):
+            raise UserError(f"the run in {workdir} has validated {len(done)} of its "
+                            f"{config.epochs} epochs: {again}")
+        missing = ckpt.missing_best(validated(workdir))
+        if missing:
+            raise UserError(f"{next(iter(missing.values()))}: delete the run's results.json "
+                            f"(if any) and re-run launch.train with its flags, which re-creates "
+                            f"it by training again (the same numbers)")
+    elif learner.recipe.training == "pretrain" and ckpt.pretrained.latest_step() is None:
+        raise UserError(f"the run in {workdir} has no pretrained checkpoint: {again}")
+
+
 def restore_params(config: TrainConfig, learner: Learner, splits, workdir: str,
                    ensemble: bool = False) -> Any:
-    """The params of ``restore``, for a learner and splits already built."""
+    """The params of ``restore``, for a learner and splits already built; refused (UserError)
+    for a run whose training is not finished (``check_trained``)."""
     params = init_params(learner, splits["train"], config.seed)
     ckpt = checkpoints.Checkpoints(workdir, config.keep_best, read_only=True)
     try:
+        check_trained(config, learner, workdir, ckpt)
         if selects_epochs(config, learner):
             members = ckpt.restore_best(params)
-            if not members:
-                raise UserError(f"the run in {workdir} has no best checkpoints yet: finish its "
-                                f"training first (re-run launch.train with its flags)")
             params = checkpoints.stack(members) if ensemble else members[0]
         elif learner.recipe.training == "pretrain":
             params = ckpt.restore_pretrained(params)

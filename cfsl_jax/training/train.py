@@ -50,7 +50,7 @@ from cfsl_jax.training import checkpoints, loop, runs, sessions
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.pretrain import pretrain, pretrain_on_tasks
 from cfsl_jax.training.runs import (build, check_workdir_config, evaluate_run, finished_results,
-                                    init_params, selects_epochs)
+                                    init_params, selects_epochs, validated)
 from cfsl_jax.training.steps import make_train_step, train_step_fn  # noqa: F401 (API)
 from cfsl_jax.training.tracking import Tracking
 
@@ -242,8 +242,8 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
     tracking = Tracking(workdir, config.tensorboard, config.wandb_project, config.to_json())
     try:
         ensemble = False
-        if selects_epochs(config, learner):  # a damaged best epoch is trained again, never used
-            ckpt.repair_best(config.iters_per_epoch)
+        if selects_epochs(config, learner):  # a damaged or missing best epoch is trained
+            ckpt.repair_best(config.iters_per_epoch, validated(workdir))  # again, never skipped
         if learner.recipe.training == "meta":
             params = meta_train(config, learner, params, splits, workdir, ckpt, stop_after_steps,
                                 mesh, tracking)
