@@ -153,6 +153,32 @@ def test_a_run_stopped_part_way_is_never_re_tested_or_verified_as_finished(
     assert difference.startswith("training: the run in") and "validated 1 of its 2" in difference
 
 
+def test_two_replacements_cut_short_are_no_false_alarm(tmp_path, monkeypatch):
+    """Each write of val_history.json killed between its manifest entry and its rename (the
+    file stays the first): the file still checks, a damaged one still does not, and the next
+    write lands."""
+    from cfsl_jax.runtime import files
+    path = str(tmp_path / "val_history.json")
+    checksums.write_text(path, "[1]")
+    atomic = files.write_atomic
+
+    def cut_short(name, text):
+        if name == path:
+            raise OSError("killed before the rename")
+        atomic(name, text)
+
+    monkeypatch.setattr(files, "write_atomic", cut_short)
+    for text in ("[1, 2]", "[1, 2, 3]"):
+        with pytest.raises(OSError):
+            checksums.write_text(path, text)
+    monkeypatch.setattr(files, "write_atomic", atomic)
+    checksums.read_checked(path)  # the file there: no alarm
+    with pytest.raises(checksums.Corrupt, match="fails its checksum"):
+        checksums.check_text(path, "[9]")
+    checksums.write_text(path, "[1, 2]")
+    assert checksums.read_checked(path) == "[1, 2]"
+
+
 def test_a_damaged_file_is_refused_by_verify_and_train_naming_it(tmp_path, capsys, finished):
     workdir = copied(finished, tmp_path)
     assert verify.check_files(workdir) == [

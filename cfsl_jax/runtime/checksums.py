@@ -91,7 +91,11 @@ def write_text(path: str, text: str) -> None:
         return
     manifest = _manifest(folder) or {}
     new = sha256(text)
-    current = [h for h in manifest.get(name, [])[-1:] if h != new]
+    known = manifest.get(name, [])
+    # the file there now: after an earlier replacement cut short (its manifest then lists the
+    # file and the one that never landed), the one on disk, not the last one listed
+    there = sha256(files.read_bytes(path)) if known and files.exists(path) else None
+    current = [h for h in ([there] if there in known else known[-1:]) if h != new]
     manifest[name] = current + [new]  # the file there now, or the new one, while replacing it
     _write_manifest(folder, manifest)
     files.write_atomic(path, text)
