@@ -162,6 +162,31 @@ def test_a_packed_run_is_an_ordinary_run_with_the_solo_runs_tasks_and_numbers(
     assert "its train steps 0 to 2 (seeds 0,1, " in packs_note(alone)
 
 
+def test_a_pack_whose_newest_checkpoint_of_one_run_is_damaged_resumes_each_run_exactly(
+        uninterrupted_pack, tmp_path, capsys):
+    """Seed 0's step-4 checkpoint garbled: it resumes from step 2, seed 1 from step 4 (two
+    groups, as runs at different steps: each alone), and both end on the uninterrupted pack's
+    numbers up to the rounding of a lone run's program (as a solo run, above)."""
+    packed, _ = uninterrupted_pack
+    dirs = [str(tmp_path / f"seed{s}") for s in PACK_SEEDS]
+    with pytest.raises(loop.Interrupted):
+        packing.train_pack(PACKED, PACK_SEEDS, dirs, steps_per_dispatch=2, stop_after_steps=4)
+    step4 = os.path.join(dirs[0], "checkpoints", "latest", "4")
+    largest = max((os.path.join(root, name) for root, _, names in os.walk(step4)
+                   for name in names), key=os.path.getsize)
+    data = open(largest, "rb").read()
+    open(largest, "wb").write(data[:16] + bytes(64) + data[80:])
+    resumed = packing.train_pack(PACKED, PACK_SEEDS, dirs, steps_per_dispatch=2)
+    said = capsys.readouterr().out
+    assert "falling back to the checkpoint of step 2" in said
+    for out, back, at in zip(packed, resumed, (2, 4)):
+        assert [(e["from_step"], e["pack"] and e["pack"]["seeds"]) for e in back["packs"]] == [
+            (0, list(PACK_SEEDS)), (at, None)]
+        assert abs(out["test"]["acc_mean"] - back["test"]["acc_mean"]) <= 0.02
+        assert back["test"]["ce_mean"] == pytest.approx(out["test"]["ce_mean"], rel=1e-2)
+        assert out["task_fingerprint"] == back["task_fingerprint"]
+
+
 def test_a_pack_with_a_run_another_process_trains_is_refused_before_writing(tmp_path):
     dirs = [str(tmp_path / f"seed{s}") for s in PACK_SEEDS]
     os.makedirs(dirs[1])

@@ -102,6 +102,19 @@ class Checkpoints:
             return step, restored["params"], restored["opt_state"]
         return None
 
+    def resumable_step(self) -> int:
+        """The step ``restore_latest`` would resume from (0: none): the newest latest
+        checkpoint that passes its check (at most ``resume_limit``); removes nothing."""
+        for step in sorted(self.latest.all_steps(), reverse=True):
+            if self.resume_limit is not None and step > self.resume_limit:
+                continue
+            try:
+                self._check(self.latest, step)
+            except UserError:
+                continue
+            return step
+        return 0
+
     def restore_pretrained(self, params: Any, repair: bool = False) -> Any | None:
         """The pretrained params, or None; ``repair``: a damaged checkpoint is removed (saying
         so) and None returned, so the caller pretrains again."""

@@ -131,8 +131,8 @@ def meta_train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequenc
             runs.check_workdir_config(w, c)
         by_step = collections.defaultdict(list)
         for c, w in todo:
-            latest = checkpoints.Checkpoints(w, c.keep_best)
-            by_step[latest.latest.latest_step() or 0].append((c, w))
+            latest = checkpoints.Checkpoints(w, c.keep_best)  # a damaged newest checkpoint:
+            by_step[latest.resumable_step()].append((c, w))  # the run resumes before it
             latest.close()
         for group in by_step.values():
             _train_group(learner, splits, group, steps_per_dispatch, stop_after_steps, shrink,
