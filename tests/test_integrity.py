@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -304,6 +305,66 @@ def test_a_second_trainer_on_a_workdir_is_refused_naming_the_holder(tmp_path, ca
         locks.acquire(lock, "w")
     os.utime(lock, (time.time() - locks.STALE_AFTER_S - 5,) * 2)
     assert locks.acquire(lock, "w")["host"] == socket.gethostname()
+
+
+def test_a_lock_taken_over_meanwhile_by_another_process_is_not_removed(tmp_path, monkeypatch):
+    """A judges node-b's lock stale; before A moves it aside, B takes it over (its own lock
+    now). A's move catches B's live lock: it is put back, and A is refused."""
+    lock = locks.path_in(str(tmp_path / "w"))
+    os.makedirs(os.path.dirname(lock))
+    open(lock, "w").write(json.dumps({"host": "node-b", "pid": 1, "since": 0, "token": "t"}))
+    os.utime(lock, (time.time() - locks.STALE_AFTER_S - 5,) * 2)
+    take_over, taken = locks._take_over, []
+
+    def b_first(path, judged):
+        if not taken:  # B: judged the same stale lock, moved it aside and created its own
+            take_over(path, judged)
+            taken.append(json.loads(json.dumps({"host": "node-c", "pid": 7, "since": 1,
+                                                "token": "b"})))
+            open(path, "w").write(json.dumps(taken[0]))
+        take_over(path, judged)  # A's move, of the lock it judged, finds B's
+
+    monkeypatch.setattr(locks, "_take_over", b_first)
+    with pytest.raises(locks.Busy, match="in use by host node-c pid 7"):
+        locks.acquire(lock, "w")
+    assert json.load(open(lock))["token"] == "b"
+    assert [name for name in os.listdir(os.path.dirname(lock))] == [".lock"]
+
+
+def test_a_lock_on_gs_is_created_only_if_absent(tmp_path, monkeypatch):
+    """Two commands creating a gs:// lock at once, both finding none, the second one's upload
+    slower than the first's read-back: one holds it, the other is refused."""
+    from fake_gcs import FakeGCS, fake_gcs
+    pipe, write = FakeGCS.pipe_file, files_module().write_atomic
+
+    def slow(call):
+        def late(*args, **kwargs):
+            time.sleep(0.9 if threading.current_thread().name == "slow" else 0.2)
+            return call(*args, **kwargs)
+        return late
+
+    monkeypatch.setattr(FakeGCS, "pipe_file", slow(pipe))
+    monkeypatch.setattr(files_module(), "write_atomic", slow(write))
+    outcomes = {}
+
+    def take(name):
+        try:
+            outcomes[name] = locks.acquire("gs://bucket/run/.lock", "run")["token"]
+        except locks.Busy:
+            outcomes[name] = "busy"
+
+    with fake_gcs(tmp_path / "gcs"):
+        threads = [threading.Thread(target=take, args=(n,), name=n) for n in ("fast", "slow")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert outcomes["slow"] == "busy" and outcomes["fast"] != "busy", outcomes
+
+
+def files_module():
+    from cfsl_jax.runtime import files
+    return files
 
 
 def test_a_sweep_never_trains_a_run_another_process_is_training(tmp_path):

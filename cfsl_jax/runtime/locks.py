@@ -15,7 +15,9 @@ modification time every ``HEARTBEAT_S`` seconds, so that a lock of another host 
 
 A command that finds a live lock is refused (``Busy``, a ``UserError``: one line naming the
 holder, exit status 2). A stale lock is taken over (renamed aside atomically, so of two
-commands taking it over at once one wins) with a line saying so. A lock is removed when its
+commands taking it over at once one wins; a file renamed aside that is not the one judged stale,
+but the winner's new lock, is put back) with a line saying so. On an object store the lock is
+created only if absent (``mode="create"``: GCS's generation precondition). A lock is removed when its
 holder ends, also by an exception or a stop signal; a SIGKILL leaves it behind, stale.
 """
 
@@ -95,13 +97,20 @@ def _read(lock: str) -> tuple[dict, float] | None:
 
 def _create(lock: str, text: str) -> bool:
     """Create the lock file holding ``text``; False when it exists."""
-    if files.is_url(lock):  # an object store: no exclusive create; write, then read back
-        if files.exists(lock):
-            return False
-        files.write_atomic(lock, text)
-        time.sleep(0.5)
-        return files.read_text(lock) == text
     files.makedirs(files.dirname(lock))
+    if files.is_url(lock):  # an object store: create only if absent (gcsfs: ifGenerationMatch=0)
+        import fsspec
+        store, where = fsspec.core.url_to_fs(lock)
+        try:
+            store.pipe_file(where, text.encode(), mode="create")
+        except FileExistsError:
+            return False
+        except (TypeError, NotImplementedError, ValueError):  # a store without it: write when
+            if files.exists(lock):  # missing, then read back (not exclusive if both write
+                return False  # slower than the wait)
+            files.write_atomic(lock, text)
+            time.sleep(0.5)
+        return files.read_text(lock) == text
     try:
         fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
@@ -117,13 +126,25 @@ def _create(lock: str, text: str) -> bool:
     return True
 
 
-def _take_over(lock: str) -> None:
-    """Move a stale lock aside (one of two processes doing it at once succeeds)."""
+def _take_over(lock: str, judged: dict) -> None:
+    """Move the stale lock of holder ``judged`` aside (one of two processes doing it at once
+    succeeds). If the file moved is another holder's (a second process took the stale lock
+    over between the judgement and the move), it is put back where no lock was created since
+    (a hard link, which fails where one was): a live lock is never removed."""
     aside = f"{lock}.stale-{uuid.uuid4().hex[:8]}"
     try:
         files.path(lock).rename(aside)
     except (FileNotFoundError, OSError):
         return
+    moved = _read(aside)
+    if moved is not None and moved[0].get("token") != judged.get("token") and moved[0]:
+        try:
+            if files.is_url(lock):
+                _create(lock, files.read_text(aside))
+            else:
+                os.link(aside, lock)
+        except OSError:
+            pass  # a third process created the lock meanwhile: it holds it
     files.remove(aside)
 
 
@@ -150,7 +171,7 @@ def acquire(lock: str, what: str) -> dict:
                        f"it to end or stop it, then run the command again")
         progress.say(f"note: taking over the stale lock of {what} (held by {describe(holder)}, "
                      f"which is gone)")
-        _take_over(lock)
+        _take_over(lock, holder)
     raise Busy(f"{what}: could not take its lock {lock} (another command keeps taking it)")
 
 
