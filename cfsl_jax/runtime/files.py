@@ -16,7 +16,8 @@ Rules:
 - ``write_atomic`` writes a temporary file in the target's folder (a hidden name ending in
   ``.tmp``) and renames it over the target. On a local disk (or NFS) the rename is POSIX
   ``rename``: a reader sees the old file or the new one, never part of one; a kill leaves the
-  old file (and at worst a stray temporary). On an object store (``gs://``) a rename is a copy
+  old file (and at worst a stray temporary); the file and then its folder are ``fsync``-ed, so
+  a power loss does too. On an object store (``gs://``) a rename is a copy
   then a delete: the copy replaces the target object in one step (an object is never seen
   half-written), and a kill between the two leaves a stray temporary object.
   Two writers at once (two sweep shards writing the report): the last one's file wins, whole.
@@ -126,10 +127,29 @@ def write_atomic(name: str, data: str | bytes) -> None:
             target.parent.mkdir(parents=True, exist_ok=True)
             with temporary.open("wb" if isinstance(data, bytes) else "w") as f:
                 f.write(data)
+                if not is_url(name):  # on the disk before the rename: a power loss leaves
+                    f.flush()  # the old file or the new one, never an empty new name
+                    os.fsync(f.fileno())
             temporary.replace(target)
+            if not is_url(name):
+                _fsync_folder(str(target.parent))
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+def _fsync_folder(folder: str) -> None:
+    """The folder's entries (a rename) on the disk; a no-op where a folder cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def append_text(name: str, text: str) -> None:
