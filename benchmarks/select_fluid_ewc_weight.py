@@ -3,9 +3,11 @@
     python -m benchmarks.select_fluid_ewc_weight --preset=small --weights=0,1e2,1e4,1e5,1e6,1e7
 
 Validation streams are ``launch.fluid --streams=validation``'s: stream ``i`` is
-built from ``fold_in(data key, 1000 + i)`` (``fluid.experiment.stream_key``),
-a key no test stream uses, so its classes, pretrain/novel roles, counts, samples
-and order are drawn independently of the test streams' (from the same split).
+built from ``fold_in(data key, 1000 + i)`` (``fluid.experiment.stream_key``), a
+key no test stream uses, for its counts, samples and order; its classes come from
+the seed's class draw (``fluid.class_draw``, ``--class_draw=disjoint``): novel
+classes no test stream has, pretrain classes that it may share with one, as the
+paper's validation sequences do.
 For each of ``--num_streams`` validation streams from index ``--first_stream``
 on, the backbone is pretrained once and EWC's Fisher computed once (both
 shared by every weight), then EWC runs the stream at each weight of

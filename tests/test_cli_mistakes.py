@@ -85,12 +85,12 @@ def test_fluid_names_the_stream_flag_and_its_limit(tmp_path):
                                               f"--workdir={workdir}"],
         "both": ["--preset=small", "--stream_classes=50", "--stream_length=20",
                  f"--workdir={workdir}"],
-        "split": ["--preset=small", "--stream_classes=100", "--stream_length=5000",
+        "split": ["--preset=small", "--stream_classes=200", "--stream_length=5000",
                   f"--workdir={workdir}"],
         "zipf": ["--preset=small", "--zipf_s=-1", f"--workdir={workdir}"],
         "pretrain word": ["--preset=small", "--pretrain_classes=all", f"--workdir={workdir}"],
         "pretrain few": ["--preset=small", "--pretrain_classes=5", f"--workdir={workdir}"],
-        "pretrain many": ["--preset=small", "--pretrain_classes=60", f"--workdir={workdir}"],
+        "pretrain many": ["--preset=small", "--pretrain_classes=200", f"--workdir={workdir}"],
         "threshold alone": ["--preset=small", "--method_option=ncm:new_class_threshold=0.5",
                             f"--workdir={workdir}"],
         "streams": ["--preset=small", "--num_streams=0", f"--workdir={workdir}"],
@@ -106,7 +106,7 @@ def test_fluid_names_the_stream_flag_and_its_limit(tmp_path):
     assert_error(out["length under the preset's classes"],
                  "--stream_length=10 is shorter than --preset=small's 40 stream classes")
     assert_error(out["both"], "--stream_classes=50 is more than --stream_length=20")
-    assert_error(out["split"], "--stream_classes=100 is more than the 70 classes of the train "
+    assert_error(out["split"], "--stream_classes=200 is more than the 190 classes of the train "
                                "split")
     assert_error(out["zipf"], "--zipf_s=-1.0 is invalid: must be in [0, 100)")
     assert_error(out["pretrain word"], "--pretrain_classes='all' is neither 'stream' nor an "
@@ -114,8 +114,9 @@ def test_fluid_names_the_stream_flag_and_its_limit(tmp_path):
     assert out["pretrain word"][2].startswith("error: --pretrain_classes=")  # one --, not ----
     assert_error(out["pretrain few"], "--pretrain_classes=5 is invalid: must be 0 (the stream's "
                                       "pretrain classes only) or an int >= the stream's 10")
-    assert_error(out["pretrain many"], "--pretrain_classes=60 needs 50 pretraining-only classes "
-                                       "besides the stream's 40, but the train split has 70")
+    assert_error(out["pretrain many"], "--pretrain_classes=200 needs 190 pretraining-only "
+                                       "classes besides the stream's 40, but the train split "
+                                       "has 190")
     assert_error(out["threshold alone"], "method ncm: new_class_threshold=0.5 needs "
                                          "new_class=true")
     assert_error(out["streams"], "--num_streams must be a positive integer, got 0")

@@ -205,7 +205,7 @@ def test_the_study_streams_the_experiments_stream_on_omniglot(omniglot_dir, data
         pass
 
     def capture(where):
-        def run_stream(method, params, stream, *args):
+        def run_stream(method, params, stream, *args, **kwargs):
             streams[where] = stream
             raise Captured
         return run_stream
@@ -246,11 +246,11 @@ def test_a_run_shows_its_eta_and_a_stop_says_what_it_keeps_and_loses(tmp_path, m
     run_stream = fluid.experiment.run_stream
     calls = []
 
-    def stopped_at_the_third_method_of_stream_1(method, *args):
+    def stopped_at_the_third_method_of_stream_1(method, *args, **kwargs):
         calls.append(method)
         if len(calls) == 6:
             raise stops.StopRequested(signal.SIGTERM)
-        return run_stream(method, *args)
+        return run_stream(method, *args, **kwargs)
 
     monkeypatch.setattr(fluid.experiment, "run_stream", stopped_at_the_third_method_of_stream_1)
     workdir = str(tmp_path / "fluid")

@@ -209,6 +209,47 @@ def test_ncm_is_the_paper_euclidean_rule_and_cosine_stays_an_option():
         assert int(prediction) == expected, options
 
 
+def test_meta_baseline_centroid_is_the_mean_feature_as_in_meta_training():
+    """Chen et al.'s Meta-Baseline: centroid = mean of the (raw) features, then cosine; the
+    stream uses the rule its meta-training used. Class 0 holds (4, 0) and (0, 1): raw mean
+    (2, 0.5) at 14.0 degrees, mean of normalised features (0.5, 0.5) at 45; class 1 holds
+    one feature at 30 degrees. A feature at 10 degrees is nearer class 0 by the raw mean,
+    class 1 by the other."""
+    def at(degrees):
+        return jnp.array([np.cos(np.radians(degrees)), np.sin(np.radians(degrees))])
+
+    memory = classifiers.memory_init(2, 2)
+    for feature, label in ((jnp.array([4.0, 0.0]), 0), (jnp.array([0.0, 1.0]), 0), (at(30), 1)):
+        memory = classifiers.memory_add(memory, feature, jnp.array(label))
+    f = at(10)
+    method = fluid.get_method("meta_baseline", 2, IMAGE, filters=4)
+    weights = {"scale": jnp.float32(10.0)}
+    prediction, score = method.predict({}, fluid.FluidState(memory, weights, ()), f)
+    assert int(prediction) == 0
+    gap = np.radians(np.degrees(np.arctan(0.25)) - 10)  # 4.04 degrees to class 0's raw mean
+    logits = heads.ncm(2, "cosine", 10.0, "mean").logits(weights, memory, f[None])[0]
+    np.testing.assert_allclose(logits, 10 * np.cos([gap, np.radians(20)]), rtol=1e-5)
+    # MDT: the distance between unit vectors to the nearest centroid, class 0's raw mean
+    assert float(score) == pytest.approx(2 * np.sin(gap / 2), rel=1e-4)
+    old = fluid.get_method("meta_baseline", 2, IMAGE, filters=4, centroid="unit_mean")
+    assert int(old.predict({}, fluid.FluidState(memory, weights, ()), f)[0]) == 1
+
+
+def test_imprinting_starts_at_table_11s_temperature():
+    """Weight Imprinting's learnable s starts at 4: the paper's Table 11 row s=4 is its
+    Table 3-e to the digit (40.32 / 67.46 / 15.35 / 34.18 / 32.69 / 48.51)."""
+    options = fluid.methods.options_class("imprinting")()
+    assert options.scale == 4.0
+    head = fluid.methods.SPECS["imprinting"].head(2, None, options)
+    weights = head.init_weights({}, None, 2)
+    assert float(jnp.exp(weights["log_scale"])) == pytest.approx(4.0)
+    memory = classifiers.memory_add(classifiers.memory_init(2, 2), jnp.array([3.0, 0.0]),
+                                    jnp.array(0))
+    weights = head.prepare(weights, memory)  # class 0 imprinted with its normalised mean
+    logits = head.logits(weights, memory, jnp.array([[1.0, 1.0]]))[0]
+    np.testing.assert_allclose(logits, [4.0 / np.sqrt(2), 0.0], rtol=1e-6)
+
+
 def test_lwf_and_ewc_penalties_vanish_at_the_pretrained_weights(setup, pretrained):
     split, _, classes = setup
     method = fluid.get_method("ewc", K, IMAGE, filters=FILTERS)
@@ -230,6 +271,44 @@ def test_lwf_and_ewc_penalties_vanish_at_the_pretrained_weights(setup, pretraine
     bumped = {**state.weights, "head": {**state.weights["head"],
                                         "bias": state.weights["head"]["bias"].at[0].add(5.0)}}
     assert float(lwf(params, bumped, images, features, mask)) > at_teacher
+
+
+def test_ewc_counts_its_fisher_at_every_phase(setup, pretrained):
+    """The paper recomputes EWC's Fisher "at the start of every flexible train step" (App.
+    E; its Table 3 gives EWC more MACs than standard training): each phase counts XLA's MACs
+    of the Fisher over its 256 (here: all, fewer) pretraining images, 32 per program."""
+    from cfsl_jax.models.fisher import empirical_fisher
+    from cfsl_jax.protocol import metrics
+    split, stream, classes = setup
+    method = fluid.get_method("ewc", K, IMAGE, filters=FILTERS)
+    params = fluid.prepare_params(method, pretrained["supervised"], split, classes,
+                                  jax.random.key(4))
+    samples = int((classes.pretrain_table >= 0).sum())
+    assert 32 < samples < 256 and samples % 32  # whole chunks and a remainder
+    head = params["head"]
+
+    def fisher(embed, x, y):
+        return empirical_fisher(lambda e, i: method.embed_apply(e, i) @ head["kernel"] +
+                                head["bias"], embed, x, y, independent=True)
+
+    def count(n):
+        return metrics.xla_macs(fisher, params["embed"], jnp.zeros((n, *IMAGE)),
+                                jnp.zeros(n, jnp.int32))
+
+    per_phase = pretraining.phase_macs(method, params, split, classes)
+    assert per_phase == pytest.approx(samples // 32 * count(32) + count(samples % 32), rel=1e-3)
+    state = method.init(params, jax.random.key(0))
+    embed = metrics.xla_macs(method.embed, params, state, jnp.zeros((1, *IMAGE)))
+    assert per_phase > 2 * samples * embed  # a forward and a backward pass per image
+    assert pretraining.phase_macs(fluid.get_method("standard", K, IMAGE, filters=FILTERS),
+                                  pretrained["supervised"], split, classes) == 0.0
+    schedule = fluid.Schedule(update_every=100, epochs_per_update=1, batch_size=64)
+    record = fluid.run_stream(method, params, stream, split, jax.random.key(3), schedule,
+                              phase_macs=per_phase)
+    macs = record.macs
+    assert macs["phase_starts"] == 2 * per_phase  # phases after 100 and 200 of 240 samples
+    assert macs["total"] == pytest.approx(macs["inference"] + macs["updates"] + macs["training"]
+                                          + 2 * per_phase, rel=1e-12)
 
 
 def test_bad_method_options_are_refused():

@@ -105,6 +105,24 @@ def test_stream_metrics_known_values():
     assert result["rolling_accuracy"]["accuracy"][-1] == pytest.approx(3 / 4)  # samples 4..7
 
 
+def test_cross_sections_are_per_class_means_within_each_group():
+    """The paper's Table 3 cross-sections weigh each class of a group the same: two
+    pretrain-head classes, 900 samples all right and 60 all wrong, give 0.5, not the
+    pooled 900 / 960 = 0.9375; one novel-tail class of 3 samples, 2 right: 2/3."""
+    label = np.r_[np.zeros(900, int), np.ones(60, int), np.full(3, 2)]
+    prediction = np.r_[np.zeros(900, int), np.full(60, 5), [2, 2, 0]]
+    first = np.zeros(label.size, bool)
+    first[[0, 900, 960]] = True
+    stream = fluid.Stream(jnp.arange(label.size), jnp.asarray(label), jnp.asarray(label < 2),
+                          jnp.asarray(label < 2), jnp.asarray(first))
+    result = fluid.stream_metrics(prediction, np.zeros(label.size, np.float32), stream)
+    assert result["pretrain_head"] == pytest.approx(0.5)
+    assert result["novel_tail"] == pytest.approx(2 / 3)
+    assert result["pretrain_tail"] is None and result["novel_head"] is None
+    assert result["accuracy"] == pytest.approx(902 / 963)  # overall still pools the samples
+    assert result["mean_per_class_accuracy"] == pytest.approx((1 + 0 + 2 / 3) / 3)
+
+
 def test_detector_scores_known_values():
     reps = jnp.array([[1.0, 0.0], [0.0, 2.0], [-1.0, 0.0]])
     seen = jnp.array([True, True, False])

@@ -180,14 +180,26 @@ def test_total_macs_is_the_sum_of_per_call_cost_analyses(synthetic):
     embed = metrics.xla_macs(method.embed, params, state, x)
     predict = metrics.xla_macs(method.predict, params, state, feature)
     update = metrics.xla_macs(method.update, params, state, feature, jnp.int32(0))
-    step = metrics.xla_macs(method.train_step, params, state, jnp.zeros((16, feature.size)),
-                            jnp.zeros(16, jnp.int32), jnp.ones(16, bool), jax.random.key(0))
-    steps = 2 * math.ceil(50 / 16) + 2 * math.ceil(100 / 16)
-    assert record.train_steps == steps
-    assert embed > 5e4 and predict > 0 and step > 0
-    assert record.macs["total"] == LENGTH * (embed + predict + update) + steps * step
-    # Without feature caching every training sample is embedded again.
-    assert record.macs["total_uncached"] == record.macs["total"] + steps * 16 * embed
+    def step(batch):
+        return metrics.xla_macs(method.train_step, params, state,
+                                jnp.zeros((batch, feature.size)), jnp.zeros(batch, jnp.int32),
+                                jnp.ones(batch, bool), jax.random.key(0))
+
+    steps = 2 * math.ceil(50 / 16) + 2 * math.ceil(100 / 16)  # 2 * 4 + 2 * 7 = 22
+    rows = 2 * 50 + 2 * 100  # the real rows; 22 * 16 - 300 = 52 padded rows do not count
+    row = (step(16) - step(8)) / 8
+    assert record.train_steps == steps and record.macs["train_rows"] == rows
+    assert embed > 5e4 and predict > 0 and row > 0
+    assert step(12) == pytest.approx(step(8) + 4 * row, rel=1e-6)  # a step is linear in rows
+    assert record.macs["per_call_train_row"] == pytest.approx(row, rel=1e-9)
+    training = steps * step(16) - (steps * 16 - rows) * row
+    assert record.macs["training"] == pytest.approx(training, rel=1e-9)
+    assert record.macs["training"] < steps * step(16)
+    assert record.macs["total"] == pytest.approx(LENGTH * (embed + predict + update) + training,
+                                                 rel=1e-9)
+    # Without feature caching every training row is embedded again.
+    assert record.macs["total_uncached"] == pytest.approx(record.macs["total"] + rows * embed,
+                                                          rel=1e-9)
     # Per-call counts add up: XLA counts two embeds in one program as twice one.
     two = metrics.xla_macs(lambda p, s, x: (method.embed(p, s, x), method.embed(p, s, 2 * x)),
                            params, state, x)

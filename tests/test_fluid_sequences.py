@@ -180,3 +180,83 @@ def test_pretraining_only_classes_never_enter_the_stream():
     with pytest.raises(ValueError, match="pretrain_classes=4 is invalid: must be 0 .* >= the "
                                          "stream's 5 pretrain classes"):
         fluid.StreamConfig(**{**wide.__dict__, "pretrain_classes": 4})
+
+
+def test_disjoint_draw_keeps_the_streams_apart_as_the_papers_sequences():
+    """App. B: test sequences drawn "without replacement to ensure that the sequences do not
+    overlap"; validation sequences share pretrain classes only. One pretraining world of
+    W=30 classes (the ImageNet-1K analogue), P=5 pretrain + N=15 novel classes a stream, a
+    split of 30 + 5 x 15 classes: 3 test and 2 validation streams fit exactly."""
+    from cfsl_jax.fluid.class_draw import check_room, draw_classes
+    from cfsl_jax.runtime.errors import UserError
+    config = fluid.StreamConfig(num_classes=20, length=200, pretrain_fraction=0.25,
+                                min_pretrain_samples=4, pretrain_classes=30)
+    key = jax.random.key(3)
+    tests = [draw_classes(key, 105, config, i) for i in range(3)]
+    validations = [draw_classes(key, 105, config, j, validation=True) for j in range(2)]
+    world = set(tests[0].extra) | set(tests[0].chosen[:5])
+    assert len(world) == 30
+    for draw in tests + validations:
+        assert len(set(draw.chosen)) == 20 and set(draw.chosen[:5]) <= world
+        assert not set(draw.chosen[5:]) & world  # no novel class is ever pretrained on
+        assert set(draw.extra) == world - set(draw.chosen[:5]) and list(draw.extra) == sorted(
+            draw.extra)
+    for a, b in [(0, 1), (0, 2), (1, 2)]:  # test streams share no class at all
+        assert not set(tests[a].chosen) & set(tests[b].chosen)
+    novel = [set(d.chosen[5:]) for d in tests + validations]  # no novel class in two streams
+    assert len(set().union(*novel)) == 5 * 15
+    # validation pretrain classes come from the world's end: validation 0 takes the last 5
+    # world positions, test 2 positions 10-14, validation 1 positions 20-24
+    assert not set(validations[0].chosen[:5]) & set().union(*(set(t.chosen) for t in tests))
+    np.testing.assert_array_equal(draw_classes(key, 105, config, 1).chosen, tests[1].chosen)
+    assert not np.array_equal(draw_classes(jax.random.key(4), 105, config, 1).chosen,
+                              tests[1].chosen)
+    check_room(key, 105, config, tests=3, validations=2)
+    with pytest.raises(UserError, match="3 test and 3 validation stream.s. needs 90 novel "
+                                        "classes, 15 a stream, but the split has 75 besides "
+                                        "the 30 pretraining classes"):
+        check_room(key, 105, config, tests=3, validations=3)
+    with pytest.raises(UserError, match="test stream 5 needs 90 novel classes"):
+        draw_classes(key, 105, config, 5)
+    # The stream is built on the draw: its classes and pretraining-only classes are the draw's.
+    table, sizes = table_of(105, 40)
+    stream, classes = fluid.make_stream(jax.random.key(9), table, sizes, config, draw=tests[2])
+    np.testing.assert_array_equal(classes.split_class, tests[2].chosen)
+    np.testing.assert_array_equal(classes.extra_class, tests[2].extra)
+    np.testing.assert_array_equal(classes.extra_table, table[tests[2].extra])
+    assert set(np.asarray(stream.sample_idx) // 40) <= set(tests[2].chosen)
+    # pretrain_classes=0 (the stream's pretrain classes only): the world is P classes, every
+    # stream has the same ones, and no pretraining-only class
+    narrow = fluid.StreamConfig(**{**config.__dict__, "pretrain_classes": 0})
+    a, b = draw_classes(key, 105, narrow, 0), draw_classes(key, 105, narrow, 1)
+    np.testing.assert_array_equal(a.chosen[:5], b.chosen[:5])
+    assert a.extra.size == 0 and not set(a.chosen[5:]) & set(b.chosen[5:])
+
+
+def test_the_experiments_streams_share_no_novel_class_unless_drawn_independently():
+    """The experiment's test and validation streams (the validation ones tune the new-class
+    threshold): class_draw=disjoint keeps their novel classes apart; independent is the
+    earlier per-stream draw, its classes from the stream key."""
+    import dataclasses
+
+    from cfsl_jax import data
+    from cfsl_jax.fluid import experiment
+    split = data.load_split("synthetic", "train", num_classes=60, samples_per_class=30,
+                            image_size=8)  # 44 train classes: 8 + 4 x 9 fits
+    stream = fluid.StreamConfig(num_classes=12, length=120, pretrain_fraction=0.25,
+                                min_pretrain_samples=5, pretrain_classes=8)
+    config = experiment.FluidConfig(methods=("ncm",), stream=stream, num_streams=2,
+                                    validation_streams=2)
+    drawn = {(kind, i): experiment.prepare_stream(dataclasses.replace(config, streams=kind),
+                                                  split, i)[1]
+             for kind in ("test", "validation") for i in range(2)}
+    novel = [set(c.split_class[~c.is_pretrain]) for c in drawn.values()]
+    assert len(set().union(*novel)) == 4 * 9
+    tests = [set(drawn["test", i].split_class) for i in range(2)]
+    assert not tests[0] & tests[1]
+    independent = dataclasses.replace(config, class_draw="independent")
+    _, alone = experiment.prepare_stream(independent, split, 0)
+    _, by_key = fluid.make_stream(experiment.stream_key(config, 0), split.class_table,
+                                  split.class_sizes, stream)
+    np.testing.assert_array_equal(alone.split_class, by_key.split_class)
+    assert not np.array_equal(alone.split_class, drawn["test", 0].split_class)

@@ -19,7 +19,8 @@ and all compute is counted.
 
 Or from the command line: ``python -m launch.fluid --workdir=/tmp/fluid``.
 
-Modules: ``sequences`` (streams), ``protocol`` (``Method``, ``run_stream``, MACs),
+Modules: ``sequences`` (streams), ``class_draw`` (which classes each stream of a seed
+uses), ``protocol`` (``Method``, ``run_stream``, MACs),
 ``backbone`` (the per-image Conv-4), ``classifiers`` (class memory, detectors),
 ``heads`` (each method's classifier), ``methods`` (the eleven methods of the
 paper's Table 3, one factory), ``pretraining`` / ``meta_pretraining`` (backbone

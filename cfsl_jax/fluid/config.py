@@ -5,11 +5,14 @@ Presets (``PRESETS``): ``paper`` -- 1,000 classes (250 pretrain, 750 novel),
 streams (and 2 validation streams with ``--streams=validation``), pretraining
 on 1,000 classes (the stream's 250 pretrain classes, each keeping >= 100
 images out of the stream, and 750 pretraining-only classes: the analogue of
-ImageNet-1K), on the synthetic set with 2,367 classes (1,750 in its train
-split) x 1,061 samples; ``small`` -- 40 classes (10 pretrain), 1,200 samples,
-head > 30, pretraining on 40 classes (95 synthetic classes, 70 in the train
-split), for CPU smoke runs. ``StreamConfig.pretrain_classes=0`` pretrains on
-the stream's pretrain classes only. Each
+ImageNet-1K), on the synthetic set with 6,424 classes (4,750 in its train
+split: the 1,000 pretraining classes and 750 novel classes for each of 5
+streams) x 1,061 samples; ``small`` -- 40 classes (10 pretrain), 1,200
+samples, head > 30, pretraining on 40 classes (257 synthetic classes, 190 in
+the train split), for CPU smoke runs. ``class_draw="disjoint"``: the streams
+of a seed share no novel class and the test streams no pretrain class
+(``fluid.class_draw``, the paper's Appendix B). ``StreamConfig.pretrain_classes=0``
+pretrains on the stream's pretrain classes only. Each
 method's schedule is the paper's, scaled to the stream length
 (``Schedule.scaled``; logged), unless ``schedule`` overrides it.
 """
@@ -21,6 +24,7 @@ from typing import Any
 
 from cfsl_jax import data
 from cfsl_jax.fluid import methods as fluid_methods
+from cfsl_jax.fluid.class_draw import CLASS_DRAWS
 from cfsl_jax.fluid.protocol import Schedule
 from cfsl_jax.fluid.sequences import StreamConfig
 from cfsl_jax.runtime import naming
@@ -33,10 +37,12 @@ PAPER_STREAM = StreamConfig(num_classes=1000, length=90_000, pretrain_fraction=0
 SMALL_STREAM = StreamConfig(num_classes=40, length=1200, pretrain_fraction=0.25, zipf_s=1.0,
                             head_threshold=30, min_pretrain_samples=20, pretrain_classes=40)
 PRESETS = {
-    "paper": dict(stream=PAPER_STREAM, dataset_options={"num_classes": 2367,
+    # train splits of 4,750 and 190 classes: the 1,000 (40) pretraining classes and 5 streams'
+    # 750 (30) novel classes, the paper's 3 test + 2 validation sequences (class_draw)
+    "paper": dict(stream=PAPER_STREAM, dataset_options={"num_classes": 6424,
                                                         "samples_per_class": 1061},
                   pretrain_steps=2000, num_streams=3),
-    "small": dict(stream=SMALL_STREAM, dataset_options={"num_classes": 95,
+    "small": dict(stream=SMALL_STREAM, dataset_options={"num_classes": 257,
                                                         "samples_per_class": 120},
                   pretrain_steps=200, num_streams=1, validation_streams=1),
 }
@@ -61,6 +67,10 @@ class FluidConfig:
                           choices=STREAM_KINDS)
     validation_streams: int = option(2, "Validation streams a 'new class' threshold is chosen "
                                      "on (default: the preset's: paper 2, small 1).", minimum=1)
+    class_draw: str = option("disjoint", "Classes of the streams: disjoint (the paper: no novel "
+                             "class in two streams, no pretrain class in two test streams; one "
+                             "pretraining world per seed) or independent (each stream draws its "
+                             "own).", choices=CLASS_DRAWS)
     seed: int = option(0, "Seed of every random choice.")
     filters: int = option(64, "Conv-4 width.", minimum=1)  # shared by every method
     pretrain_steps: int = option(2000, "Pretraining steps (default: the preset's; 0: none).",

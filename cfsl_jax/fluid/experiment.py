@@ -10,7 +10,9 @@ The configuration and its presets: ``fluid.config`` (``FluidConfig``, ``PRESETS`
 
 Keys (``seeding.purpose_key`` folded with the stream index ``i``): test stream
 ``i`` is built from ``fold_in(data, i)``, validation stream ``i`` from
-``fold_in(data, 1000 + i)`` (disjoint from the test streams' keys); stream
+``fold_in(data, 1000 + i)`` (disjoint from the test streams' keys), their
+classes (``class_draw="disjoint"``, ``fluid.class_draw``) from one
+permutation of the split's classes, ``fold_in(data, 2000)``; stream
 ``i``'s pretraining uses ``fold_in(pretrain, i)``, EWC's Fisher sample
 ``fold_in(pretrain, 10000 + i)``, method runs ``fold_in(train, i)`` -- the same
 for every method.
@@ -41,19 +43,32 @@ from cfsl_jax.fluid import methods as fluid_methods
 from cfsl_jax.fluid import new_class, report, run_progress
 from cfsl_jax.fluid.config import (  # noqa: F401 (re-exported: the experiment's config)
     PAPER_STREAM, PRESETS, SMALL_STREAM, STREAM_KINDS, FluidConfig, preset)
+from cfsl_jax.fluid.class_draw import check_room, draw_classes
 from cfsl_jax.fluid.metrics import correctness, rolling_accuracy, stream_metrics
-from cfsl_jax.fluid.pretraining import pretrain_model, prepare_params
+from cfsl_jax.fluid.pretraining import phase_macs, pretrain_model, prepare_params
 from cfsl_jax.fluid.protocol import Schedule, run_stream
 from cfsl_jax.fluid.sequences import (Stream, StreamClasses, StreamConfig, describe,
                                       make_stream)
 
 FISHER = 10_000  # key offset of EWC's Fisher samples
+CLASSES = 2000  # key offset of the class permutation every stream of a seed draws from
 
 
 def stream_key(config: FluidConfig, index: int) -> jax.Array:
     """The key of stream ``index`` of ``config.streams`` (module doc)."""
     offset = 0 if config.streams == "test" else 1000
     return jax.random.fold_in(seeding.purpose_key(config.seed, "data"), offset + index)
+
+
+def classes_key(config: FluidConfig) -> jax.Array:
+    """The key of the seed's class permutation (``class_draw``; module doc)."""
+    return jax.random.fold_in(seeding.purpose_key(config.seed, "data"), CLASSES)
+
+
+def pretrain_mask(config: FluidConfig, split: data.Split) -> np.ndarray | None:
+    """On Omniglot, the alphabets pretrain classes come from (``alphabet_pretrain_mask``)."""
+    return (alphabet_pretrain_mask(split.info.class_names, config.stream.pretrain_fraction)
+            if config.dataset.startswith("omniglot") else None)
 
 
 def alphabet_pretrain_mask(class_names: tuple[str, ...], fraction: float) -> np.ndarray:
@@ -109,10 +124,12 @@ def prepare_stream(config: FluidConfig, split: data.Split, index: int
     """Stream ``index`` of ``config.streams`` from ``split`` (on Omniglot, pretrain and novel
     classes from disjoint alphabets: ``alphabet_pretrain_mask``), its summary printed; the
     stream of every experiment and study."""
-    mask = (alphabet_pretrain_mask(split.info.class_names, config.stream.pretrain_fraction)
-            if config.dataset.startswith("omniglot") else None)
+    mask = pretrain_mask(config, split)
+    draw = (draw_classes(classes_key(config), split.class_table.shape[0], config.stream, index,
+                         config.streams == "validation", mask)
+            if config.class_draw == "disjoint" else None)
     stream, classes = make_stream(stream_key(config, index), split.class_table,
-                                  split.class_sizes, config.stream, pretrain_mask=mask)
+                                  split.class_sizes, config.stream, pretrain_mask=mask, draw=draw)
     progress.say(f"[FLUID] {config.streams} stream {index}: "
                  f"{summary_line(describe(stream, classes))}")
     return stream, classes
@@ -154,8 +171,9 @@ def run_methods(config: FluidConfig, split: data.Split, built: dict, index: int)
             known[method.pretraining] = params["known"]
         pretrain_seconds = time.perf_counter() - started
         schedule = schedule_for(method, config)
-        runs[name] = (run_stream(method, params, stream, split, train_key, schedule), schedule,
-                      pretrain_seconds)
+        runs[name] = (run_stream(method, params, stream, split, train_key, schedule,
+                                 phase_macs=phase_macs(method, params, split, classes)),
+                      schedule, pretrain_seconds)
         run_progress.finished(config.streams, index, name, time.perf_counter() - started)
     return stream, classes, runs
 
@@ -189,6 +207,11 @@ def new_class_thresholds(config: FluidConfig, workdir: str, split: data.Split, b
     """Per method with the ``new_class`` option: its threshold, chosen on the validation
     streams ``0 .. validation_streams-1`` (``new_class.thresholds``)."""
     validation = dataclasses.replace(config, streams="validation")
+    chosen_here = [n for n in built if method_options(config, n).get("new_class")
+                   and method_options(config, n).get("new_class_threshold") is None]
+    if chosen_here and config.class_draw == "disjoint":  # test and validation streams apart
+        check_room(classes_key(config), split.class_table.shape[0], config.stream,
+                   config.num_streams, config.validation_streams, pretrain_mask(config, split))
 
     def run(names, index):  # validation stream ``index``: (stream, {name: StreamRecord})
         stream, _, runs = run_methods(validation, split, {n: built[n] for n in names}, index)

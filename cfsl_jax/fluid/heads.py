@@ -43,18 +43,23 @@ def _no_weights(params, key, dim):
     return {}
 
 
-def ncm(num_classes: int, metric: str = "euclidean", scale: float = 10.0) -> Head:
-    """Nearest class mean: ``-||f - m_k||^2`` on raw features (the paper), or ``scale * cos``."""
+def ncm(num_classes: int, metric: str = "euclidean", scale: float = 10.0,
+        centroid: str = "unit_mean") -> Head:
+    """Nearest class mean: ``-||f - m_k||^2`` on raw features (the paper), or ``scale * cos``
+    to a centroid per class: ``"unit_mean"`` the mean of the normalised features (NCM's cosine
+    option), ``"mean"`` the mean of the raw features (Meta-Baseline, Chen et al.: the centroid
+    is the mean feature, then cosine -- as its meta-training, ``fluid.meta_pretraining``)."""
     if metric == "euclidean":
         return Head(_no_weights,
                     lambda w, memory, f: metrics.neg_sq_euclidean(f, cls.class_means(memory)),
                     # MDT: the minimum cosine distance to a class mean (the paper's Figure 5a).
                     lambda w, memory: cls.class_means(memory), mdt="cosine")
 
+    centroids = {"unit_mean": cls.unit_means, "mean": cls.class_means}[centroid]
     # Meta-Baseline's temperature, when meta-training learned one (fixed in the stream).
     return Head(lambda params, key, dim: {"scale": jnp.float32(params.get("temperature", scale))},
-                lambda w, memory, f: cls.cosine_logits(f, cls.unit_means(memory), w["scale"]),
-                lambda w, memory: cls.unit_means(memory))
+                lambda w, memory, f: cls.cosine_logits(f, centroids(memory), w["scale"]),
+                lambda w, memory: centroids(memory))
 
 
 def exemplar_tuning(num_classes: int, similarity: str = "dot", scale: float = 10.0) -> Head:
@@ -87,7 +92,7 @@ def _imprint(weights, memory):
                                                _imprinted(weights, memory), 0.0)}
 
 
-def imprinting(num_classes: int, scale: float = 10.0, learn_scale: bool = True,
+def imprinting(num_classes: int, scale: float = 4.0, learn_scale: bool = True,
                mdt_to: str = "means") -> Head:
     """Cosine classifier ``s * cos(f, w_k)``, w_k imprinted with the class mean; s learnable.
 

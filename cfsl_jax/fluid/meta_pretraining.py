@@ -8,8 +8,10 @@ each class's pretraining images. Strategies (the paper's Appendix E: 5-shot
 - ``protonets`` (Snell et al.): prototypes = mean support features, logits =
   minus squared Euclidean distances, CE on the queries; from a random backbone.
 - ``meta_baseline`` (Chen et al.): after supervised pretraining, logits =
-  ``tau * cos(query, prototype)`` with a learned temperature ``tau`` (init
-  10, kept as ``params["temperature"]``).
+  ``tau * cos(query, prototype)``, the prototype the mean of the raw support
+  features, with a learned temperature ``tau`` (init 10, kept as
+  ``params["temperature"]``); the stream classifies the same way, cosine to
+  the mean raw feature of each class (``heads.ncm(centroid="mean")``).
 - ``maml``: first-order MAML (Finn et al.; the paper's Appendix D writes the
   second-order update -- first order keeps the CPU cost bounded; the paper's
   own MAML row is a Conv-4 that scores near chance, Table 3-b): a zero-init

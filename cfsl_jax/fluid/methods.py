@@ -13,13 +13,13 @@ in samples of a ~90,000-sample sequence (``Schedule.scaled`` for shorter ones).
 | --- | --- | --- | --- |
 | ``ncm`` | ``-||f - m_k||^2`` raw means (``metric="cosine"``: 10 cos to normalised means) | - | supervised |
 | ``exemplar_tuning`` | ``(mean_k(f/|f|) + r_k) . f`` (``similarity="cosine"``) | r, lr 0.1 | supervised |
-| ``imprinting`` | ``s cos(f, w_k)``, s learnable (init 10), w imprinted at the first phase, 10,000 samples; MDT to the class means (``mdt_to="weights"``) | w, s, lr 0.1 | supervised |
+| ``imprinting`` | ``s cos(f, w_k)``, s learnable (init 4: Table 11's best, Table 3-e), w imprinted at the first phase, 10,000 samples; MDT to the class means (``mdt_to="weights"``) | w, s, lr 0.1 | supervised |
 | ``finetune`` | linear layer, pretrain rows from the pretrained head | head, lr 0.1 | supervised |
 | ``standard`` | linear layer | backbone + head, lr 0.01 | supervised |
 | ``lwf`` | as ``standard`` + distillation to the frozen pretrained model (T=2) | lr 0.01 | supervised |
 | ``ewc`` | as ``standard`` + ``lambda/2 sum F (theta - theta*)^2`` | lr 0.01 | supervised |
 | ``protonets`` | as ``ncm`` | - | prototypical (episodic) |
-| ``meta_baseline`` | ``tau cos(f, mean_k)``, tau meta-learned | - | supervised, then episodic |
+| ``meta_baseline`` | ``tau cos(f, mean_k)``, mean_k of raw features, tau meta-learned (``centroid="unit_mean"``) | - | supervised, then episodic |
 | ``maml`` | as ``finetune`` | head, lr 0.1 | first-order MAML |
 | ``oltr`` | meta-embedding + cosine classifier (``heads.oltr``) | its weights, lr 0.1 | supervised |
 
@@ -42,9 +42,10 @@ threshold on the unseen-class score chosen on validation streams
 
 Notes of what was followed (and not): EWC's Fisher is the diagonal empirical
 Fisher (``models.fisher``) on pretraining images at the pretrained weights,
-computed once before the stream (the paper recomputes it at each phase: with
-the anchor fixed at the pretrained weights this costs compute, not fidelity of
-the penalty's form); its weight ``ewc_weight`` (paper: not stated) defaults to
+computed once before the stream and counted in MACs at every phase
+(``pretraining.phase_macs``), as the paper recomputes it (at the fixed
+pretrained weights each recomputation gives the same values); its weight
+``ewc_weight`` (paper: not stated) defaults to
 100, where the penalty barely binds (docs/fidelity.md, EWC;
 ``benchmarks.select_fluid_ewc_weight`` selects it on validation streams). LwF
 distils over all pretrain classes (the paper: those seen in the stream).
@@ -123,6 +124,9 @@ class NcmOptions(MethodOptions):
 @dataclasses.dataclass(frozen=True)
 class MetaBaselineOptions(MethodOptions):
     scale: float = option(10.0, "Initial cosine scale tau (meta-learned).", above=0)
+    centroid: str = option("mean", "Class centroid: the mean feature (Chen et al., as in "
+                           "meta-training) or the mean normalised feature (the earlier stream "
+                           "rule).", choices=("mean", "unit_mean"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +138,9 @@ class ExemplarTuningOptions(TrainedOptions):
 
 @dataclasses.dataclass(frozen=True)
 class ImprintingOptions(TrainedOptions):
-    scale: float = option(10.0, "Initial cosine scale s.", above=0)
+    # The paper's Table 11 ablates s in {1, 2, 4, 8}; its s=4 row is Table 3-e to the digit
+    # (App. L: "We report the best results in the main paper").
+    scale: float = option(4.0, "Initial cosine scale s (the paper's Table 11: 4).", above=0)
     learn_scale: bool = option(True, "s is trained.")
     mdt_to: str = option("means", "MDT measures to the class means or the imprinted weights.",
                          choices=("means", "weights"))
@@ -264,8 +270,8 @@ SPECS: dict[str, Spec] = {
     "ewc": Spec(_linear(True, "ewc"), EwcMethodOptions, PAPER_SCHEDULE),
     "protonets": Spec(lambda k, e, o: heads.ncm(k, o.metric, o.scale), NcmOptions, None,
                       pretraining="protonets"),
-    "meta_baseline": Spec(lambda k, e, o: heads.ncm(k, "cosine", o.scale), MetaBaselineOptions,
-                          None, pretraining="meta_baseline"),
+    "meta_baseline": Spec(lambda k, e, o: heads.ncm(k, "cosine", o.scale, o.centroid),
+                          MetaBaselineOptions, None, pretraining="meta_baseline"),
     "maml": Spec(_linear(False), LinearOptions, PAPER_SCHEDULE, pretraining="maml"),
     "oltr": Spec(lambda k, e, o: heads.oltr(k, o.scale), OltrOptions, OLTR_SCHEDULE),
 }

@@ -20,7 +20,8 @@ the pretrained rows of the stream's base classes. Strategies (``Method.pretraini
 
 ``prepare_params`` then adds what methods read at the stream start:
 ``params["known"]`` (``KnownClasses``: feature sums/counts of the pretraining
-images per pretrain class) and, for EWC, ``params["fisher"]``.
+images per pretrain class) and, for EWC, ``params["fisher"]``; ``phase_macs``
+counts the Fisher's compute at each training phase, as the paper recomputes it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from cfsl_jax.training.optimizers import optimizer
 from cfsl_jax.fluid.sequences import StreamClasses, pretrain_class_table
 
 STRATEGIES = ("supervised", "protonets", "meta_baseline", "maml")
+FISHER_SAMPLES, FISHER_CHUNK = 256, 32  # EWC's Fisher: pretraining images, per program
 
 
 def pretrain_split(split: Split, classes: StreamClasses, extra: bool = False) -> Split:
@@ -119,8 +121,22 @@ def fit_head(features: jax.Array, labels: jax.Array, num_classes: int, key: jax.
     return run(head)
 
 
+def _fisher_sum(method: Method, head: dict):
+    """``(embed, images [n, ...], labels [n]) -> `` the n samples' sum of squared
+    log-likelihood gradients of the backbone (``empirical_fisher`` times n)."""
+
+    def logits_fn(embed, images):
+        return method.embed_apply(embed, images) @ head["kernel"] + head["bias"]
+
+    def fisher_sum(embed, images, labels):
+        fisher = empirical_fisher(logits_fn, embed, images, labels, independent=True)
+        return jax.tree.map(lambda f: f * labels.shape[0], fisher)
+
+    return fisher_sum
+
+
 def pretraining_fisher(method: Method, params: Params, split: Split, key: jax.Array,
-                       samples: int = 256, chunk: int = 32) -> Params:
+                       samples: int = FISHER_SAMPLES, chunk: int = FISHER_CHUNK) -> Params:
     """EWC's Fisher of the backbone: ``models.fisher.empirical_fisher`` (true labels, mean
     over samples) of the pretrained backbone and head on ``samples`` pretraining images drawn
     without replacement, ``chunk`` at a time. The backbone normalises each image on its own,
@@ -128,16 +144,11 @@ def pretraining_fisher(method: Method, params: Params, split: Split, key: jax.Ar
     pool = supervised.entry_pool(split.class_table)
     samples = min(samples, int(pool.image_idx.shape[0]))  # all of a small pretraining set
     pick = jax.random.choice(key, pool.image_idx.shape[0], (samples,), replace=False)
-    head = params["head"]
-
-    def logits_fn(embed, images):
-        return method.embed_apply(embed, images) @ head["kernel"] + head["bias"]
+    fisher_sum = _fisher_sum(method, params["head"])
 
     @jax.jit
     def part(embed, idx, labels):  # the chunk's sum of squared gradients
-        fisher = empirical_fisher(logits_fn, embed, data.gather_normalised(split, idx), labels,
-                                  independent=True)
-        return jax.tree.map(lambda f: f * idx.shape[0], fisher)
+        return fisher_sum(embed, data.gather_normalised(split, idx), labels)
 
     total = None
     for i in range(0, samples, chunk):
@@ -145,6 +156,26 @@ def pretraining_fisher(method: Method, params: Params, split: Split, key: jax.Ar
         summed = part(params["embed"], pool.image_idx[rows], pool.labels[rows])
         total = summed if total is None else jax.tree.map(jnp.add, total, summed)
     return jax.tree.map(lambda t: t / samples, total)
+
+
+def phase_macs(method: Method, params: Params, split: Split, classes: StreamClasses) -> float:
+    """MACs a method spends before each training phase outside ``train_step``
+    (``protocol.run_stream``'s ``phase_macs``): EWC's Fisher, which the paper computes "at the
+    start of every flexible train step" (App. E) -- XLA's count of ``pretraining_fisher``'s
+    chunks over its samples of the pretrain classes; 0 for every other method. Ours is
+    computed once, at the pretrained weights on fixed images, where computing it again at
+    each phase gives the same values; it is counted at each phase, as the paper spends it."""
+    if "fisher" not in params:
+        return 0.0
+    samples = min(FISHER_SAMPLES, count_pretraining(classes))
+    fisher_sum = _fisher_sum(method, params["head"])
+    image = split.images.shape[1:]
+
+    def chunk_macs(n: int) -> float:
+        return metrics.xla_macs(fisher_sum, params["embed"], jnp.zeros((n, *image), jnp.float32),
+                                jnp.zeros((n,), jnp.int32)) if n else 0.0
+
+    return samples // FISHER_CHUNK * chunk_macs(FISHER_CHUNK) + chunk_macs(samples % FISHER_CHUNK)
 
 
 def pretrain_model(method: Method, params: Params, split: Split, classes: StreamClasses,

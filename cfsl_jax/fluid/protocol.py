@@ -36,13 +36,19 @@ minibatch from the host (XLA:CPU runs convolutions inside a loop ~10x slower).
 
 Compute (MACs, ``metrics.xla_macs``: XLA's cost analysis, flops / 2) is
 counted per call -- one ``embed`` of one image, one ``predict``, one
-``update``, one ``train_step`` on a ``batch_size`` minibatch -- and
-``total = L * (embed + predict + update) + train_steps * train_step``. That is
-the cost *with feature caching*. Without caching (the paper's second GMACs
+``update``, one ``train_step`` on a ``batch_size`` minibatch, and what one
+row adds to it (``train_row = (train_step(B) - train_step(B/2)) / (B - B/2)``;
+the rest, the optimiser update and EWC's penalty, is per step) -- and
+``total = L * (embed + predict + update) + training + phases * phase_start``,
+``training = train_steps * train_step - padded_rows * train_row``: only real
+rows count, ``E * t`` in a phase after t samples (an epoch's last minibatch is
+padded and masked; the authors' loader gives a shorter one). ``phase_start``:
+work before each phase outside ``train_step`` (EWC's Fisher,
+``pretraining.phase_macs``). That is the cost *with feature caching*. Without caching (the paper's second GMACs
 figure) a frozen-backbone method recomputes the backbone for every training
-sample: ``total_uncached = total + train_steps * batch_size * embed``; for
-image-trained methods the two are equal. (Counting a scan as a whole would not
-work: XLA counts a loop body once.) Data movement is not counted.
+row: ``total_uncached = total + train_rows * embed``; for image-trained
+methods the two are equal. (Counting a scan as a whole would not work: XLA
+counts a loop body once.) Data movement is not counted.
 
 Progress: a line (samples done, rate, ETA) at least every ``progress.INTERVAL_S``
 seconds, between chunks; a method that never trains walks the stream in
@@ -287,28 +293,39 @@ def call_macs(method: Method, params: Params, state: State, image_shape: tuple[i
     macs = {"embed": metrics.xla_macs(method.embed, params, state, x),
             "predict": metrics.xla_macs(method.predict, params, state, feature),
             "update": metrics.xla_macs(method.update, params, state, feature, y),
-            "train_step": 0.0}
+            "train_step": 0.0, "train_row": 0.0}
     if method.train_step is not None:
-        batch = schedule.batch_size
-        inputs = (jnp.zeros((batch, *features.shape[1:]), features.dtype)
-                  if method.train_on == "features"
-                  else jnp.zeros((batch, *image_shape), jnp.float32))
-        macs["train_step"] = metrics.xla_macs(
-            method.train_step, params, state, inputs, jnp.zeros((batch,), jnp.int32),
-            jnp.ones((batch,), bool), jax.random.key(0))
+        def step(batch):
+            inputs = (jnp.zeros((batch, *features.shape[1:]), features.dtype)
+                      if method.train_on == "features"
+                      else jnp.zeros((batch, *image_shape), jnp.float32))
+            return metrics.xla_macs(method.train_step, params, state, inputs,
+                                    jnp.zeros((batch,), jnp.int32), jnp.ones((batch,), bool),
+                                    jax.random.key(0))
+
+        batch, half = schedule.batch_size, max(schedule.batch_size // 2, 1)
+        macs["train_step"] = step(batch)
+        macs["train_row"] = ((macs["train_step"] - step(half)) / (batch - half) if batch > 1
+                             else macs["train_step"])
     return macs
 
 
 def total_macs(per_call: dict[str, float], length: int, train_steps: int, batch_size: int,
-               train_on: str) -> dict[str, float]:
-    """Per-call MACs plus the stream totals, with and without feature caching (module doc)."""
+               train_on: str, train_rows: int | None = None, phases: int = 0
+               ) -> dict[str, float]:
+    """Per-call MACs plus the stream totals, with and without feature caching (module doc);
+    ``train_rows``: the real rows of the ``train_steps`` minibatches (None: all full)."""
+    train_rows = train_steps * batch_size if train_rows is None else train_rows
     inference = length * (per_call["embed"] + per_call["predict"])
     updates = length * per_call["update"]
-    training = train_steps * per_call["train_step"]
-    total = inference + updates + training
-    recompute = train_steps * batch_size * per_call["embed"] if train_on == "features" else 0.0
+    training = (train_steps * per_call["train_step"]
+                - (train_steps * batch_size - train_rows) * per_call.get("train_row", 0.0))
+    phase_starts = phases * per_call.get("phase_start", 0.0)
+    total = inference + updates + training + phase_starts
+    recompute = train_rows * per_call["embed"] if train_on == "features" else 0.0
     return {**{f"per_call_{k}": v for k, v in per_call.items()},
             "inference": inference, "updates": updates, "training": training,
+            "phase_starts": phase_starts, "train_rows": float(train_rows),
             "total": total, "total_uncached": total + recompute}
 
 
@@ -321,10 +338,11 @@ def resolve_schedule(method: Method, schedule: Schedule | None) -> Schedule | No
 
 def run_stream(method: Method, params: Params, stream: Stream, split: data.Split, key: jax.Array,
                schedule: Schedule | None = None, count_macs: bool = True,
-               embed_batch: int = 1000) -> StreamRecord:
+               embed_batch: int = 1000, phase_macs: float = 0.0) -> StreamRecord:
     """Predict-then-update over ``stream``; returns the predictions, scores and compute.
 
     ``schedule``: None uses the method's own (``method.schedule``), unscaled.
+    ``phase_macs``: MACs counted before each training phase (``phase_start``, module doc).
     """
     if method.train_on not in TRAIN_INPUTS:
         raise UserError(f"method {method.name!r}: train_on={method.train_on!r}; "
@@ -335,8 +353,8 @@ def run_stream(method: Method, params: Params, stream: Stream, split: data.Split
     init_key, train_key = jax.random.split(key)
     state = method.init(params, init_key)
     image_shape = tuple(split.images.shape[1:])
-    per_call = (call_macs(method, params, state, image_shape, schedule or Schedule())
-                if count_macs else None)
+    per_call = ({**call_macs(method, params, state, image_shape, schedule or Schedule()),
+                 "phase_start": float(phase_macs)} if count_macs else None)
     start_time = time.perf_counter()
 
     trains = schedule is not None
@@ -347,7 +365,7 @@ def run_stream(method: Method, params: Params, stream: Stream, split: data.Split
     banked = []
     ends = (schedule.phase_ends(length) if trains
             else list(range(PROGRESS_SAMPLES, length, PROGRESS_SAMPLES)))
-    predictions, scores, train_steps = [], [], 0
+    predictions, scores, train_steps, train_rows, phases = [], [], 0, 0, 0
     chunks = list(zip([0, *ends], [*ends, length]))
     with progress.tracker(f"FLUID {method.name}", length, "samples") as bar:
         # one embed program
@@ -369,6 +387,8 @@ def run_stream(method: Method, params: Params, stream: Stream, split: data.Split
                                     jnp.where(revealed, stream.label, -1), end,
                                     jax.random.fold_in(train_key, end))
                 train_steps += schedule.steps(end)
+                train_rows += schedule.epochs_per_update * end
+                phases += 1
             if bar.due() or end == length:
                 jax.block_until_ready(state)
                 bar.update(end, **({"train_steps": train_steps} if trains else {}))
@@ -376,5 +396,5 @@ def run_stream(method: Method, params: Params, stream: Stream, split: data.Split
     unseen = np.concatenate([np.asarray(s) for s in scores]).astype(np.float32)
     seconds = time.perf_counter() - start_time
     macs = (total_macs(per_call, length, train_steps, schedule.batch_size if trains else 0,
-                       method.train_on) if count_macs else {})
+                       method.train_on, train_rows, phases) if count_macs else {})
     return StreamRecord(prediction, unseen, train_steps, macs, seconds)

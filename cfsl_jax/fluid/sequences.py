@@ -4,9 +4,11 @@
 split's class table (the stream holds sample indices; images stay on device):
 
 1. Classes. ``K = config.num_classes`` classes are drawn uniformly without
-   replacement; ``P = round(K * pretrain_fraction)`` of them are *pretrain*
-   classes (their other samples pretrain the backbone), the other ``K - P`` are
-   *novel*. With ``pretrain_mask`` [C] (e.g. Omniglot's background alphabets)
+   replacement (or given: ``draw``, from ``class_draw.draw_classes``, which
+   keeps an experiment's streams apart as the paper's; the rest of the stream
+   is drawn from ``key`` either way); ``P = round(K * pretrain_fraction)`` of
+   them are *pretrain* classes (their other samples pretrain the backbone), the
+   other ``K - P`` are *novel*. With ``pretrain_mask`` [C] (e.g. Omniglot's background alphabets)
    pretrain classes are drawn from the masked classes and novel ones from the
    rest. Stream labels are remapped to ``0..K-1``, pretrain classes first
    (label ``k < P`` <=> pretrain class).
@@ -38,8 +40,9 @@ adds ``N - P`` *pretraining-only* classes (``extra_class``, ``extra_table``:
 all their samples), drawn uniformly without replacement from the split's
 classes that are not in the stream (with ``pretrain_mask``: from the masked
 ones), with ``fold_in(key, 4)`` -- the stream itself is the same as with
-``pretrain_classes=0``. They never enter the stream, so no novel class is
-ever seen in pretraining (the paper's novel classes are outside ImageNet-1K).
+``pretrain_classes=0`` -- or given by ``draw`` (the experiment's world). They
+never enter the stream, so no novel class is ever seen in pretraining (the
+paper's novel classes are outside ImageNet-1K).
 
 Random choices are made with ``jax.random`` from ``key`` (split by purpose:
 classes, ranks, samples, order); the bookkeeping is numpy. Same key, same
@@ -55,6 +58,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cfsl_jax.fluid.class_draw import ClassDraw
 from cfsl_jax.runtime import naming
 from cfsl_jax.runtime.options import option
 
@@ -175,8 +179,10 @@ def capped_counts(shares: np.ndarray, caps: np.ndarray, length: int) -> np.ndarr
 
 
 def make_stream(key: jax.Array, class_table, class_sizes, config: StreamConfig,
-                pretrain_mask=None) -> tuple[Stream, StreamClasses]:
-    """The stream and its per-class facts; a pure function of ``key`` and the arguments."""
+                pretrain_mask=None, draw: ClassDraw | None = None
+                ) -> tuple[Stream, StreamClasses]:
+    """The stream and its per-class facts; a pure function of ``key`` and the arguments.
+    ``draw``: its classes and pretraining-only classes as given (``class_draw``), not drawn."""
     table = np.asarray(class_table)
     sizes = np.asarray(class_sizes).astype(np.int64)
     num_split_classes = table.shape[0]
@@ -186,7 +192,11 @@ def make_stream(key: jax.Array, class_table, class_sizes, config: StreamConfig,
     # 1. Classes: pretrain classes first, then novel ones.
     if k > num_split_classes:
         raise ValueError(f"num_classes={k} exceeds the split's {num_split_classes} classes")
-    if pretrain_mask is None:
+    if draw is not None:
+        chosen = np.asarray(draw.chosen)
+        if chosen.shape != (k,) or np.unique(chosen).size != k:
+            raise ValueError(f"the draw's classes {chosen.shape} are not {k} distinct classes")
+    elif pretrain_mask is None:
         chosen = np.asarray(jax.random.permutation(class_key, num_split_classes))[:k]
     else:
         mask = np.asarray(pretrain_mask, bool)
@@ -245,8 +255,12 @@ def make_stream(key: jax.Array, class_table, class_sizes, config: StreamConfig,
     first = np.zeros(config.length, bool)
     first[np.unique(labels, return_index=True)[1]] = True
 
-    extra_class, extra_table = _extra_classes(jax.random.fold_in(key, 4), table, chosen, config,
-                                              pretrain_mask)
+    if draw is None:
+        extra_class, extra_table = _extra_classes(jax.random.fold_in(key, 4), table, chosen,
+                                                  config, pretrain_mask)
+    else:
+        extra_class = np.asarray(draw.extra, np.int32)
+        extra_table = table[extra_class].astype(np.int32)
     is_head = count > config.head_threshold
     stream = Stream(jnp.asarray(sample_idx, jnp.int32), jnp.asarray(labels, jnp.int32),
                     jnp.asarray(is_pretrain[labels]), jnp.asarray(is_head[labels]),

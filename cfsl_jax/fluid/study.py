@@ -22,7 +22,7 @@ from cfsl_jax.fluid import report
 from cfsl_jax.fluid.experiment import (FluidConfig, init_params, load, method_options,
                                        prepare_stream, stream_keys)
 from cfsl_jax.fluid.metrics import stream_metrics
-from cfsl_jax.fluid.pretraining import pretrain_model, prepare_params
+from cfsl_jax.fluid.pretraining import phase_macs, pretrain_model, prepare_params
 from cfsl_jax.fluid.protocol import run_stream
 
 FREQUENCIES = (1000, 2500, 5000, 10000, 20000)  # U, in samples of a 90,000-sample sequence
@@ -48,12 +48,14 @@ def run_update_strategy(config: FluidConfig, workdir: str, method_name: str = "f
                             batch_size=config.pretrain_batch,
                             learning_rate=config.pretrain_learning_rate)
     params = prepare_params(method, params, split, classes, fisher_key)
+    phase = phase_macs(method, params, split, classes)  # EWC's Fisher at each phase
     cells = []
     for every in frequencies:
         for e in epochs:
             schedule = dataclasses.replace(method.schedule, update_every=every,
                                            epochs_per_update=e).scaled(config.stream.length)
-            record = run_stream(method, params, stream, split, train_key, schedule)
+            record = run_stream(method, params, stream, split, train_key, schedule,
+                                phase_macs=phase)
             metrics = stream_metrics(record.prediction, record.unseen_score, stream)
             cells.append({"update_every": every, "epochs_per_update": e,
                           "scaled_update_every": schedule.update_every,
