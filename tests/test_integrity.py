@@ -146,7 +146,8 @@ def test_a_run_stopped_part_way_is_never_re_tested_or_verified_as_finished(
     finished run's results.json copied beside it does not verify."""
     workdir = stopped(stopped_run, tmp_path / "w")
     with pytest.raises(UserError, match=f"the run in {workdir} has validated 1 of its 2 epochs: "
-                                        f"finish its training first"):
+                                        f"delete its results.json \\(if any\\) and finish its "
+                                        f"training first"):
         runs.evaluate_run(workdir)
     assert not os.path.exists(os.path.join(workdir, "results.json"))
     shutil.copy(os.path.join(finished[1], "results.json"), workdir)

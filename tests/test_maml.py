@@ -385,6 +385,10 @@ def test_a_rolled_inner_loop_counts_the_macs_of_the_unrolled_one():
     counts = {learner: metrics.learner_macs(learner.evaluated, params, SMALL)
               for learner in (unrolled, rolled)}
     assert counts[rolled] == counts[unrolled]
+    in_bf16 = [metrics.learner_macs(get_learner("maml_low", TINY_SPEC, compute_dtype="bfloat16",
+                                                unroll_inner=ui, **TINY_LOW), params, SMALL)
+               for ui in (True, False)]  # the twin casts as the learner does
+    assert in_bf16[0] == in_bf16[1] != counts[unrolled]
     assert counts[rolled]["macs_adapt"] > 1.5 * metrics.xla_macs(  # the scan counted alone
         rolled.adapt, params, rolled.init(params, jax.random.key(0), TINY_SPEC),
         jnp.zeros((TINY_SPEC.support_size, *SMALL)), jnp.zeros(TINY_SPEC.support_size, int))

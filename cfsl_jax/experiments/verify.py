@@ -101,7 +101,9 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
     config, recorded = load(workdir, data_dir=data_dir, manual_dir=manual_dir)
     learner, splits = runs.build(config)
     differences = []
-    if runs.selects_epochs(config, learner) or learner.recipe.training == "pretrain":
+    trains = runs.selects_epochs(config, learner) or learner.recipe.training == "pretrain"
+    if trains and (metrics or files.isdir(files.join(workdir, "checkpoints"))):
+        # (--nometrics on a folder of results alone, e.g. docs/reference: nothing to check)
         differences += trained_differences(config, learner, workdir, recorded)
     sizes = results.split_sizes(splits)
     if sizes != recorded["splits"]:

@@ -172,6 +172,7 @@ def map_functions(learner: Learner, wrap: Callable[[str, Callable], Callable]) -
                 meta_loss=recipe.meta_loss and wrap("meta_loss", recipe.meta_loss),
                 embed_apply=recipe.embed_apply and wrap("embed_apply", recipe.embed_apply),
                 evaluation=recipe.evaluation and mapped(recipe.evaluation),
+                counted=recipe.counted and mapped(recipe.counted),
                 for_epoch=for_epoch, running_bn=running_bn))
         done[id(learner)] = (learner, out)
         return out

@@ -128,14 +128,22 @@ def write_atomic(name: str, data: str | bytes) -> None:
             with temporary.open("wb" if isinstance(data, bytes) else "w") as f:
                 f.write(data)
                 if not is_url(name):  # on the disk before the rename: a power loss leaves
-                    f.flush()  # the old file or the new one, never an empty new name
-                    os.fsync(f.fileno())
+                    _fsync(f)  # the old file or the new one, never an empty new name
             temporary.replace(target)
             if not is_url(name):
                 _fsync_folder(str(target.parent))
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+def _fsync(f) -> None:
+    """``f`` flushed to the disk; a no-op where the filesystem cannot (EINVAL)."""
+    try:
+        f.flush()
+        os.fsync(f.fileno())
+    except (OSError, AttributeError, ValueError):
+        pass
 
 
 def _fsync_folder(folder: str) -> None:

@@ -15,8 +15,9 @@ modification time every ``HEARTBEAT_S`` seconds, so that a lock of another host 
 
 A command that finds a live lock is refused (``Busy``, a ``UserError``: one line naming the
 holder, exit status 2). A stale lock is taken over (renamed aside atomically, so of two
-commands taking it over at once one wins; a file renamed aside that is not the one judged stale,
-but the winner's new lock, is put back) with a line saying so. On an object store the lock is
+commands taking it over at once one wins; on an object store, where a rename is a copy and a
+delete, the one that creates the marker ``.lock.taken-<token>`` first; a file renamed aside that
+is not the one judged stale, but the winner's new lock, is put back) with a line saying so. On an object store the lock is
 created only if absent (``mode="create"``: GCS's generation precondition). A lock is removed when its
 holder ends, also by an exception or a stop signal; a SIGKILL leaves it behind, stale.
 """
@@ -131,13 +132,26 @@ def _take_over(lock: str, judged: dict) -> None:
     succeeds). If the file moved is another holder's (a second process took the stale lock
     over between the judgement and the move), it is put back where no lock was created since
     (a hard link, which fails where one was): a live lock is never removed."""
+    if files.is_url(lock):  # on an object store a rename is a copy and a delete, not atomic:
+        marker = f"{lock}.taken-{judged.get('token') or 'unnamed'}"
+        if not _create(marker, "1"):  # of those taking this stale lock over, the one that
+            return  # creates its marker (only if absent) does
+        try:
+            _move_aside(lock, judged)
+        finally:
+            files.remove(marker)
+        return
+    _move_aside(lock, judged)
+
+
+def _move_aside(lock: str, judged: dict) -> None:
     aside = f"{lock}.stale-{uuid.uuid4().hex[:8]}"
     try:
         files.path(lock).rename(aside)
     except (FileNotFoundError, OSError):
         return
-    moved = _read(aside)
-    if moved is not None and moved[0].get("token") != judged.get("token") and moved[0]:
+    moved = _read(aside)  # an empty file that was not judged: a lock being created, put back
+    if moved is not None and moved[0].get("token") != judged.get("token"):
         try:
             if files.is_url(lock):
                 _create(lock, files.read_text(aside))

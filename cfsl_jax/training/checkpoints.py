@@ -146,7 +146,11 @@ class Checkpoints:
         writes an epoch's checkpoint before its row, so a finished epoch has both."""
         kept = set(self.best.all_steps())
         scores = {h["epoch"]: float(h["val_acc"]) for h in history}
-        floor = min((scores[e] for e in kept if e in scores), default=float("inf"))
+        # the kept epochs' scores as save_best compares them (orbax's), else the history's
+        stored = {e: (self.best.metrics(e) or {}).get("val_acc") if hasattr(self.best, "metrics")
+                  else None for e in kept}
+        floor = min((float(stored[e]) if stored[e] is not None else scores.get(e, float("inf"))
+                     for e in kept), default=float("inf"))
         ranked = sorted((e for e in scores if e not in kept), key=lambda e: (-scores[e], e))
         short = max(0, min(self.keep_best, len(scores)) - len(kept))
         missing = set(ranked[:short]) | {e for e in ranked if scores[e] > floor}

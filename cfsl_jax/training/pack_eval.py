@@ -71,7 +71,8 @@ def ready_to_test(config: TrainConfig, workdir: str) -> bool:
     ckpt = checkpoints.Checkpoints(workdir, config.keep_best, read_only=True)
     try:
         return (ckpt.latest.latest_step() == config.epochs * config.iters_per_epoch
-                and validated >= set(range(config.epochs)) and not ckpt.damaged_best())
+                and validated >= set(range(config.epochs)) and not ckpt.damaged_best()
+                and not ckpt.missing_best(runs.validated(workdir)))
     finally:
         ckpt.close()
 

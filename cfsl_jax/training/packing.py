@@ -299,6 +299,12 @@ def _run_hooks(phase: loop.Phase, group, initial: Sequence[loop.TrainState], com
         outputs.tracking.rewind(phase.name, state.step)  # records after the restored step: redone
         states.append(state)
         members.append((outputs, _hooks(phase, state.step, outputs, validation.for_run(k), k)))
+    if len(restored_at) > 1:  # a checkpoint that passed its check but did not restore (a
+        # workdir written before checksums): the damaged ones are removed now, so the runs
+        # group by the step each resumes from on the next call
+        raise UserError(f"the runs of this pack resumed from different steps "
+                        f"{sorted(restored_at)} (a damaged checkpoint fell back): run the same "
+                        f"command again, which groups them by those steps")
     (start,) = restored_at
     if start:
         progress.say(f"[{phase.name}] resuming a pack of {len(group)} runs from step {start}")

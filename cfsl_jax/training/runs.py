@@ -192,7 +192,8 @@ def check_trained(config: TrainConfig, learner: Learner, workdir: str,
         done = {h["epoch"] for h in validated(workdir)}
         if not done >= set(range(config.epochs)):
             raise UserError(f"the run in {workdir} has validated {len(done)} of its "
-                            f"{config.epochs} epochs: {again}")
+                            f"{config.epochs} epochs: delete its results.json (if any) and "
+                            f"{again[:1].lower()}{again[1:]}")
         missing = ckpt.missing_best(validated(workdir))
         if missing:
             raise UserError(f"{next(iter(missing.values()))}: delete the run's results.json "
