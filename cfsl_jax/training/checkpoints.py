@@ -67,11 +67,17 @@ class Checkpoints:
         kept = self.best.all_steps()
         if epoch in kept:  # re-validated after a resume: same params
             return
-        if len(kept) >= self.keep_best and hasattr(self.best, "metrics"):  # else: every epoch
-            accs = [(self.best.metrics(e) or {}).get("val_acc") for e in kept]
-            if None not in accs and float(val_acc) < min(map(float, accs)):
-                return  # below every kept epoch: orbax would delete it at once, so no write
+        accs = list(self._kept_scores().values())  # None: unknown (then every epoch is saved)
+        if len(kept) >= self.keep_best and None not in accs and float(val_acc) < min(accs):
+            return  # below every kept epoch: orbax would delete it at once, so no write
         _save(self.best, epoch, {"params": params}, metrics={"val_acc": float(val_acc)})
+
+    def _kept_scores(self) -> dict[int, float | None]:
+        """{kept best epoch: the validation accuracy stored with it (None: unknown)}."""
+        if not hasattr(self.best, "metrics"):
+            return dict.fromkeys(self.best.all_steps())
+        return {e: None if (acc := (self.best.metrics(e) or {}).get("val_acc")) is None
+                else float(acc) for e in self.best.all_steps()}
 
     def save_pretrained(self, params: Any) -> None:
         _save(self.pretrained, 0, {"params": params}, force=True)
@@ -144,13 +150,11 @@ class Checkpoints:
         the best ``keep_best`` but that have no best-epoch checkpoint (a folder deleted, or
         not copied with the others): a test would quietly ensemble fewer epochs. Validation
         writes an epoch's checkpoint before its row, so a finished epoch has both."""
-        kept = set(self.best.all_steps())
         scores = {h["epoch"]: float(h["val_acc"]) for h in history}
-        # the kept epochs' scores as save_best compares them (orbax's), else the history's
-        stored = {e: (self.best.metrics(e) or {}).get("val_acc") if hasattr(self.best, "metrics")
-                  else None for e in kept}
-        floor = min((float(stored[e]) if stored[e] is not None else scores.get(e, float("inf"))
-                     for e in kept), default=float("inf"))
+        stored = self._kept_scores()  # as save_best compares them, else the history's
+        kept = set(stored)
+        floor = min((s if s is not None else scores.get(e, float("inf"))
+                     for e, s in stored.items()), default=float("inf"))
         ranked = sorted((e for e in scores if e not in kept), key=lambda e: (-scores[e], e))
         short = max(0, min(self.keep_best, len(scores)) - len(kept))
         missing = set(ranked[:short]) | {e for e in ranked if scores[e] > floor}

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from cfsl_jax.runtime import files, parallel, progress, stops
-from cfsl_jax.training import checkpoints, loop, results, runs
+from cfsl_jax.training import checkpoints, loop, runs
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.evaluate import evaluate
 from cfsl_jax.training.records import EvalRecord
@@ -66,13 +66,13 @@ def ready_to_test(config: TrainConfig, workdir: str) -> bool:
     if runs.finished_results(workdir, config) is not None or not files.isdir(
             files.join(workdir, "checkpoints")):
         return False
-    validated = {h["epoch"] for h in results.read_json(
-        files.join(workdir, "val_history.json"), default=[])}
+    history = runs.validated(workdir)
+    validated = {h["epoch"] for h in history}
     ckpt = checkpoints.Checkpoints(workdir, config.keep_best, read_only=True)
     try:
         return (ckpt.latest.latest_step() == config.epochs * config.iters_per_epoch
                 and validated >= set(range(config.epochs)) and not ckpt.damaged_best()
-                and not ckpt.missing_best(runs.validated(workdir)))
+                and not ckpt.missing_best(history))
     finally:
         ckpt.close()
 

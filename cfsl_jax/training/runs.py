@@ -189,12 +189,13 @@ def check_trained(config: TrainConfig, learner: Learner, workdir: str,
     stopped part-way would otherwise report its early epochs as the finished run."""
     again = "finish its training first (re-run launch.train with its flags)"
     if selects_epochs(config, learner):
-        done = {h["epoch"] for h in validated(workdir)}
+        history = validated(workdir)
+        done = {h["epoch"] for h in history}
         if not done >= set(range(config.epochs)):
             raise UserError(f"the run in {workdir} has validated {len(done)} of its "
                             f"{config.epochs} epochs: delete its results.json (if any) and "
-                            f"{again[:1].lower()}{again[1:]}")
-        missing = ckpt.missing_best(validated(workdir))
+                            f"{again}")
+        missing = ckpt.missing_best(history)
         if missing:
             raise UserError(f"{next(iter(missing.values()))}: delete the run's results.json "
                             f"(if any) and re-run launch.train with its flags, which re-creates "
