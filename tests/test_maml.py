@@ -400,6 +400,39 @@ def test_a_rolled_inner_loop_counts_the_macs_of_the_unrolled_one():
     assert steps[True] == steps[False] > 0
 
 
+def test_a_meta_step_counts_every_support_set_after_the_training_learner_was_built():
+    """``per_task_meta_step_macs`` rebuilds the learner with ``unroll=True`` (a loop's body is
+    counted once). A run builds its training learner (``unroll=1``) first, and True == 1 with
+    equal hashes: the rebuilt learner must not be that one from the learners' cache (it was,
+    and a meta-step counted one support set of NSS: a forward of NSS support sets cost more)."""
+    options = {k: v for k, v in TINY_LOW.items() if k != "image_shape"}
+    training = get_learner("maml_low", TINY_SPEC, unroll=1, **TINY_LOW)
+    assert get_learner("maml_low", TINY_SPEC, unroll=True, **TINY_LOW) is not training
+    params = init(training, SMALL)
+    config = TrainConfig(learner="maml_low", task="B3", spec_overrides=dict(
+        nss=2, nc=2, ks=1, kt=1, cci=1, overwrite=False), learner_options={**options, "unroll": 1})
+    per_task = metrics.learner_macs(training, params, SMALL)["macs_per_task"]
+    step = per_task_meta_step_macs(config, training, params, SMALL)
+    assert step > 2 * per_task  # the value is about one task's forward; its gradient more
+
+
+def test_a_meta_step_counts_its_task_as_arguments_not_folded_constants():
+    """XLA folds what it can of a program's constants: a meta-step counted with its task's
+    arrays closed over counted ProtoNets 11 % under the training step it stands for."""
+    learner = get_learner("protonets", TINY_SPEC, image_shape=SMALL, filters=4)
+    params = init(learner, SMALL)
+    spec = TINY_SPEC
+    task = (jnp.zeros((spec.nss, spec.support_size, *SMALL)), jnp.zeros((spec.nss,
+            spec.support_size), jnp.int32), jnp.zeros((spec.target_size, *SMALL)),
+            jnp.zeros((spec.target_size,), jnp.int32))
+
+    def step(params, *task):
+        return jax.value_and_grad(lambda p: episode.meta_loss(
+            learner, p, *task, jax.random.key(0), 0.0, unroll=True)[0])(params)
+
+    assert meta_step_macs(learner, params, SMALL) == metrics.xla_macs(step, params, *task) > 0
+
+
 @pytest.mark.parametrize("name,option,value", [
     ("maml_low", "inner_steps", 0), ("maml_low", "inner_lr", -0.1), ("maml_low", "lslr", 1),
     ("maml_low", "remat", "some"), ("maml_low", "msl_fraction", 0.0),

@@ -8,6 +8,7 @@ or, typed: ``protonets.protonets(spec, ProtoNetsOptions(filters=32), image_shape
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 from typing import Any, Iterable, Mapping
@@ -75,7 +76,8 @@ def get_learner(name: str, spec: TaskSpec, compute_dtype: str = "float32",
         hash(settings)
     except TypeError:  # an unhashable setting: built afresh
         return _build(*settings)
-    return _built(*settings)
+    kinds = tuple(type(getattr(typed, field.name)) for field in dataclasses.fields(typed))
+    return _built(*settings, kinds)
 
 
 def _build(name: str, spec: TaskSpec, compute_dtype: str, image_shape: tuple[int, int, int],
@@ -90,7 +92,14 @@ def _build(name: str, spec: TaskSpec, compute_dtype: str, image_shape: tuple[int
 # static argument (evaluation, training steps) compile once per process for all the runs that
 # share its settings (a sweep's seeds, a resumed or repeated run), as module-level jitted steps
 # do in flax/big_vision. A learner is pure functions: sharing one changes no number.
-_built = functools.lru_cache(maxsize=64)(_build)
+@functools.lru_cache(maxsize=64)
+def _built(name: str, spec: TaskSpec, compute_dtype: str, image_shape: tuple[int, int, int],
+           typed: Any, extra: tuple[tuple[str, Any], ...], kinds: tuple[type, ...]) -> Learner:
+    # ``kinds`` (the options' types) is in the key only: True == 1 with equal hashes, yet
+    # unroll=True (every support set) is not unroll=1; without it the MACs of a meta-step,
+    # counted with unroll=True, were the training learner's (unroll=1: one support set)
+    del kinds
+    return _build(name, spec, compute_dtype, image_shape, typed, extra)
 
 
 __all__ = ["COMPUTE_DTYPES", "LEARNERS", "Learner", "get_learner", "learner_options",

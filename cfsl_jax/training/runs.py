@@ -31,6 +31,7 @@ from cfsl_jax.training import checkpoints
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training.evaluate import evaluate
 from cfsl_jax.learners import get_learner
+from cfsl_jax.protocol import episode
 from cfsl_jax.protocol.learner import Learner
 from cfsl_jax.protocol.sampler import check_split
 from cfsl_jax.protocol.spec import TaskSpec
@@ -232,6 +233,24 @@ def load_config(workdir: str) -> TrainConfig:
     return from_json(results.read_json(path))
 
 
+def per_task_meta_step_macs(config: TrainConfig, learner: Learner, params: Any,
+                            image_shape: tuple[int, ...]) -> float:
+    """XLA's MACs of one task's meta-training step, with every support set counted.
+
+    A learner with its own meta-loss is rebuilt with ``unroll=True`` and
+    ``unroll_inner=True`` where its factory has those options (MAML++/SCA), since XLA counts
+    a loop body once.
+    """
+    try:
+        learner = get_learner(config.learner, config.spec, image_shape=image_shape,
+                              compute_dtype=config.compute_dtype,
+                              **{**config.learner_options, "unroll": True,
+                                 "unroll_inner": True})
+    except ValueError:  # no such option: the episode scan is the only loop
+        pass
+    return episode.meta_step_macs(learner, params, image_shape)
+
+
 def evaluate_run(workdir: str, num_tasks: int | None = None,
                  mesh: Mesh | None = None) -> dict[str, Any]:
     """Re-test a finished run from its checkpoints (the same numbers as its training wrote).
@@ -255,8 +274,11 @@ def evaluate_run(workdir: str, num_tasks: int | None = None,
         best = ckpt.best_epochs()
         ckpt.close()
     stored = results.read_json(files.join(workdir, "results.json"), default={})
-    if "macs_per_meta_step" in stored.get("test", {}):
-        report = report.replace(macs_per_meta_step=stored["test"]["macs_per_meta_step"])
+    if learner.recipe.training == "meta":  # counted again: a count recorded before a fix is not
+        member = jax.device_get(jax.tree.map(lambda x: x[0], params))  # carried into the re-test
+        with progress.stage("[evaluate] counting the MACs of a meta-training step (XLA)"):
+            report = report.replace(macs_per_meta_step=per_task_meta_step_macs(
+                config, learner, member, tuple(splits["train"].images.shape[1:])))
     wall = stored.get("wall_seconds", time.perf_counter() - started)
     report = report.replace(
         retest_compile_seconds=backend.compile_stats(compiled)["compile_seconds"])

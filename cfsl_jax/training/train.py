@@ -47,6 +47,7 @@ from cfsl_jax.training.evaluate import evaluate
 from cfsl_jax.learners import get_learner
 from cfsl_jax.protocol.learner import Learner
 from cfsl_jax.training import checkpoints, loop, runs, sessions
+from cfsl_jax.training.runs import per_task_meta_step_macs  # noqa: F401 (its home was here)
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.pretrain import pretrain, pretrain_on_tasks
 from cfsl_jax.training.runs import (build, check_workdir_config, evaluate_run, finished_results,
@@ -137,24 +138,6 @@ def compile_train_step(learner: Learner, optimizer: optax.GradientTransformation
                       f"lower --meta_batch (now {config.meta_batch}), --nc, --nss or --kt, "
                       f"or use --compute_dtype=bfloat16", mesh.devices.flat[0])
     return compiled
-
-
-def per_task_meta_step_macs(config: TrainConfig, learner: Learner, params: Any,
-                            image_shape: tuple[int, ...]) -> float:
-    """XLA's MACs of one task's meta-training step, with every support set counted.
-
-    A learner with its own meta-loss is rebuilt with ``unroll=True`` and
-    ``unroll_inner=True`` where its factory has those options (MAML++/SCA), since XLA counts
-    a loop body once.
-    """
-    try:
-        learner = get_learner(config.learner, config.spec, image_shape=image_shape,
-                              compute_dtype=config.compute_dtype,
-                              **{**config.learner_options, "unroll": True,
-                                 "unroll_inner": True})
-    except ValueError:  # no such option: the episode scan is the only loop
-        pass
-    return episode.meta_step_macs(learner, params, image_shape)
 
 
 def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int | None = None,
