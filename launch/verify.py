@@ -30,6 +30,8 @@ from .options import define_backend_flags
 _WORKDIR = flags.DEFINE_string("workdir", None, "A finished run's directory (local or gs://).",
                                required=True)
 _METRICS = flags.DEFINE_bool("metrics", True, "Also recompute the test metrics.")
+_COSTS = flags.DEFINE_bool("costs", True, "Also recount ATM and the MACs (XLA's cost analysis "
+                           "on CPU: compiles the learner's programs once more).")
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "Where the run's dataset is prepared "
                                 "(default: the folder the run recorded).")
 _MANUAL_DIR = flags.DEFINE_string("manual_dir", None, "Folder with the dataset's archives "
@@ -52,7 +54,7 @@ def main(argv) -> None:
     del argv
     check()
     differences = verify(_WORKDIR.value, metrics=_METRICS.value, data_dir=_DATA_DIR.value,
-                         manual_dir=_MANUAL_DIR.value)
+                         manual_dir=_MANUAL_DIR.value, costs=_COSTS.value)
     if _REFERENCE_CSV.value:
         differences += reference_row_differences(_WORKDIR.value, _REFERENCE_CSV.value)
     note = packs_note(results.read_json(files.join(_WORKDIR.value, "results.json")))
@@ -61,7 +63,7 @@ def main(argv) -> None:
         for line in differences + ([f"note: {note}"] if note else []):
             print(f"  {line}")
         sys.exit(1)
-    print(f"  {match_detail(_METRICS.value)}")
+    print(f"  {match_detail(_METRICS.value, _COSTS.value)}")
     if note:
         print(f"  {note}")
     if _REFERENCE_CSV.value:

@@ -545,3 +545,42 @@ def test_verify_on_another_backend_names_the_backends_and_the_size_of_the_differ
                               "verify on cpu for the bit-for-bit check")
     monkeypatch.setattr(verify.jax, "default_backend", lambda: "cpu")  # the same backend: no note
     assert [d[:8] for d in verify.verify(workdir)] == ["ce_mean:"]
+
+
+def test_verify_checks_each_task_each_class_group_and_the_costs(finished, monkeypatch):
+    """A MATCH covers every number the test recorded: each task's accuracy and CE, each class
+    group's accuracy, ATM and the MACs (recounted from the params' shapes), not only the
+    means and standard deviations."""
+    _, workdir = finished
+    assert verify.verify(workdir) == []
+    real = verify.results.test_record
+
+    def tampered(recorded):
+        record = real(recorded)
+        ce = list(record.per_task["ce"])
+        ce[3] *= 1 + 1e-6
+        return dataclasses.replace(
+            record, per_task={"acc": record.per_task["acc"], "ce": ce},
+            group_acc=(record.group_acc[0] - 0.01, *record.group_acc[1:]),
+            macs_per_meta_step=record.macs_per_meta_step + 1, atm=record.atm * 2)
+
+    monkeypatch.setattr(verify.results, "test_record", tampered)
+    differences = verify.verify(workdir)
+    assert [d.split(":")[0] for d in differences] == [
+        "group_acc", "per_task", "atm", "macs_per_meta_step"]
+    assert differences[1] == ("per_task: 1 of the 14 tasks' accuracies and CEs differ (the "
+                              "largest by 1.0e-06 relative)")
+
+
+def test_a_re_test_counts_the_meta_step_again_not_the_recorded_count(tmp_path, finished):
+    """launch.evaluate's re-test records the meta-step's MACs counted again: a count recorded
+    by a version that counted wrong is not carried into the new results.json."""
+    workdir = copied(finished, tmp_path)
+    path = os.path.join(workdir, "results.json")
+    stored = results.read_json(path)
+    right = stored["test"]["macs_per_meta_step"]
+    results.write_json(path, {**stored, "test": {**stored["test"], "macs_per_meta_step": 1.0}})
+    assert verify.verify(workdir) == [f"macs_per_meta_step: recorded 1.0, now {right!r}"]
+    runs.evaluate_run(workdir)
+    assert results.read_json(path)["test"]["macs_per_meta_step"] == right > 1
+    assert verify.verify(workdir) == []

@@ -15,7 +15,9 @@ from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training.evaluate import dataset_identity, task_fingerprint
 
-CHECKED_METRICS = ("acc_mean", "acc_std", "ce_mean", "ce_std")
+CHECKED_METRICS = ("acc_mean", "acc_std", "acc_ci95", "ce_mean", "ce_std", "ce_ci95")
+CHECKED_LISTS = ("group_acc", "per_task")  # each class group's accuracy; each task's acc and CE
+COST_METRICS = ("atm", "macs_adapt", "macs_predict", "macs_per_task", "macs_per_meta_step")
 
 
 def load(workdir: str, **paths: str | None) -> tuple[TrainConfig, dict]:
@@ -87,15 +89,17 @@ def trained_differences(config: TrainConfig, learner, workdir: str,
 
 
 def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
-           manual_dir: str | None = None) -> list[str]:
+           manual_dir: str | None = None, costs: bool = True) -> list[str]:
     """Differences between ``workdir/results.json`` and a recomputation (empty list: MATCH).
 
     Checks every checksum first (``check_files``). Recomputes the test tasks' fingerprint
     from (split, spec, seed) and, when
     ``metrics`` and the run has finished, the test metrics from its
-    checkpoints (equal bit for bit on the same backend; a run its pack tested is re-tested as
-    its pack's program where its lone re-test rounds differently). ``data_dir`` / ``manual_dir``
-    replace the recorded folders where given.
+    checkpoints (equal bit for bit on the same backend: the summaries, each class group's
+    accuracy and each task's accuracy and CE; a run its pack tested is re-tested as
+    its pack's program where its lone re-test rounds differently); with ``costs``, ATM and
+    the MACs (``cost_differences``). ``data_dir`` / ``manual_dir`` replace the recorded
+    folders where given.
     """
     check_files(workdir)
     config, recorded = load(workdir, data_dir=data_dir, manual_dir=manual_dir)
@@ -119,12 +123,14 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
             stored.dataset_identity != dataset_identity(splits["test"]):
         differences.append(f"dataset: recorded {stored.dataset_identity!r}, "
                            f"now {dataset_identity(splits['test'])!r}")
+    counted = cost_differences(config, learner, splits, recorded) if costs else []
     if metrics and not differences:
         params = runs.restore_params(config, learner, splits, workdir, ensemble=True)
         from cfsl_jax.training.evaluate import evaluate
         retest = functools.partial(evaluate, learner, split=splits["test"],
                                    num_tasks=config.test_tasks, seed=config.task_seed,
                                    batch_size=config.eval_batch, cost_metrics=False,
+                                   per_task=stored.per_task is not None,
                                    ensemble=runs.selects_epochs(config, learner),
                                    tasks_in_turn=tested_in_turn(stored, recorded))
         report = retest(params)
@@ -139,8 +145,7 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
                 progress.say(f"[verify] the lone re-test differs by {alone:.1e} relative, the "
                              f"rounding of another program; re-tested as its pack's test "
                              f"program ({stored.pack_runs} runs in one), it is bit-equal")
-        differences += [f"{name}: recorded {getattr(stored, name)!r}, "
-                        f"now {getattr(report, name)!r}" for name in relative]
+        differences += [_difference(name, stored, report) for name in relative]
         if relative and recorded.get("test_in_pack"):
             differences.append(
                 f"note: the recorded test is its pack's (the pack's runs tested in one "
@@ -152,7 +157,7 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
                 f"{jax.default_backend()}: the largest difference is {max(relative.values()):.1e} "
                 f"relative, the rounding of another backend's kernels; verify on "
                 f"{recorded['backend']} for the bit-for-bit check")
-    return differences
+    return differences + counted
 
 
 def tested_in_turn(stored, recorded: dict) -> bool | None:
@@ -165,21 +170,84 @@ def tested_in_turn(stored, recorded: dict) -> bool | None:
     return stored.tasks_in_turn
 
 
+def cost_differences(config: TrainConfig, learner, splits, recorded: dict) -> list[str]:
+    """ATM and the MACs recounted (``COST_METRICS``; from the params' shapes, by XLA's cost
+    analysis on CPU whatever the backend, as the run counted them) against the recorded ones.
+    A count recorded under another jax version may differ by XLA's cost model: said so."""
+    stored = results.test_record(recorded)
+    wanted = [name for name in COST_METRICS if getattr(stored, name) is not None]
+    if not wanted:
+        return []
+    from cfsl_jax.protocol import metrics as cost
+    from cfsl_jax.training.train import per_task_meta_step_macs
+    image_shape = tuple(splits["test"].images.shape[1:])
+    with progress.stage("[verify] counting ATM and MACs (XLA cost analysis)"):
+        params = jax.device_get(runs.init_params(learner, splits["train"], config.seed))
+        evaluated = learner.evaluated  # as evaluate counts them
+        now = {"atm": cost.atm(evaluated, params, image_shape),
+               **cost.learner_macs(evaluated, params, image_shape)}
+        if stored.macs_per_meta_step is not None:
+            now["macs_per_meta_step"] = per_task_meta_step_macs(
+                config, learner, params, tuple(splits["train"].images.shape[1:]))
+    differences = [f"{name}: recorded {getattr(stored, name)!r}, now {now[name]!r}"
+                   for name in wanted if now[name] != getattr(stored, name)]
+    if differences and recorded.get("jax_version") not in (None, jax.__version__):
+        differences.append(f"note: the costs were counted with jax {recorded['jax_version']}, "
+                           f"recounted with jax {jax.__version__}, whose XLA may count "
+                           f"otherwise; recount with jax {recorded['jax_version']}")
+    return differences
+
+
 def _relative_differences(report, stored) -> dict[str, float]:
-    """Each checked metric that differs between a recomputation and the stored record, with its
+    """Each checked metric (``CHECKED_METRICS``, ``CHECKED_LISTS`` where the record holds
+    them) that differs between a recomputation and the stored record, with its largest
     difference relative to the stored value."""
-    return {name: abs(getattr(report, name) - getattr(stored, name))
-            / max(abs(getattr(stored, name)), 1e-30)
-            for name in CHECKED_METRICS if getattr(report, name) != getattr(stored, name)}
+    out = {name: _relative(getattr(report, name), getattr(stored, name))
+           for name in CHECKED_METRICS if getattr(report, name) != getattr(stored, name)}
+    for name in CHECKED_LISTS:
+        now, then = _values(report, name), _values(stored, name)
+        if then and now != then:
+            out[name] = (max(_relative(a, b) for a, b in zip(now, then))
+                         if len(now) == len(then) else float("inf"))
+    return out
 
 
-def match_detail(metrics: bool) -> str:
+def _relative(now: float, then: float) -> float:
+    return abs(now - then) / max(abs(then), 1e-30)
+
+
+def _values(record, name: str) -> list[float]:
+    """A list field of a record as one flat list (``per_task``: every task's acc, then CE)."""
+    value = getattr(record, name) or ()
+    if isinstance(value, dict):
+        return [float(v) for key in ("acc", "ce") for v in value.get(key, ())]
+    return [float(v) for v in value]
+
+
+def _difference(name: str, stored, report) -> str:
+    """One line saying how ``name`` differs (a list field: how many of its values)."""
+    if name not in CHECKED_LISTS:
+        return f"{name}: recorded {getattr(stored, name)!r}, now {getattr(report, name)!r}"
+    now, then = _values(report, name), _values(stored, name)
+    if len(now) != len(then):
+        return f"{name}: recorded {len(then)} values, now {len(now)}"
+    differ = sum(a != b for a, b in zip(now, then))
+    largest = max(_relative(a, b) for a, b in zip(now, then))
+    what = "tasks' accuracies and CEs" if name == "per_task" else "class groups' accuracies"
+    return (f"{name}: {differ} of the {len(then)} {what} differ (the largest by "
+            f"{largest:.1e} relative)")
+
+
+def match_detail(metrics: bool, costs: bool = True) -> str:
     """What a MATCH means: which numbers were compared, and to what tolerance."""
+    counted = (f"; {', '.join(COST_METRICS)} recounted and equal (where recorded)" if costs
+               else "; ATM and MACs not recounted (--nocosts)")
     if not metrics:
-        return "task_fingerprint equal; test metrics not recomputed (--nometrics)"
-    return (f"task_fingerprint equal; test {', '.join(CHECKED_METRICS)} bit-equal (tolerance 0: "
-            f"verify re-tests every run alone, and a run its pack tested, when that differs, "
-            f"as its pack's program)")
+        return f"task_fingerprint equal{counted}; test metrics not recomputed (--nometrics)"
+    return (f"task_fingerprint equal{counted}; test "
+            f"{', '.join(CHECKED_METRICS + CHECKED_LISTS)} bit-equal (tolerance 0: verify "
+            f"re-tests every run alone, and a run its pack tested, when that differs, as its "
+            f"pack's program)")
 
 
 def packs_note(recorded: dict) -> str | None:
