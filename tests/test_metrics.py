@@ -147,7 +147,8 @@ def test_macs_are_counted_for_the_cpu_whatever_the_default_backend(another_backe
 
     x = jax.device_put(jnp.ones((4, 3)), jax.devices("cpu")[2])  # committed elsewhere
     assert metrics.xla_macs(fn, x) == metrics.xla_macs(fn, jnp.ones((4, 3)))
-    assert seen and set(seen) == {("cpu", "im2col")}  # every trace-time choice: the CPU's
+    assert seen and set(seen) == {("cpu", conv.COUNTED_IMPL)}  # every trace-time choice: the
+    # CPU's, and the counted convolution
 
 
 # One learner per family (Conv-4 embedding, Conv-4 fine-tuning with EWC, MAML++ low-end,
@@ -191,3 +192,26 @@ def test_eval_record_reads_an_older_results_entry_and_writes_it_back_unchanged()
     assert EvalRecord.from_json(newer.to_json()) == newer
     with pytest.raises(KeyError):
         record["acc"]
+
+
+@pytest.mark.parametrize("name", ["protonets", "maml_low"])
+def test_macs_do_not_depend_on_the_convolution_implementation(name):
+    """``conv`` chooses how a convolution is computed, not what it is: every implementation
+    counts XLA's convolution (its taps, SAME padding's left out), also for a learner whose
+    programs ran before they were counted (ProtoNets' "auto" evaluates with gemm_grad)."""
+    counts = {}
+    for impl in ("auto", "gemm_grad", "im2col", "xla"):
+        learner, params = tiny_with(name, conv=impl)
+        state = learner.init(params, jax.random.key(0), TINY)
+        support = jnp.zeros((TINY.support_size, *SMALL))
+        jax.jit(learner.adapt)(params, state, support, jnp.zeros(TINY.support_size, jnp.int32))
+        counts[impl] = (metrics.learner_macs(learner.evaluated, params, SMALL),
+                        episode.meta_step_macs(learner, params, SMALL))
+    assert len({repr(c) for c in counts.values()}) == 1, counts
+    assert counts["auto"][0]["macs_per_task"] > 0
+
+
+def tiny_with(name, **options):
+    learner = get_learner(name, TINY, image_shape=SMALL,
+                          **{**TINY_OPTIONS.get(name, dict(filters=4)), **options})
+    return learner, learner.init_params(jax.random.key(0), jnp.zeros((1, *SMALL)), TINY)

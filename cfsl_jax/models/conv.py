@@ -90,16 +90,23 @@ _CONV_FNS = {"gemm_grad": conv2d, "im2col": im2col_conv, "xla": _conv}
 AUTO_IMPLS: dict[str, str] = {"cpu": "im2col", "gpu": "im2col", "cuda": "im2col",
                               "rocm": "im2col", "tpu": "im2col"}
 AUTO_DEFAULT = "im2col"
+# MACs are counted with XLA's convolution whatever ``impl`` computes (``backend.counting``): the
+# taps the convolution defines, SAME padding's left out (im2col's GEMM multiplies the padding
+# zeros too, gemm_grad's kernel gradient as well), so a count does not depend on the option
+COUNTED_IMPL = "xla"
 
 
 def resolve_conv_impl(impl: str, platform: str | None = None) -> str:
-    """The implementation ``impl`` names; "auto": ``AUTO_IMPLS[platform]``.
+    """The implementation ``impl`` names; "auto": ``AUTO_IMPLS[platform]``; while MACs are
+    counted, ``COUNTED_IMPL`` whatever ``impl``.
 
     ``platform`` defaults to ``backend.lowering_platform()`` (the default backend's,
     or "cpu" while MACs are counted), never a device the program does not run on.
     """
     if impl not in CONV_IMPLS:
         raise ValueError(f"conv impl must be one of {CONV_IMPLS}, got {impl!r}")
+    if backend.counting():
+        return COUNTED_IMPL
     if impl == "auto":
         return AUTO_IMPLS.get(platform or backend.lowering_platform(), AUTO_DEFAULT)
     return impl

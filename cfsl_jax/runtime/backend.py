@@ -56,6 +56,7 @@ DEFAULT_PRECISION = "default"
 SCAN_UNROLL_MAX = 4  # on accelerators, scans of at most this many steps are fully unrolled
 
 _platform: contextvars.ContextVar[str | None] = contextvars.ContextVar("platform", default=None)
+_counting: contextvars.ContextVar[bool] = contextvars.ContextVar("counting", default=False)
 
 
 # -- the platform a program is lowered for ---------------------------------------------------
@@ -73,6 +74,13 @@ def lowering_for(platform: str) -> Iterator[None]:
         yield
     finally:
         _platform.reset(token)
+
+
+def counting() -> bool:
+    """Whether a program is being traced to count its MACs (``cpu_cost_analysis``): trace-time
+    choices that change the count but not the function (the convolution's implementation)
+    take their counting branch."""
+    return _counting.get()
 
 
 def is_accelerator(platform: str | None = None) -> bool:
@@ -119,8 +127,12 @@ def cpu_cost_analysis(fn, *args, **kwargs) -> dict[str, float]:
     """XLA:CPU's cost analysis of ``jit(fn)(*args, **kwargs)``, whatever the default backend."""
     device = counting_device()
     args, kwargs = abstract_on((args, kwargs), device)
-    with lowering_for(COUNTING_PLATFORM), jax.default_device(device):
-        compiled = jax.jit(fn).lower(*args, **kwargs).compile()
+    token = _counting.set(True)
+    try:
+        with lowering_for(COUNTING_PLATFORM), jax.default_device(device):
+            compiled = jax.jit(fn).lower(*args, **kwargs).compile()
+    finally:
+        _counting.reset(token)
     analysis = compiled.cost_analysis()
     if isinstance(analysis, (list, tuple)):  # older jax: one dict per computation
         analysis = analysis[0]
