@@ -25,7 +25,7 @@ def test_presets_are_bundles_of_options_and_explicit_options_win():
     assert apr.spec.draws == "per_group" and apr.spec.num_outputs == 20
     assert apr.learner_options == {"last_sample_prototype": True, "distance": "dot",
                                    "bn_stats": "running", "activation": "leaky_relu",
-                                   "block_order": "conv_act_norm"}
+                                   "block_order": "conv_act_norm", "conv_bias": False}
     mine = TrainConfig(learner="protonets", task="B3", spec_overrides={"draws": "distinct"},
                        learner_options={"distance": "squared_euclidean"})
     kept = as_published.apply(mine, "feb2020")
@@ -72,8 +72,9 @@ def test_feb2020_protonets_logits_are_dot_products_with_the_last_sample_prototyp
     target_x = data.gather_normalised(split, task.target_idx)
     logits = episode.run_task(learner, params, support_x, task.support_labels, target_x,
                               jax.random.key(0))
-    # running averages, as at test; the authors' block: conv, LeakyReLU, batch norm
-    embed = Conv4(filters=8, norm="eval", activation="leaky_relu", block_order="conv_act_norm")
+    # running averages, as at test; the authors' block: conv (no bias), LeakyReLU, batch norm
+    embed = Conv4(filters=8, norm="eval", activation="leaky_relu", block_order="conv_act_norm",
+                  use_bias=False)
     prototypes = np.zeros((spec.num_outputs, 8 * 1 * 1))
     for n in range(spec.nss):  # each label's last support sample
         features = np.asarray(embed.apply(params, support_x[n]))
@@ -102,3 +103,28 @@ def test_the_authors_protonets_block_is_conv_leaky_relu_batch_norm():
     pooled = normed.reshape(6, 14, 2, 14, 2, 4).max((2, 4)).reshape(6, -1)
     np.testing.assert_allclose(authors.apply(params, x), pooled, rtol=1e-4, atol=1e-4)
     assert float(jnp.min(authors.apply(params, x))) < 0 <= float(jnp.min(default.apply(params, x)))
+
+
+def test_protonets_conv_bias_option_removes_the_bias_and_the_presets_set_it_off():
+    """``conv_bias=False``: the authors' ``ConvReLUBatchNorm(..., bias=False)``; under
+    ``conv_act_norm`` a bias would act before the LeakyReLU, so the presets drop it."""
+    spec = TrainConfig(learner="protonets", task="B3").spec
+
+    def conv_leaves(**options):
+        learner = get_learner("protonets", spec, filters=4, **options)
+        params = jax.eval_shape(lambda key, x: learner.init_params(key, x, spec),
+                                jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
+        return {name: set(leaves) for name, leaves in params["params"].items()
+                if name.startswith("Conv_")}
+
+    assert conv_leaves() == {f"Conv_{i}": {"kernel", "bias"} for i in range(4)}  # default
+    assert conv_leaves(conv_bias=False) == {f"Conv_{i}": {"kernel"} for i in range(4)}
+    for preset in ("feb2020", "apr2020"):
+        config = as_published.apply(TrainConfig(learner="protonets", task="B3"), preset)
+        assert config.learner_options["conv_bias"] is False
+        assert conv_leaves(**config.learner_options) == {
+            f"Conv_{i}": {"kernel"} for i in range(4)}
+        kept = as_published.apply(TrainConfig(learner="protonets", task="B3", learner_options={
+            "conv_bias": True}), preset)  # given explicitly, it wins (and is not the preset)
+        assert kept.learner_options["conv_bias"] is True
+        assert as_published.preset_of(kept) == "none"

@@ -498,3 +498,42 @@ def test_maml_low_meta_training_improves_c3_accuracy_on_omniglot(omniglot_dir, d
     # filters, 3 inner steps and 30 steps the gain was +0.02..+0.09 depending on the seed and
     # on the CPU's rounding (meta-training amplifies it), too close to the bar.
     assert after > before + 0.05, (before, after)
+
+
+def test_sca_loss_weights_follow_the_authors_per_epoch_schedule_when_asked():
+    """``critic_weight_epochs=T``: w_pre = 0.5 - 0.5 (epoch + 1) / T, fixed within an epoch
+    (``5b814ac:few_shot_learning_system.py`` ``importance_vector``), at the progress the
+    training loop passes (step / total in float32); 0, the default: (1 -/+ progress) / 2."""
+    from cfsl_jax.learners.sca import critic_loss_weights
+
+    epochs, iters = 250, 500  # the paper's schedule; every step of it
+    steps = np.arange(epochs * iters)
+    progress = np.asarray(steps / (epochs * iters), np.float32)  # as training.loop passes it
+    w_pre, w_post = jax.jit(critic_loss_weights, static_argnums=1)(progress, epochs)
+    authors = 0.5 - 0.5 * (steps // iters + 1) / epochs
+    np.testing.assert_allclose(w_pre, authors, atol=1e-6)
+    np.testing.assert_allclose(w_post, 1.0 - authors, atol=1e-6)
+    for epoch, step, pre in [(0, 0, 0.5 - 0.5 / 250), (0, 499, 0.5 - 0.5 / 250),
+                             (1, 0, 0.5 - 1.0 / 250), (124, 250, 0.25), (249, 0, 0.0),
+                             (249, 499, 0.0)]:
+        at = np.float32((epoch * iters + step) / (epochs * iters))
+        assert float(critic_loss_weights(at, epochs)[0]) == pytest.approx(pre, abs=1e-6)
+    for epochs, iters in [(3, 7), (10, 100), (50, 17)]:  # other schedules, every step
+        steps = np.arange(epochs * iters)
+        got = critic_loss_weights(np.asarray(steps / (epochs * iters), np.float32), epochs)[0]
+        np.testing.assert_allclose(got, 0.5 - 0.5 * (steps // iters + 1) / epochs, atol=1e-6)
+    per_step = critic_loss_weights(jnp.float32(0.3))  # the default: annealed every step
+    assert [float(w) for w in per_step] == pytest.approx([0.35, 0.65])
+    # the learner uses them: at progress 0.3 of T = 4 epochs (epoch 1) its meta-loss is the
+    # per-step learner's at progress (1 + 1) / 4
+    task = random_task(TINY_SPEC, SMALL)
+
+    def loss(learner, progress):
+        params = init(learner, SMALL)
+        return float(jax.jit(lambda p: episode.meta_loss(
+            learner, p, *task, jax.random.key(0), progress)[0])(params))
+
+    epochs4 = loss(get_learner("sca", TINY_SPEC, critic_weight_epochs=4, **TINY_HIGH), 0.3)
+    per_step_learner = get_learner("sca", TINY_SPEC, **TINY_HIGH)
+    assert epochs4 == pytest.approx(loss(per_step_learner, 0.5), rel=1e-5)
+    assert epochs4 != pytest.approx(loss(per_step_learner, 0.3), rel=1e-5)

@@ -30,7 +30,8 @@ authors' released configs and code, docs/fidelity.md):
   through the inner gradients, and ``first_order_epochs=K`` meta-trains
   first-order for epochs < K (``Recipe.for_epoch``; derivative-order
   annealing). Evaluation never differentiates, so both orders predict alike.
-- Multi-step loss, off by default (as the released configs): after each
+- Multi-step loss, off by default (as the released configs), per support set
+  (not the authors' per-inner-step loss, docs/fidelity.md): after each
   support set n the target
   loss over the target samples whose labels the task has shown so far;
   ``meta_loss`` weighs the NSS losses from uniform (progress 0) linearly to

@@ -23,9 +23,12 @@ class InnerLoopOptions:
     first_order: bool = option(False, "First-order meta-gradients throughout.")
     first_order_epochs: int = option(0, "First-order for epochs < this, then second-order.",
                                      minimum=0)
-    multi_step_loss: bool = option(False, "Target loss after every support set, annealed.")
-    msl_fraction: float = option(0.1, "Fraction of meta-training over which the multi-step "
-                                 "loss anneals.", above=0, maximum=1)
+    multi_step_loss: bool = option(False, "Per-support-set multi-step loss (cfsl_jax's, not "
+                                   "the authors' per-inner-step one): a target loss after every "
+                                   "support set on the labels seen so far, annealed to the "
+                                   "final loss.")
+    msl_fraction: float = option(0.1, "Fraction of meta-training over which the "
+                                 "per-support-set multi-step loss anneals.", above=0, maximum=1)
     remat: str = option("full", "jax.checkpoint of adapt: save its inputs (full), also its "
                         "matmuls (dots), or no checkpoint (none).", choices=REMAT_POLICIES)
     unroll: int | bool = option(1, "lax.scan unroll over support sets in meta_loss (true: "

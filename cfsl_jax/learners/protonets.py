@@ -77,6 +77,10 @@ class ProtoNetsOptions:
     block_order: str = option("conv_norm_act", "Conv-4 block: conv, batch norm, activation "
                               "(Snell et al.) or conv, activation, batch norm (the authors' "
                               "ConvReLUBatchNorm: a signed embedding).", choices=BLOCK_ORDERS)
+    conv_bias: bool = option(True, "Conv-4 convolutions with a bias (the authors' "
+                             "ConvReLUBatchNorm has none: bias=False; under conv_norm_act the "
+                             "batch norm cancels it, under conv_act_norm it acts before the "
+                             "activation).")
     last_sample_prototype: bool = option(False, "A label's prototype is its last support "
                                          "embedding / (NSS*KS), as the paper-era code.")
     distance: str = option("squared_euclidean", "Logits: negative squared Euclidean "
@@ -113,7 +117,7 @@ def protonets(spec: TaskSpec, opts: ProtoNetsOptions = ProtoNetsOptions(), *,
     running = opts.bn_stats == "running"
     embed = Conv4(filters=opts.filters, activation=opts.activation,
                   norm="train" if running else "batch", conv_impl=opts.conv,
-                  block_order=opts.block_order)
+                  block_order=opts.block_order, use_bias=opts.conv_bias)
 
     def init_params(key, example_x, spec):
         check_image_shape(example_x, image_shape)

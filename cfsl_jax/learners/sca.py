@@ -28,10 +28,16 @@ logged-only forward, so its rows NSS*S / NSS*S + 1 and rate NSS*S are the
 same parameters under other indices.
 
 ``meta_loss`` = w_pre * (MAML++ target loss before the critic step, with the
-multi-step loss if on) + w_post * (target loss after it), w_pre = (1 -
-progress) / 2 and w_post = (1 + progress) / 2 (the paper's importance vector,
-annealed over training from (0.5, 0.5) to (0, 1)). The returned logits are
-the post-critic ones, as ``predict``'s.
+multi-step loss if on) + w_post * (target loss after it), annealed over
+meta-training from (0.5, 0.5) towards (0, 1) (``critic_loss_weights``; the
+paper gives no weights: this is the authors' code's ``importance_vector``,
+``5b814ac:few_shot_learning_system.py`` L580-585, L731).
+``critic_weight_epochs=0`` (default): per meta-step, w_pre = (1 - progress) / 2
+and w_post = (1 + progress) / 2. ``critic_weight_epochs=T`` (the authors' with
+T = the run's ``--epochs``): fixed within each epoch e of T, w_pre = 0.5 -
+0.5 * (e + 1) / T and w_post = 0.5 + 0.5 * (e + 1) / T (so (0, 1) for the
+whole last epoch). The returned logits are the post-critic ones, as
+``predict``'s.
 """
 
 from __future__ import annotations
@@ -94,6 +100,24 @@ class ScaOptions(MamlHighOptions):
     critic: str = option("original", "Critic network: the authors' (original) or a smooth "
                          "variant (module doc).", choices=CRITICS)
     critic_hidden: int = option(16, "Critic hidden units.", minimum=1)
+    critic_weight_epochs: int = option(
+        0, "Schedule of the pre/post-critic loss weights: 0 anneals them every meta-step "
+        "((1 -/+ progress) / 2); T > 0 holds them for each of T epochs at 0.5 -/+ 0.5 * "
+        "(epoch + 1) / T, the authors' code when T is the run's --epochs.", minimum=0)
+
+
+def critic_loss_weights(progress: jax.Array, epochs: int = 0) -> tuple[jax.Array, jax.Array]:
+    """(w_pre, w_post) at ``progress`` (step / total steps, in [0, 1]) (module doc).
+
+    ``epochs`` T > 0: the epoch e = floor(progress * T) (a tolerance of 1e-6 * T absorbs the
+    float32 rounding of step / total at an epoch's first step; exact while T * iters per
+    epoch < 10^6), then 0.5 -/+ 0.5 * (e + 1) / T, as the authors' ``importance_vector``.
+    """
+    progress = jnp.clip(jnp.asarray(progress, jnp.float32), 0.0, 1.0)
+    if epochs:
+        epoch = jnp.floor(progress * epochs + 1e-6 * epochs)
+        progress = jnp.minimum(epoch + 1.0, epochs) / epochs
+    return 0.5 * (1.0 - progress), 0.5 * (1.0 + progress)
 
 
 def sca(spec: TaskSpec, opts: ScaOptions = ScaOptions(), *, image_shape=(28, 28, 1)) -> Learner:
@@ -127,9 +151,8 @@ def sca(spec: TaskSpec, opts: ScaOptions = ScaOptions(), *, image_shape=(28, 28,
             result = objective(params, support_x, support_y, target_x, target_y, key, progress)
             _, post = _critic_logits(loop, critic_net, params, result.state,
                                      result.target_features)
-            progress = jnp.clip(jnp.asarray(progress, jnp.float32), 0.0, 1.0)
-            loss = (0.5 * (1.0 - progress) * result.loss
-                    + 0.5 * (1.0 + progress) * metrics.cross_entropy(post, target_y))
+            w_pre, w_post = critic_loss_weights(progress, opts.critic_weight_epochs)
+            loss = w_pre * result.loss + w_post * metrics.cross_entropy(post, target_y)
             return loss, post
         return meta_loss
 

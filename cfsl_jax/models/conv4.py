@@ -78,6 +78,7 @@ class Conv4(nn.Module):
     conv_impl: str = "gemm_grad"  # models.conv.CONV_IMPLS
     norm: str = "batch"  # BatchStatNorm's mode (models.norm.NORM_MODES)
     block_order: str = "conv_norm_act"  # BLOCK_ORDERS
+    use_bias: bool = True  # the convolutions' bias (False: the authors' ProtoNets)
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -86,7 +87,7 @@ class Conv4(nn.Module):
             raise ValueError(f"block_order={self.block_order!r}; valid: {BLOCK_ORDERS}")
         x = x.astype(self.dtype or x.dtype)
         for _ in range(self.num_blocks):
-            x = Conv(self.filters, 3, self.conv_impl, dtype=self.dtype)(x)
+            x = Conv(self.filters, 3, self.conv_impl, use_bias=self.use_bias, dtype=self.dtype)(x)
             if self.block_order == "conv_act_norm":
                 x = BatchStatNorm(mode=self.norm)(act(x))
             else:

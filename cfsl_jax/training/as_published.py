@@ -22,9 +22,9 @@ low-end and the fine-tuners re-copy the meta-weights at every support set;
 Pretrain+Tune normalises every fine-tuning step but a task's first, and its
 prediction, with per-step batch-norm rows its pretraining never trained (the
 initial scale/bias); ProtoNets' prototype is the label's last support sample
-over NSS*KS and its logits are dot products, its Conv-4 blocks are conv,
-LeakyReLU, batch norm (``ConvReLUBatchNorm``: a signed embedding under the dot
-product); ProtoNets and the MAML++ H/SCA embedding use batch norm with running
+over NSS*KS and its logits are dot products, its Conv-4 blocks are conv
+(no bias), LeakyReLU, batch norm (``ConvReLUBatchNorm``: a signed embedding under
+the dot product); ProtoNets and the MAML++ H/SCA embedding use batch norm with running
 averages at test (the default here anyway).
 
 ``LEFT_AT_DEFAULT`` lists the settings of that code a preset does not set: they
@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 _RESTART = {"restart_each_support_set": True}
 _LEARNERS = {
     "protonets": {"last_sample_prototype": True, "distance": "dot", "bn_stats": "running",
-                  "activation": "leaky_relu", "block_order": "conv_act_norm"},
+                  "activation": "leaky_relu", "block_order": "conv_act_norm", "conv_bias": False},
     "maml_low": _RESTART, "init_tune": _RESTART,
     "pretrain_tune": {**_RESTART, "per_step_bn_rows": True},
     "maml_high": {"bn_stats": "running"}, "sca": {"bn_stats": "running"},
