@@ -26,6 +26,7 @@ from cfsl_jax.training.config import TrainConfig
 from conftest import (TEST_PRECISION, TINY_SWEEP, TINY_SWEEP_LEARNER_OPTIONS,
                       WORKER_JAX_OPTIONS, interruptible_module)
 from cfsl_jax.protocol.spec import TaskSpec
+from cfsl_jax.runtime.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -204,8 +205,13 @@ def test_report_compares_with_the_shipped_paper_numbers(tmp_path):
     assert paper_results.SOURCE in markdown
     assert "The paper used omniglot" in markdown  # a subset of its characters
     full = open(paths["markdown"]["omniglot/full"]).read()  # the paper's own images
-    assert "| protonets | B3 | 93.00 | 95.30 ± 0.12 | -2.30 |" in full
-    assert "indicative" not in full
+    # ... but not its classes: the default class split is not the authors' (Table 1's)
+    assert "| protonets | B3 | 93.00 | 95.30 ± 0.12 | -2.30 † |" in full
+    assert ("(† Runs on Omniglot's class_split=ordered: other training, validation and test "
+            "characters than Table 1's, which came from the authors' split "
+            "(`--dataset_option=class_split=authors`), so the difference is indicative only"
+            in full)
+    assert "The paper used" not in full
     assert "pretraining" not in full  # no run of the sweep pretrains
     result = json.loads((tmp_path / "sweep" / "omniglot-full" / "B3" / "seed0" /
                          "results.json").read_text())
@@ -216,6 +222,73 @@ def test_report_compares_with_the_shipped_paper_numbers(tmp_path):
                                 figure3=False)
     assert ("(pretraining: the same schedule on the images of training tasks)."
             in open(paths["markdown"]["omniglot/full"]).read())
+    # on the authors' class split, the paper's classes too: no mark, no note
+    for path in (tmp_path / "sweep" / "omniglot-full").rglob("results.json"):
+        result = json.loads(path.read_text())
+        config = TrainConfig(dataset="omniglot/full", task=result["config"]["task"],
+                             seed=result["seed"], dataset_options={"class_split": "authors"})
+        path.write_text(json.dumps({**result, "config": config.to_json()}))
+    paths = report.write_report(str(tmp_path / "sweep"), str(tmp_path / "report"),
+                                figure3=False)
+    full = open(paths["markdown"]["omniglot/full"]).read()
+    assert "| protonets | B3 | 93.00 | 95.30 ± 0.12 | -2.30 |" in full
+    assert "†" not in full and "indicative" not in full
+
+
+def _result(dataset, learner, seed, acc, **fields):
+    """A results.json of a run of TrainConfig(**fields) (its spec resolved as a run's)."""
+    config = TrainConfig(dataset=dataset, learner=learner, seed=seed, **fields)
+    return {"dataset": dataset, "learner": learner, "seed": seed,
+            "spec": dataclasses.asdict(config.spec), "spec_name": config.spec.name,
+            "config": config.to_json(),
+            "test": {"acc_mean": acc, "ce_mean": 0.5, "atm": 0.1, "macs_per_task": 1e6}}
+
+
+def test_a_run_whose_overrides_make_another_task_is_reported_under_its_own_spec(tmp_path):
+    """task='B3' with --overwrite --nss=5 runs C5: it is neither B3's column nor compared with
+    Table 1's B3; runs of one spec reached by other names are one experiment; overrides of
+    how the paper-era code sampled or labelled (--as_published's) keep the cell."""
+    authors = {"class_split": "authors"}
+    results = [
+        _result("omniglot/full", "protonets", 0, 0.93, task="B3", dataset_options=authors),
+        _result("omniglot/full", "protonets", 1, 0.40, task="B3", dataset_options=authors,
+                spec_overrides={"overwrite": True, "nss": 5}),
+        _result("omniglot/full", "protonets", 2, 0.42, task="C3", dataset_options=authors,
+                spec_overrides={"nss": 5}),
+        _result("omniglot/full", "protonets", 0, 0.45, task="D4", dataset_options=authors,
+                spec_overrides={"label_offset": "per_support_set",
+                                "target_mode": "per_support_set", "draws": "per_group"})]
+    c5 = TaskSpec.preset("C5").name
+    assert c5 == "C5(cci=1,nc=5,ks=1,kt=5,overwrite,per_class)"
+    alone = report.aggregate([results[1]], "acc")  # C5 named B3: not Table 1's B3 (95.30)
+    assert list(alone) == [("omniglot/full", "protonets", c5)]
+    assert report.paper_comparison(alone, "omniglot/full", paper_results.TABLE1)[1:] == []
+    accuracy = report.aggregate(results, "acc")
+    assert [report.cell_of(r) for r in results] == ["B3", c5, c5, "D4"]
+    assert set(accuracy) == {("omniglot/full", "protonets", cell) for cell in ("B3", c5, "D4")}
+    assert accuracy[("omniglot/full", "protonets", "B3")].values == (0.93,)
+    assert accuracy[("omniglot/full", "protonets", c5)].values == (0.40, 0.42)
+    assert report.table(accuracy, "omniglot/full", "acc")[0] == ["learner", "B3", "D4", c5]
+    comparison = report.paper_comparison(accuracy, "omniglot/full", paper_results.TABLE1)
+    assert [row[:2] for row in comparison[1:]] == [["protonets", "B3"], ["protonets", "D4"]]
+    assert comparison[1][-1] == "-2.30"  # 93.00 - 95.30: the B3 run alone
+    for index, result in enumerate(results):
+        (tmp_path / "sweep" / str(index)).mkdir(parents=True)
+        (tmp_path / "sweep" / str(index) / "results.json").write_text(json.dumps(result))
+    markdown = open(report.write_report(str(tmp_path / "sweep"), str(tmp_path / "report"),
+                                        figure3=False)["markdown"]["omniglot/full"]).read()
+    assert (f"reported under their own spec name, and compared with no Table 1 cell: `{c5}` "
+            f"(B3 with {{\"nss\": 5, \"overwrite\": true}}), `{c5}` (C3 with {{\"nss\": 5}})."
+            in markdown)
+    assert f"| protonets | {c5} |" not in markdown.split("vs the paper")[1]
+    # a cell's runs that differ in their spec are still refused, in one line
+    other = _result("omniglot/full", "protonets", 3, 0.5, task="C3", dataset_options=authors,
+                    spec_overrides={"nss": 5, "target_mode": "per_support_set"})
+    assert report.cell_of(other) != c5  # another target mode: another spec name
+    with pytest.raises(UserError, match="differ in spec_overrides, not only in their seed"):
+        report.aggregate([results[0], _result(
+            "omniglot/full", "protonets", 1, 0.9, task="B3", dataset_options=authors,
+            spec_overrides={"target_mode": "per_support_set"})], "acc")
 
 
 @pytest.mark.parametrize("label_offset", ["per_class_group", "per_support_set"])
@@ -440,3 +513,19 @@ def test_the_sweeps_status_lines_are_in_the_progress_format(tmp_path):
     assert lines[0].startswith("[sweep] conflict: ")
     assert lines[1:] == [f"[sweep] {sweep_dir}: 2 runs: 1 done before (skipped), 1 conflicting, "
                          f"0 to run"]
+
+
+def test_launch_report_refuses_a_cell_of_two_experiments_in_one_line(tmp_path):
+    """A sweep folder whose cell holds runs of two experiments is the user's input to fix: one
+    ``error:`` line (a UserError), no traceback."""
+    from launch_inprocess import command_module, run_in_process
+    from test_cli import assert_error
+    for seed, options in ((0, {}), (1, {"distance": "dot"})):
+        (tmp_path / "sweep" / str(seed)).mkdir(parents=True)
+        (tmp_path / "sweep" / str(seed) / "results.json").write_text(json.dumps(_result(
+            "synthetic", "protonets", seed, 0.5, task="B3", learner_options=options)))
+    with command_module("report") as module:
+        outcome = run_in_process(module, "report", [f"--sweep_dir={tmp_path / 'sweep'}",
+                                                    f"--out_dir={tmp_path / 'out'}"])
+    assert_error(outcome, "synthetic/protonets/B3: the runs of seeds 0 and 1 differ in "
+                          "learner_options, not only in their seed")

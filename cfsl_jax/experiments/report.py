@@ -8,10 +8,14 @@ Rules:
 
 - Input: every ``results.json`` under the sweep directory (any depth), grouped
   by (dataset, learner, cell); a cell is the run config's ``task`` (``B3``,
-  ``D8``, ...). Runs without results (unfinished, failed) are not counted. The
+  ``D8``, ...), or the run's own spec name (results.json's ``spec_name``) where spec
+  overrides (``--nss``, ``--overwrite``, ...) made its task another (``cell_of``): such a
+  run is never compared with Table 1's cell of its config's name. Runs without results
+  (unfinished, failed) are not counted. The
   runs of a cell must differ only in their seed (``SEED_FIELDS``): a cell whose
   runs differ in a learner option (but those that change only the rounding,
-  ``config.COMPUTATION_OPTIONS``), the budget or anything else is refused.
+  ``config.COMPUTATION_OPTIONS``), the budget or anything else is refused (runs of one
+  spec reached by other task names and overrides are one experiment).
 - Statistic: per run, the test metric's mean over its test tasks; then the
   mean, the sample standard deviation (ddof=1) and a Student-t 95% interval of
   those values across the seeds of a cell (``metrics.across_runs``).
@@ -24,7 +28,9 @@ Rules:
   long-format CSV per metric (numbers, one row per learner and cell).
 - The paper's published accuracy (``paper_results.TABLE1`` or a JSON file of
   the same layout) is put side by side where a cell has one, with the
-  difference ours - paper in percentage points.
+  difference ours - paper in percentage points; a difference marked ``†`` compares runs
+  on other Omniglot classes than Table 1's (``paper_results.other_classes``: the
+  default ``class_split=ordered``; Table 1 came from the authors' split).
 - Files: the sweep directory and the report folder may be local or ``gs://``; every file is
   written atomically (``files.write_atomic``), so shards finishing at once each leave whole
   files (the last one's report).
@@ -35,6 +41,7 @@ Rules:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from typing import Any, Iterable, NamedTuple, Sequence
@@ -47,8 +54,9 @@ from cfsl_jax.protocol import metrics
 from cfsl_jax.runtime import files
 from cfsl_jax.training import results as results_io
 from cfsl_jax.learners import LEARNERS
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training.records import EvalRecord
-from cfsl_jax.protocol.spec import PAPER_GRID
+from cfsl_jax.protocol.spec import PAPER_GRID, TaskSpec
 from cfsl_jax.experiments.sweep_plan import safe_name
 from cfsl_jax.training.config import COMPUTATION_OPTIONS, from_json
 from cfsl_jax.training.runs import config_differences
@@ -90,6 +98,38 @@ def load_results(sweep_dir: str) -> list[dict[str, Any]]:
     return found
 
 
+# TaskSpec fields that say how the paper-era code sampled and labelled a cell's tasks
+# (``--as_published``, docs/fidelity.md), not which cell it is: a run that changes only these
+# is still its cell, and is compared with Table 1's (the D cells' note says how they labelled).
+PROTOCOL_FIELDS = ("target_mode", "label_offset", "draws")
+
+
+def _named_spec(result: dict[str, Any]) -> dict[str, Any]:
+    return dataclasses.asdict(TaskSpec.parse(result["config"]["task"]))
+
+
+def _resolved_spec(result: dict[str, Any]) -> dict[str, Any]:
+    """The run's TaskSpec fields: results.json's ``spec``, or its config's task and overrides
+    (a hand-made record without ``spec``), over the named task's (fields a record predates)."""
+    named = _named_spec(result)
+    spec = result.get("spec")
+    if spec is None:
+        spec = result["config"].get("spec_overrides") or {}
+    return {**named, **spec}
+
+
+def cell_of(result: dict[str, Any]) -> str:
+    """The cell a run is reported under: its config's ``task`` (``B3``, ...) where its TaskSpec
+    is that task's but for ``PROTOCOL_FIELDS``; else its own spec name (results.json's
+    ``spec_name``, such as ``C5(cci=1,nc=5,ks=1,kt=5,overwrite,per_class)`` for
+    ``task='B3'`` with ``--overwrite --nss=5``), which no Table 1 cell has."""
+    task = result["config"]["task"]
+    named, spec = _named_spec(result), _resolved_spec(result)
+    if all(spec[k] == v for k, v in named.items() if k not in PROTOCOL_FIELDS):
+        return task
+    return result.get("spec_name") or TaskSpec(**spec).name
+
+
 def aggregate(results: Iterable[dict[str, Any]], metric: str) -> dict[Key, Aggregate]:
     """``metric`` (a key of METRICS) of every (dataset, learner, cell) across its seeds."""
     if metric not in METRICS:
@@ -98,7 +138,7 @@ def aggregate(results: Iterable[dict[str, Any]], metric: str) -> dict[Key, Aggre
     grouped: dict[Key, list[tuple[int, float, dict]]] = {}
     first: dict[Key, dict] = {}  # the first result of each cell: the others must match it
     for result in results:
-        key = (result["dataset"], result["learner"], result["config"]["task"])
+        key = (result["dataset"], result["learner"], cell_of(result))
         value = EvalRecord.from_json(result["test"]).get(field)
         if value is not None:
             _check_same_experiment(key, first.setdefault(key, result), result)
@@ -108,8 +148,9 @@ def aggregate(results: Iterable[dict[str, Any]], metric: str) -> dict[Key, Aggre
         runs.sort(key=lambda run: run[0])
         seeds = tuple(run[0] for run in runs)
         if len(set(seeds)) != len(seeds):
-            raise ValueError(f"{key} has two results for one seed ({seeds}); one sweep "
-                             f"directory must hold one run per (dataset, learner, cell, seed)")
+            raise UserError(f"{'/'.join(key)} has two results for one seed ({seeds}); one "
+                            f"sweep directory must hold one run per (dataset, learner, cell, "
+                            f"seed)")
         spread = metrics.across_runs([run[1] for run in runs])
         out[key] = Aggregate(spread.mean, spread.std, tuple(run[1] for run in runs), seeds,
                              runs[0][2], spread.ci95)
@@ -124,19 +165,23 @@ SEED_FIELDS = ("seed", "checkpoint_every", "log_every", "eval_batch")
 
 
 def _check_same_experiment(key: Key, first: dict[str, Any], result: dict[str, Any]) -> None:
-    """Refuse (ValueError) a cell whose runs differ in more than their seed: a learner option,
-    a spec override, the budget, the evaluation seed... averaged across seeds, they would
-    make one number of two experiments."""
+    """Refuse (UserError, a ValueError) a cell whose runs differ in more than their seed: a
+    learner option, a spec override, the budget, the evaluation seed... averaged across seeds,
+    they would make one number of two experiments. Runs of one TaskSpec named by other tasks
+    and overrides (``B3`` with ``--overwrite --nss=5``, ``C3`` with ``--nss=5``) are one."""
     differs = [name for name in config_differences(result["config"],
                                                    from_json(first["config"]))
                if name not in SEED_FIELDS]
+    if {"task", "spec_overrides"} & set(differs) and \
+            _resolved_spec(first) == _resolved_spec(result):
+        differs = [name for name in differs if name not in ("task", "spec_overrides")]
     if "learner_options" in differs:  # resolved, and those that change only the rounding out
         options = [{k: v for k, v in from_json(r["config"]).learner_options.items()
                     if k not in COMPUTATION_OPTIONS} for r in (first, result)]
         if options[0] == options[1]:
             differs.remove("learner_options")
     if differs:
-        raise ValueError(
+        raise UserError(
             f"{'/'.join(key)}: the runs of seeds {first['seed']} and {result['seed']} differ "
             f"in {', '.join(differs)}, not only in their seed; report each experiment from "
             f"its own sweep directory")
@@ -225,10 +270,15 @@ def paper_value(paper: dict, dataset: str, learner: str, cell: str) -> dict | No
     return paper["values"].get(paper_dataset, {}).get(learner, {}).get(cell)
 
 
-def paper_comparison(accuracy: dict[Key, Aggregate], dataset: str, paper: dict
-                     ) -> list[list[str]]:
+OTHER_CLASSES_MARK = "†"
+
+
+def paper_comparison(accuracy: dict[Key, Aggregate], dataset: str, paper: dict,
+                     other_classes: Iterable[tuple[str, str]] = ()) -> list[list[str]]:
     """Rows (header first): learner, cell, ours, paper, ours - paper (points), for the cells
-    that the paper has a number for."""
+    that the paper has a number for; the difference of a (learner, cell) in
+    ``other_classes`` (runs on other classes than the paper's) carries ``OTHER_CLASSES_MARK``."""
+    other_classes = set(other_classes)
     rows = [["learner", "cell", "ours (%)", "paper (%)", "difference (points)"]]
     keys = [key for key in accuracy if key[0] == dataset]
     for learner in _learner_order(key[1] for key in keys):
@@ -238,8 +288,9 @@ def paper_comparison(accuracy: dict[Key, Aggregate], dataset: str, paper: dict
             if theirs is None:
                 continue
             difference = 100.0 * ours.mean - theirs["mean"]
+            mark = f" {OTHER_CLASSES_MARK}" if (learner, cell) in other_classes else ""
             rows.append([learner, cell, format_value("acc", ours.mean, ours.std),
-                         paper_results.printed(theirs), f"{difference:+.2f}"])
+                         paper_results.printed(theirs), f"{difference:+.2f}{mark}"])
     return rows
 
 
@@ -287,9 +338,9 @@ def per_task_accuracy(results: Iterable[dict[str, Any]],
         per_task = result["test"].get("per_task")
         if result["dataset"] != dataset or per_task is None:
             continue
-        key = (dataset, result["learner"], result["config"]["task"])
+        key = (dataset, result["learner"], cell_of(result))
         _check_same_experiment(key, first.setdefault(key, result), result)
-        cell = cells.setdefault(result["config"]["task"], {})
+        cell = cells.setdefault(key[2], {})
         # the fingerprint hashes the tasks' indices in a split named by its variant, which a
         # dataset option such as Omniglot's class_split does not change: the options too
         same_tasks = (result["task_fingerprint"], json.dumps(
@@ -342,15 +393,34 @@ def dataset_markdown(results: Sequence[dict], dataset: str, paper: dict) -> str:
              f"{budget['meta_batch']}"
              + (f" ({_pretraining(budget)})." if any(_pretrains(r["learner"]) for r in runs)
                 else ".")]
+    renamed = sorted({f"`{cell_of(r)}` ({r['config']['task']} with "
+                      f"{json.dumps(r['config'].get('spec_overrides', {}), sort_keys=True)})"
+                      for r in runs if cell_of(r) != r["config"]["task"]})
+    if renamed:
+        parts.append(f"Runs whose spec overrides make another task than the cell their config "
+                     f"names are reported under their own spec name, and compared with no "
+                     f"Table 1 cell: {', '.join(renamed)}.")
     for metric, (_, title, _, _) in METRICS.items():
         parts += [f"## {title}", markdown(table(aggregate(runs, metric), dataset, metric))]
     parts.append(f"## Test accuracy vs the paper ({paper.get('table', 'table')}, "
                  f"{paper['source']})")
     paper_dataset = paper_results.PAPER_DATASETS.get(dataset, dataset)
-    comparison = paper_comparison(aggregate(runs, "acc"), dataset, paper)
+    split = {(r["learner"], cell_of(r)): paper_results.other_classes(
+        dataset, from_json(r["config"]).dataset_options) for r in runs}
+    comparison = paper_comparison(aggregate(runs, "acc"), dataset, paper,
+                                  [key for key, other in split.items() if other])
     if len(comparison) > 1:
         parts.append(markdown(comparison))
-        if any(row[1].startswith("D") and r["config"]["task"] == row[1]
+        marked = sorted({split[(row[0], row[1])] for row in comparison[1:]
+                         if row[-1].endswith(OTHER_CLASSES_MARK)})
+        if marked:
+            parts.append(
+                f"({OTHER_CLASSES_MARK} Runs on Omniglot's class_split="
+                f"{'/'.join(marked)}: other training, validation and test characters than "
+                f"Table 1's, which came from the authors' split "
+                f"(`--dataset_option=class_split={paper_results.PAPER_CLASS_SPLIT}`), so the "
+                f"difference is indicative only: docs/fidelity.md.)")
+        if any(row[1].startswith("D") and cell_of(r) == row[1]
                and r["spec"].get("label_offset") != "per_support_set"
                for row in comparison[1:] for r in runs):
             parts.append("(Table 1's D cells come from code that labelled each support set "
