@@ -395,3 +395,59 @@ def test_run_cpu_names_each_budget_as_the_csv_does_and_gives_each_budget_its_own
     assert folders[("sca", "B3", "")] == {"4x25x8"}
     assert folders[("sca", "B3", "cpu_1600")] == {"8x25x8"}
     assert all(len(found) == 1 for found in folders.values()), folders
+
+
+def test_your_runs_pair_only_with_reference_runs_on_the_same_dataset_options():
+    """A run on Omniglot's default class split has the reference runs' dataset name and task
+    fingerprint (it ignores the class split) but other test images: it is not paired with the
+    reference's class_split=authors runs, and one line says it was left out."""
+    _, found = reference_report.load(os.path.join(REPO, "docs", "reference"))
+    ref = next(r for r in found if (r["learner"], r["config"]["task"], r["seed"], r["_budget"])
+               == ("protonets", "B3", 0, "8x50x8"))
+    assert ref["config"]["dataset_options"]["class_split"] == "authors"
+    same = {k: v for k, v in ref.items() if not k.startswith("_")}
+    ordered = {**same, "config": {**same["config"], "dataset_options": {
+        **same["config"]["dataset_options"], "class_split": "ordered"}}}
+    rows = reference_report.beside_yours(found, [same, ordered])
+    mine = [row for row in rows[1:] if row[1:3] == ["protonets", "B3 seed 0"]]
+    assert len(rows) == 1 + len(mine)  # the reference's B3 seed 0 of each budget, once
+    assert {row[-2] for row in mine} == {"8x50x8 seed 0", "paper seed 0"}
+    assert [row[-1] for row in mine if row[-2] == "8x50x8 seed 0"] == ["+0.00 ± 0.00 (600)"]
+    line = reference_report.other_data(found, [same, ordered])
+    assert line == (
+        'Left out, not paired: omniglot/full_nearest protonets B3 seed 0 ({"class_split": '
+        '"ordered", "resize": "nearest"}): the reference ran them on other dataset options '
+        '({"class_split": "authors", "resize": "nearest"}), so on other test images.')
+    assert reference_report.other_data(found, [same]) is None
+
+
+def test_runs_of_another_preset_or_options_are_never_averaged_together():
+    """results.csv's preset and options columns: an --as_published run and a default one are
+    two rows of the grid and of the comparison with Table 1; options that change only the
+    rounding (config.COMPUTATION_OPTIONS: conv) do not split a cell's seeds."""
+    options = {"class_split": "authors", "resize": "nearest"}
+
+    def row(acc, seed, preset="none", **more):
+        return {"dataset": "omniglot/full_nearest", "budget": "8x50x8", "learner": "protonets",
+                "cell": "B3", "seed": str(seed), "status": "complete",
+                "test_acc_mean": str(acc), "test_acc_ci95": "0.004", "val_acc_last": "",
+                "training_tasks": "3200", "paper_budget": "False", "preset": preset,
+                "options": json.dumps({**options, **more}, sort_keys=True)}
+    rows = [row(0.90, 0), row(0.92, 1, conv="gemm_grad"),
+            row(0.50, 0, "apr2020", draws="per_group", distance="dot")]
+    (_, table), = reference_report.grid(rows, paper_results.TABLE1)
+    assert [line[:4] for line in table[1:]] == [
+        ["protonets", "8x50x8 [as_published=none]", "3,200", "91.00 ± 1.41 (2 seeds)"],
+        ["protonets", "8x50x8 [as_published=apr2020]", "3,200", "50.00 ± 0.40"]]
+    beside = reference_report.beside_table1(rows, paper_results.TABLE1)
+    assert [(line[3], line[4], line[5], line[7]) for line in beside[1:]] == [
+        ("8x50x8 [as_published=none] (3,200)", "2", "91.00 ± 1.41", "-4.30"),
+        ("8x50x8 [as_published=apr2020] (3,200)", "1", "50.00", "-45.30")]
+    # one preset, other options: the options that differ name the rows
+    rows[2] = row(0.40, 0, draws="per_group")
+    assert [line[1] for line in reference_report.grid(rows, paper_results.TABLE1)[0][1][1:]] \
+        == ["8x50x8 [draws unset]", "8x50x8 [draws=\"per_group\"]"]
+    # only the rounding differs (the committed results.csv: conv): one row, as before
+    assert [line[1:4] for line in reference_report.grid(
+        rows[:2], paper_results.TABLE1)[0][1][1:]] == [["8x50x8", "3,200",
+                                                        "91.00 ± 1.41 (2 seeds)"]]

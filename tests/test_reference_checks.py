@@ -69,3 +69,33 @@ def test_components_pair_learners_that_differ_in_one_part_on_the_same_tasks():
     ci = 1.96 * difference.std() / np.sqrt(difference.size)
     assert table[1] == ["omniglot/full_nearest", "8x50x8", "A3", "pretraining", "pretrain_tune",
                         "init_tune", "+15.00", f"±{100 * ci:.2f}", "4"]
+
+
+def test_runs_of_another_preset_are_neither_averaged_nor_paired_with_the_default_ones():
+    """learns averages a cell's seeds within one setting (preset and options but the rounding
+    ones), components pairs learners within one preset; the budget column names the setting
+    where a learner's rows (a budget's pairs) differ in it."""
+    tune = np.array([0.2, 0.4, 0.6, 0.8])
+    default, published = ("none", "{}"), ("apr2020", '{"draws": "per_group"}')
+    found = [{**result("init_tune", "A3", 0, tune.mean(), per_task=tune), "_setting": default},
+             {**result("init_tune", "A3", 1, 0.9, per_task=tune + 0.1), "_setting": published},
+             {**result("pretrain_tune", "A3", 0, 0.6, per_task=tune + 0.2),
+              "_setting": published}]
+    found[1]["config"]["spec_overrides"] = found[2]["config"]["spec_overrides"] = {
+        "draws": "per_group"}
+    rows = [{**row("init_tune", "A3", 0), "preset": "none", "options": "{}"},
+            {**row("init_tune", "A3", 1), "preset": "apr2020",
+             "options": '{"conv": "xla", "draws": "per_group"}'},  # conv: rounding only
+            {**row("pretrain_tune", "A3", 0, "0.3", "0.6", "0.6"), "preset": "apr2020",
+             "options": '{"draws": "per_group"}'}]
+    table = reference_checks.learns(rows, found)
+    assert [line[1:5] for line in table[1:]] == [
+        ["8x50x8 [as_published=apr2020]", "init_tune", "A3", "90.00 ± 1.00"],
+        ["8x50x8", "pretrain_tune", "A3", "60.00 ± 1.00"],  # one setting: no label
+        ["8x50x8 [as_published=none]", "init_tune", "A3", "50.00 ± 1.00"]]
+    assert table[2][6] == "30.0 -> 60.0 -> 60.0"  # its own row's curve
+    # pretraining's effect: within apr2020 only (+10 points), never against the default run
+    pairs = reference_checks.components(found)
+    assert [line[1:7] for line in pairs[1:]] == [
+        ["8x50x8 [as_published=apr2020]", "A3", "pretraining", "pretrain_tune", "init_tune",
+         "+10.00"]]

@@ -5,6 +5,10 @@
     table = reference_checks.learns(rows, found)     # header first, a row per learner and cell
     table = reference_checks.components(found)       # pretraining, EWC, SCA's critic, paired
 
+- Runs are averaged only within one setting (``setting``: the ``--as_published`` preset and
+  the options, but those that change only the rounding) and paired only within one preset,
+  dataset options and spec overrides (``by_budget``); where a learner's runs (or a budget's,
+  for pairs) differ in it, the budget column names the setting (``setting_labels``).
 - ``learns``: a learner **learns** a cell when its test accuracy is above chance
   (1 / the cell's output classes) by a clear margin, the lower end of its 95 % CI at least
   ``CLEAR_MARGIN`` points above chance, and, where it trains (or pretrains), its validation
@@ -19,12 +23,14 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+import json
+from typing import Hashable, Iterable, Sequence
 
 import numpy as np
 
 from cfsl_jax.experiments import reference, report
-from cfsl_jax.training.config import from_json
+from cfsl_jax.training import as_published
+from cfsl_jax.training.config import COMPUTATION_OPTIONS, from_json
 
 CLEAR_MARGIN = 5.0  # points between chance and the lower end of the test accuracy's 95 % CI
 
@@ -38,23 +44,99 @@ PAIRS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# ---- settings: the runs that may be averaged (or paired) ---------------------------------------
+# A setting is (preset, options) as results.csv writes them (``reference.run_row``: the
+# ``--as_published`` preset, and the dataset options, spec overrides and changed learner
+# options as JSON), less the options that change only the rounding (COMPUTATION_OPTIONS): runs
+# of one dataset, budget, learner and cell are averaged only within one setting.
+Setting = tuple[str, str]
+
+
+def setting(preset: str, options: str | dict) -> Setting:
+    """(preset, options as sorted JSON without COMPUTATION_OPTIONS)."""
+    options = json.loads(options or "{}") if isinstance(options, str) else options
+    return preset, json.dumps({k: v for k, v in options.items()
+                               if k not in COMPUTATION_OPTIONS}, sort_keys=True)
+
+
+def row_setting(row: dict) -> Setting:
+    """A results.csv row's setting (a row written before the columns existed: none, {})."""
+    return setting(row.get("preset") or "none", row.get("options") or "{}")
+
+
+def result_setting(result: dict) -> Setting:
+    """A ``load`` result's setting: its row's (``_setting``), else read from its config as
+    the export writes it."""
+    if "_setting" in result:
+        return result["_setting"]
+    config = from_json(result["config"])
+    return setting(as_published.preset_of(config), {
+        **config.dataset_options, **config.spec_overrides,
+        **reference._changed_options(config)})
+
+
+def _shared_setting(result: dict) -> Setting:
+    """What runs of different learners must share to be paired: the preset, the dataset
+    options and the spec overrides (each learner has its own learner options)."""
+    config = from_json(result["config"])
+    return setting(result_setting(result)[0],
+                   {**config.dataset_options, **config.spec_overrides})
+
+
+def setting_labels(keyed: Iterable[tuple[Hashable, Setting]]) -> dict[tuple, str]:
+    """{(context, setting): label} of (context, setting) pairs, to tell apart rows of one
+    context (a dataset, budget and learner) that differ only in their setting: '' where the
+    context has one setting; else the preset (where its presets differ) and the options that
+    differ between its settings of one preset (``k=v``, or ``k unset``)."""
+    contexts: dict[Hashable, dict[Setting, None]] = {}
+    for context, kind in keyed:
+        contexts.setdefault(context, {})[kind] = None
+    labels = {}
+    for context, settings in contexts.items():
+        presets = {preset for preset, _ in settings}
+        for preset, options in settings:
+            parts = [f"as_published={preset}"] if len(presets) > 1 else []
+            mine = json.loads(options)
+            others = [json.loads(o) for p, o in settings if p == preset]
+            names = sorted({k for o in others for k in o
+                            if any(o2.get(k) != o.get(k) for o2 in others)})
+            parts += [f"{k}={json.dumps(mine[k])}" if k in mine else f"{k} unset"
+                      for k in names]
+            labels[(context, (preset, options))] = ", ".join(parts)
+    return labels
+
+
+def budget_label(budget: str, label: str) -> str:
+    """The budget, and the setting's label where runs differ in it:
+    '8x50x8 [as_published=apr2020]'."""
+    return f"{budget} [{label}]" if label else budget
+
+
 def by_budget(found: Sequence[dict]) -> list[tuple[str, str, list[dict]]]:
-    """[(dataset, budget, its runs)] of ``load``'s results, sorted: the runs that pair."""
-    return [(dataset, budget, [r for r in found if (r["dataset"], r["_budget"]) ==
-                               (dataset, budget)])
-            for dataset, budget in sorted({(r["dataset"], r["_budget"]) for r in found})]
+    """[(dataset, budget, its runs)] of ``load``'s results, sorted: the runs that pair (one
+    preset, dataset options and spec overrides; the budget labelled with them where the runs
+    differ in them, ``setting_labels``)."""
+    keyed = [((r["dataset"], r["_budget"], _shared_setting(r)), r) for r in found]
+    keys = sorted({key for key, _ in keyed})
+    labels = setting_labels((key[:2], key[2]) for key in keys)
+    return [(dataset, budget_label(budget, labels[((dataset, budget), shared)]),
+             [r for key, r in keyed if key == (dataset, budget, shared)])
+            for dataset, budget, shared in keys]
 
 
 def _groups(found: Sequence[dict]) -> dict[tuple, list[dict]]:
-    """(dataset, budget, learner, cell) -> its complete runs' results, in report order."""
+    """(dataset, budget, setting, learner, cell) -> its complete runs' results, in report
+    order."""
     groups: dict[tuple, list[dict]] = {}
     for result in found:
-        key = (result["dataset"], result["_budget"], result["learner"], result["config"]["task"])
+        key = (result["dataset"], result["_budget"], result_setting(result), result["learner"],
+               result["config"]["task"])
         groups.setdefault(key, []).append(result)
-    cells = report._cell_order(key[3] for key in groups)
-    learners = report._learner_order(key[2] for key in groups)
+    cells = report._cell_order(key[4] for key in groups)
+    learners = report._learner_order(key[3] for key in groups)
     return dict(sorted(groups.items(), key=lambda item: (
-        item[0][0], item[0][1], learners.index(item[0][2]), cells.index(item[0][3]))))
+        item[0][0], item[0][1], item[0][2], learners.index(item[0][3]),
+        cells.index(item[0][4]))))
 
 
 def verdict(acc: float, ci95: float, chance: float, val: tuple[float, float] | None) -> str:
@@ -73,12 +155,15 @@ def learns(rows: Sequence[dict], found: Sequence[dict]) -> list[list[str]]:
     chance, the validation curve's first, best and last points, and the verdict."""
     out = [["dataset", "budget", "learner", "cell", "test (%)", "chance (%)",
             "validation first -> best -> last (%)", "verdict"]]
-    for (dataset, budget, learner, cell), runs in _groups(found).items():
+    groups = _groups(found)
+    labels = setting_labels(((key[0], key[1], key[3]), key[2]) for key in groups)
+    for (dataset, budget, kind, learner, cell), runs in groups.items():
         chance = 100 / from_json(runs[0]["config"]).spec.num_outputs
         acc = 100 * float(np.mean([r["test"]["acc_mean"] for r in runs]))
         ci95 = 100 * float(np.mean([r["test"]["acc_ci95"] for r in runs]))
         seeds = [r for r in rows if r["status"] == "complete" and (
-            r["dataset"], r["budget"], r["learner"], r["cell"]) == (dataset, budget, learner, cell)]
+            r["dataset"], r["budget"], r["learner"], r["cell"]) == (dataset, budget, learner, cell)
+            and row_setting(r) == kind]
         row = min(seeds, key=lambda r: int(r["seed"]), default={})  # the lowest seed's curve
         val = None
         text = "trains nothing" if reference._training(learner) == "none" else \
@@ -88,7 +173,9 @@ def learns(rows: Sequence[dict], found: Sequence[dict]) -> list[list[str]]:
                                  ("val_acc_first", "val_acc_best", "val_acc_last"))
             val = (first, last)
             text = f"{first:.1f} -> {best:.1f} -> {last:.1f}"
-        out.append([dataset, budget, learner, cell, f"{acc:.2f} ± {ci95:.2f}",
+        out.append([dataset, budget_label(budget, labels[((dataset, budget, learner), kind)]),
+                    learner, cell,
+                    f"{acc:.2f} ± {ci95:.2f}",
                     f"{chance:.1f}", text, verdict(acc, ci95, chance, val)])
     return out
 

@@ -22,15 +22,18 @@ a fresh clone without training anything. Writes ``reference.md`` and
   differences between learners that differ in one part (pretraining, EWC, SCA's critic);
   also in ``table.md``.
 - **Your runs** (``sweep_dir``): each run of the sweep beside the reference run of the
-  same dataset, learner, cell and seed (every seed of it where the reference lacks that
-  seed), and, where both were tested on the
-  same tasks (the same fingerprint), the mean of the per-task differences with its 95 % CI.
+  same dataset, dataset options (Omniglot's ``class_split``, which the name and the task
+  fingerprint leave out), learner, cell and seed (every seed of it where the reference lacks
+  that seed), and, where both were tested on the same tasks (the same fingerprint), the mean
+  of the per-task differences with its 95 % CI; a line names the runs left out for their
+  dataset options.
 - **Convergence**: validation accuracy against training tasks, one panel per cell, one
   line per learner and budget (seed 0), partial runs included.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Sequence
 
@@ -52,7 +55,8 @@ def default_dir() -> str:
 
 def load(reference_dir: str) -> tuple[list[dict], list[dict]]:
     """(rows of results.csv, the results.json of every complete row, with its row's budget
-    as ``"_budget"``)."""
+    as ``"_budget"`` and its preset and options as ``"_setting"``,
+    ``reference_checks.row_setting``)."""
     csv_path = files.join(reference_dir, "results.csv")
     if not files.exists(csv_path):
         raise FileNotFoundError(f"no reference results at {csv_path} (reference.export "
@@ -62,7 +66,8 @@ def load(reference_dir: str) -> tuple[list[dict], list[dict]]:
     for row in rows:
         if row["status"] == "complete":
             result = results_io.read_json(files.join(reference_dir, row["run"], "results.json"))
-            found.append({**result, "_budget": row["budget"]})
+            found.append({**result, "_budget": row["budget"],
+                          "_setting": reference_checks.row_setting(row)})
     return rows, found
 
 
@@ -71,15 +76,18 @@ def _percent(value: str | float) -> str:
 
 
 def beside_table1(rows: Sequence[dict], paper: dict) -> list[list[str]]:
-    """Rows (header first): the reference accuracy per (dataset, budget, learner, cell) beside
-    Table 1, the difference or the paper-era note."""
+    """Rows (header first): the reference accuracy per (dataset, budget, setting, learner,
+    cell) beside Table 1, the difference or the paper-era note; the setting (preset and
+    options, ``reference_checks.setting``) is named beside the budget where rows differ in it."""
     groups: dict[tuple, list[dict]] = {}
     for row in reference.sorted_rows(rows):
-        groups.setdefault((row["dataset"], row["budget"], row["learner"], row["cell"]),
-                          []).append(row)
+        groups.setdefault((row["dataset"], row["budget"], reference_checks.row_setting(row),
+                           row["learner"], row["cell"]), []).append(row)
+    labels = reference_checks.setting_labels(((key[0], key[1], key[3]), key[2])
+                                             for key in groups)
     out = [["dataset", "learner", "cell", "budget (training tasks)", "seeds", "ours (%)",
             "Table 1 (%)", "ours - Table 1 (points), or what the cell measures"]]
-    for (dataset, budget, learner, cell), group in groups.items():
+    for (dataset, budget, kind, learner, cell), group in groups.items():
         done = [float(r["test_acc_mean"]) for r in group if r["status"] == "complete"]
         ours = "partial: val " + _percent(group[0]["val_acc_last"]) if not done else (
             f"{100 * np.mean(done):.2f}" + (f" ± {100 * np.std(done, ddof=1):.2f}"
@@ -97,20 +105,28 @@ def beside_table1(rows: Sequence[dict], paper: dict) -> list[list[str]]:
         else:
             comparison = f"{100 * np.mean(done) - theirs['mean']:+.2f}" if done else "-"
         tasks = group[0]["training_tasks"]
-        out.append([dataset, learner, cell, f"{budget} ({int(tasks):,})", str(len(done)),
+        label = labels[((dataset, budget, learner), kind)]
+        out.append([dataset, learner, cell,
+                    f"{reference_checks.budget_label(budget, label)} ({int(tasks):,})",
+                    str(len(done)),
                     ours, paper_results.printed(theirs) if theirs else "-", comparison])
     return out
 
 
 def grid(rows: Sequence[dict], paper: dict) -> list[tuple[str, list[list[str]]]]:
     """The reference grid at a glance: per dataset and kind of budget (reduced, or the
-    paper's), a table (header first) with a row per learner and budget and, per cell, our test
+    paper's), a table (header first) with a row per learner, budget and setting (preset and
+    options, ``reference_checks.setting``: runs that differ in them are never averaged; the
+    budget column names the setting where rows differ in it) and, per cell, our test
     accuracy beside Table 1's. Ours: mean ± 95 % CI over the test tasks for one seed, or
     mean ± std over seeds with the seed count; ``partial`` for a run still training. Table
     1's number carries ``*`` where its cell measures a paper-era behaviour
     (``paper_era.note``). [(title, table), ...]."""
     out = []
     ordered = reference.sorted_rows(rows)
+    labels = reference_checks.setting_labels(
+        ((r["dataset"], r["budget"], r["learner"]), reference_checks.row_setting(r))
+        for r in ordered)
     for dataset, at_paper in dict.fromkeys((r["dataset"], r["paper_budget"] == "True")
                                            for r in ordered):
         subset = [r for r in ordered
@@ -119,11 +135,15 @@ def grid(rows: Sequence[dict], paper: dict) -> list[tuple[str, list[list[str]]]]
         table = [["learner", "budget", "training tasks",
                   *(f"{c} {who}" for c in cells for who in ("ours", "Table 1"))]]
         for learner in report._learner_order(r["learner"] for r in subset):
-            for budget in dict.fromkeys(r["budget"] for r in subset if r["learner"] == learner):
-                mine = [r for r in subset if (r["learner"], r["budget"]) == (learner, budget)]
+            for budget, kind in dict.fromkeys((r["budget"], reference_checks.row_setting(r))
+                                              for r in subset if r["learner"] == learner):
+                mine = [r for r in subset if (r["learner"], r["budget"]) == (learner, budget)
+                        and reference_checks.row_setting(r) == kind]
                 tasks = sorted({int(r["training_tasks"]) for r in mine
                                 if r["status"] == "complete"})
-                line = [learner, budget, "/".join(f"{t:,}" for t in tasks) or "-"]
+                label = labels[((dataset, budget, learner), kind)]
+                line = [learner, reference_checks.budget_label(budget, label),
+                        "/".join(f"{t:,}" for t in tasks) or "-"]
                 for cell in cells:
                     line += _grid_entry([r for r in mine if r["cell"] == cell],
                                         report.paper_value(paper, dataset, learner, cell),
@@ -220,19 +240,35 @@ def paired(found: Sequence[dict]) -> list[list[str]]:
     return out
 
 
+def _data_options(result: dict) -> str:
+    """A run's dataset options (``class_split``, ``resize``...), as sorted JSON: what its test
+    images are beyond the dataset's name and the task fingerprint, which ignore the class
+    split (``evaluate.task_fingerprint``)."""
+    return json.dumps(from_json(result["config"]).dataset_options, sort_keys=True)
+
+
+def _references(found: Sequence[dict], mine: dict) -> tuple[list[dict], list[dict]]:
+    """(the reference runs of ``mine``'s dataset, dataset options, learner and cell: the run of
+    its seed where there is one, else every seed; those of other dataset options)."""
+    same_run = [r for r in found if (r["dataset"], r["learner"], report.cell_of(r)) ==
+                (mine["dataset"], mine["learner"], report.cell_of(mine))]
+    options = _data_options(mine)
+    same_data = [r for r in same_run if _data_options(r) == options]
+    same_seed = [r for r in same_data if r["seed"] == mine["seed"]]
+    return same_seed or same_data, [r for r in same_run if _data_options(r) != options]
+
+
 def beside_yours(found: Sequence[dict], yours: Sequence[dict]) -> list[list[str]]:
-    """Rows (header first): your runs beside the reference run of the same dataset, learner
-    and cell, with the paired difference where both used the same test tasks."""
+    """Rows (header first): your runs beside the reference run of the same dataset, dataset
+    options, learner and cell (``report.cell_of``), with the paired difference where both used
+    the same test tasks (``other_data`` names the runs left out for their dataset options)."""
     out = [["dataset", "learner", "cell", "yours (%)", "your budget", "reference (%)",
             "reference budget", "yours - reference, paired (points, 95 % CI, tasks)"]]
-    for mine in sorted(yours, key=lambda r: (r["dataset"], r["learner"], r["config"]["task"],
+    for mine in sorted(yours, key=lambda r: (r["dataset"], r["learner"], report.cell_of(r),
                                              r["seed"])):
-        cell = mine["config"]["task"]
+        cell = report.cell_of(mine)
         budget = reference.budget_name(from_json(mine["config"]))
-        same_run = [r for r in found if (r["dataset"], r["learner"], r["config"]["task"]) ==
-                    (mine["dataset"], mine["learner"], cell)]
-        same_seed = [r for r in same_run if r["seed"] == mine["seed"]]
-        for ref in same_seed or same_run:  # the reference run of the same seed where it has one
+        for ref in _references(found, mine)[0]:
             same = (ref["task_fingerprint"] == mine["task_fingerprint"]
                     and "per_task" in ref["test"] and "per_task" in mine["test"])
             text = "not the same test tasks"
@@ -246,6 +282,22 @@ def beside_yours(found: Sequence[dict], yours: Sequence[dict]) -> list[list[str]
                         _percent(ref["test"]["acc_mean"]),
                         f"{ref['_budget']} seed {ref['seed']}", text])
     return out
+
+
+def other_data(found: Sequence[dict], yours: Sequence[dict]) -> str | None:
+    """One line naming your runs that ``beside_yours`` leaves out: the reference has their
+    dataset, learner and cell only on other dataset options (another class split: other test
+    images under the same fingerprint); None where there is none."""
+    left = [mine for mine in yours if not _references(found, mine)[0]
+            and _references(found, mine)[1]]
+    if not left:
+        return None
+    names = ", ".join(f"{r['dataset']} {r['learner']} {report.cell_of(r)} seed {r['seed']} "
+                      f"({_data_options(r)})" for r in sorted(left, key=lambda r: (
+                          r["dataset"], r["learner"], report.cell_of(r), r["seed"])))
+    theirs = sorted({_data_options(ref) for mine in left for ref in _references(found, mine)[1]})
+    return (f"Left out, not paired: {names}: the reference ran them on other dataset options "
+            f"({'; '.join(theirs)}), so on other test images.")
 
 
 def curves(reference_dir: str, rows: Sequence[dict]) -> dict[str, dict[str, tuple]]:
@@ -320,6 +372,9 @@ def write(reference_dir: str, out_dir: str, sweep_dir: str | None = None,
         parts += [f"## Your runs ({sweep_dir}) beside the reference",
                   report.markdown(beside_yours(found, yours)) if yours else
                   "No finished run in the sweep folder yet."]
+        left_out = other_data(found, yours)
+        if left_out:
+            parts.append(left_out)
     figure = plot_convergence(curves(reference_dir, rows),
                               files.join(out_dir, "reference_convergence.png"))
     if figure:
