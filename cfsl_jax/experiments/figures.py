@@ -65,7 +65,8 @@ def learner_costs(name: str, spec, image_shape: tuple[int, ...] = (28, 28, 1),
     from cfsl_jax.protocol import metrics
     from cfsl_jax.learners import get_learner
 
-    learner = get_learner(name, spec, image_shape=tuple(image_shape), **(learner_options or {}))
+    learner = get_learner(name, spec, image_shape=tuple(image_shape),
+                          **(learner_options or {})).evaluated  # what a run's test counts
     params = learner.init_params(jax.random.key(0), jnp.zeros((1, *image_shape), jnp.float32),
                                  spec)
     state = metrics.state_shapes(learner, params, image_shape)
