@@ -579,8 +579,14 @@ def test_a_re_test_counts_the_meta_step_again_not_the_recorded_count(tmp_path, f
     path = os.path.join(workdir, "results.json")
     stored = results.read_json(path)
     right = stored["test"]["macs_per_meta_step"]
+    assert stored["macs_rule"] == 2
     results.write_json(path, {**stored, "test": {**stored["test"], "macs_per_meta_step": 1.0}})
     assert verify.verify(workdir) == [f"macs_per_meta_step: recorded 1.0, now {right!r}"]
+    older = {k: v for k, v in stored.items() if k != "macs_rule"}  # written before the rules
+    results.write_json(path, {**older, "test": {**stored["test"], "macs_per_meta_step": 1.0}})
+    difference, note = verify.verify(workdir)
+    assert note.startswith("note: the costs were counted by an older rule (1; now 2")
     runs.evaluate_run(workdir)
     assert results.read_json(path)["test"]["macs_per_meta_step"] == right > 1
+    assert results.read_json(path)["macs_rule"] == 2
     assert verify.verify(workdir) == []

@@ -537,3 +537,11 @@ def test_sca_loss_weights_follow_the_authors_per_epoch_schedule_when_asked():
     per_step_learner = get_learner("sca", TINY_SPEC, **TINY_HIGH)
     assert epochs4 == pytest.approx(loss(per_step_learner, 0.5), rel=1e-5)
     assert epochs4 != pytest.approx(loss(per_step_learner, 0.3), rel=1e-5)
+
+
+def test_the_authors_critic_weight_schedule_must_span_the_runs_epochs():
+    """critic_weight_epochs=T holds the weights for each of T epochs: T other than the run's
+    --epochs would be neither the authors' schedule nor the per-step one; refused in one line."""
+    with pytest.raises(UserError, match=r"critic_weight_epochs=3: .* --epochs \(10\)"):
+        TrainConfig(learner="sca", learner_options={"critic_weight_epochs": 3}, epochs=10).check()
+    TrainConfig(learner="sca", learner_options={"critic_weight_epochs": 10}, epochs=10).check()

@@ -132,8 +132,8 @@ def another_backend(monkeypatch):
     """A CPU-simulated accelerator host: the default backend says "gpu", whose "auto"
     convolution differs from the CPU's, and the default device is not the counting device."""
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    monkeypatch.setitem(conv.AUTO_IMPLS, "gpu", "xla")
-    assert backend.lowering_platform() == "gpu" and conv.resolve_conv_impl("auto") == "xla"
+    monkeypatch.setitem(conv.AUTO_IMPLS, "gpu", "gemm_grad")  # not conv.COUNTED_IMPL
+    assert backend.lowering_platform() == "gpu" and conv.resolve_conv_impl("auto") == "gemm_grad"
     with jax.default_device(jax.devices("cpu")[-1]):
         yield
 
@@ -199,16 +199,25 @@ def test_macs_do_not_depend_on_the_convolution_implementation(name):
     """``conv`` chooses how a convolution is computed, not what it is: every implementation
     counts XLA's convolution (its taps, SAME padding's left out), also for a learner whose
     programs ran before they were counted (ProtoNets' "auto" evaluates with gemm_grad)."""
-    counts = {}
-    for impl in ("auto", "gemm_grad", "im2col", "xla"):
-        learner, params = tiny_with(name, conv=impl)
-        state = learner.init(params, jax.random.key(0), TINY)
-        support = jnp.zeros((TINY.support_size, *SMALL))
-        jax.jit(learner.adapt)(params, state, support, jnp.zeros(TINY.support_size, jnp.int32))
-        counts[impl] = (metrics.learner_macs(learner.evaluated, params, SMALL),
-                        episode.meta_step_macs(learner, params, SMALL))
+    counts, ran = {}, {}
+    support = jnp.zeros((TINY.support_size, *SMALL))
+    labels = jnp.zeros(TINY.support_size, jnp.int32)
+    # the programs run on the counting device itself (a notebook's default device): jit's
+    # caches must not hand the counted trace to the run, nor the run's trace to the count
+    with jax.default_device(backend.counting_device()):
+        for impl in ("auto", "gemm_grad", "im2col", "xla"):
+            learner, params = tiny_with(name, conv=impl)
+            state = learner.init(params, jax.random.key(0), TINY)
+            first = jax.jit(learner.adapt)(params, state, support, labels)  # run, then count
+            counts[impl] = (metrics.learner_macs(learner, params, SMALL),
+                            metrics.learner_macs(learner.evaluated, params, SMALL),
+                            episode.meta_step_macs(learner, params, SMALL))
+            after = jax.jit(learner.adapt)(params, state, support, labels)  # count, then run
+            assert jax.tree.all(jax.tree.map(jnp.array_equal, first, after))
+            ran[impl] = jax.jit(learner.adapt).lower(params, state, support, labels).as_text()
     assert len({repr(c) for c in counts.values()}) == 1, counts
     assert counts["auto"][0]["macs_per_task"] > 0
+    assert ran["im2col"] != ran["xla"]  # the runs computed with their own convolutions
 
 
 def tiny_with(name, **options):

@@ -191,7 +191,13 @@ def cost_differences(config: TrainConfig, learner, splits, recorded: dict) -> li
                 config, learner, params, tuple(splits["train"].images.shape[1:]))
     differences = [f"{name}: recorded {getattr(stored, name)!r}, now {now[name]!r}"
                    for name in wanted if now[name] != getattr(stored, name)]
-    if differences and recorded.get("jax_version") not in (None, jax.__version__):
+    rule = recorded.get("macs_rule", 1)
+    if differences and rule < cost.MACS_RULE:
+        differences.append(f"note: the costs were counted by an older rule ({rule}; now "
+                           f"{cost.MACS_RULE}: docs/metrics.md); the test's own numbers are "
+                           f"checked apart. `python -m launch.evaluate --workdir=W` re-tests "
+                           f"the run and records today's counts")
+    elif differences and recorded.get("jax_version") not in (None, jax.__version__):
         differences.append(f"note: the costs were counted with jax {recorded['jax_version']}, "
                            f"recounted with jax {jax.__version__}, whose XLA may count "
                            f"otherwise; recount with jax {recorded['jax_version']}")

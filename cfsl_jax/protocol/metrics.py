@@ -167,6 +167,12 @@ def atm(learner, params, image_shape: tuple[int, ...], dtype=jnp.float32) -> flo
     return tree_bytes(state) / support_bytes(learner.spec, image_shape, dtype)
 
 
+# The rules MACs are counted by, recorded with a run's results (``macs_rule``): 1 (no field)
+# until 2026-11-28; 2 since: every convolution counted as XLA's own (``models.conv.COUNTED_IMPL``,
+# whatever ``conv`` computes it with) and a meta-step's every support set, its task as arguments
+MACS_RULE = 2
+
+
 def xla_macs(fn: Callable, *args, **kwargs) -> float:
     """Multiply-accumulates of ``fn(*args)`` as XLA:CPU counts them: flops / 2.
 

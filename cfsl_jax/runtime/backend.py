@@ -55,32 +55,55 @@ PRECISIONS: tuple[str, ...] = ("default", "high", "highest")
 DEFAULT_PRECISION = "default"
 SCAN_UNROLL_MAX = 4  # on accelerators, scans of at most this many steps are fully unrolled
 
-_platform: contextvars.ContextVar[str | None] = contextvars.ContextVar("platform", default=None)
-_counting: contextvars.ContextVar[bool] = contextvars.ContextVar("counting", default=False)
+
+
+class _ContextVar:
+    """``jax.make_user_context``'s interface (``ctx.value``; ``with ctx(v):``) on a contextvar,
+    for a jax without it (its value is then not in jit's cache key)."""
+
+    def __init__(self, default_value: Any):
+        self._var = contextvars.ContextVar("cfsl_jax", default=default_value)
+
+    @property
+    def value(self) -> Any:
+        return self._var.get()
+
+    @contextlib.contextmanager
+    def __call__(self, value: Any) -> Iterator[None]:
+        token = self._var.set(value)
+        try:
+            yield
+        finally:
+            self._var.reset(token)
+
+
+# Trace-time choices read these; as jax user contexts their values are part of the key of jit's
+# tracing, lowering and compilation caches, so a program traced for one platform, or to be
+# counted, is never reused for another (a contextvar alone: jax reused the trace)
+_make_context = getattr(jax, "make_user_context", _ContextVar)
+_platform = _make_context(None)
+_counting = _make_context(False)
 
 
 # -- the platform a program is lowered for ---------------------------------------------------
 
 def lowering_platform() -> str:
     """The platform trace-time choices are made for: ``lowering_for``'s, else the default backend's."""
-    return _platform.get() or jax.default_backend()
+    return _platform.value or jax.default_backend()
 
 
 @contextlib.contextmanager
 def lowering_for(platform: str) -> Iterator[None]:
     """Within the block, trace-time choices are made for ``platform`` ("cpu", "gpu", "tpu")."""
-    token = _platform.set(platform)
-    try:
+    with _platform(platform):
         yield
-    finally:
-        _platform.reset(token)
 
 
 def counting() -> bool:
     """Whether a program is being traced to count its MACs (``cpu_cost_analysis``): trace-time
     choices that change the count but not the function (the convolution's implementation)
     take their counting branch."""
-    return _counting.get()
+    return bool(_counting.value)
 
 
 def is_accelerator(platform: str | None = None) -> bool:
@@ -127,12 +150,8 @@ def cpu_cost_analysis(fn, *args, **kwargs) -> dict[str, float]:
     """XLA:CPU's cost analysis of ``jit(fn)(*args, **kwargs)``, whatever the default backend."""
     device = counting_device()
     args, kwargs = abstract_on((args, kwargs), device)
-    token = _counting.set(True)
-    try:
-        with lowering_for(COUNTING_PLATFORM), jax.default_device(device):
-            compiled = jax.jit(fn).lower(*args, **kwargs).compile()
-    finally:
-        _counting.reset(token)
+    with _counting(True), lowering_for(COUNTING_PLATFORM), jax.default_device(device):
+        compiled = jax.jit(fn).lower(*args, **kwargs).compile()
     analysis = compiled.cost_analysis()
     if isinstance(analysis, (list, tuple)):  # older jax: one dict per computation
         analysis = analysis[0]

@@ -67,6 +67,8 @@ LEFT_AT_DEFAULT: tuple[str, ...] = (
     "meta-batch: the code's batch_size 1; here --meta_batch (8 by default; 1 under "
     "--budget=paper)",
     "the schedule: 250 x 500 steps only under --budget=paper",
+    "SCA's pre/post-critic loss weights: the code holds them for each epoch; here they anneal "
+    "every step unless --learner_option=critic_weight_epochs= the run's --epochs",
 )
 
 

@@ -25,6 +25,7 @@ from typing import Any
 from cfsl_jax.data import DATASETS
 from cfsl_jax.datasets.preprocessing import with_preprocessing
 from cfsl_jax.learners import COMPUTE_DTYPES, LEARNERS, options_class
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.runtime.options import check_limits, option
 from cfsl_jax.protocol.spec import TaskSpec
 
@@ -109,6 +110,11 @@ class TrainConfig:
         parse; fields named by ``naming.name`` (``TrainConfig.epochs``, or the command's flag)."""
         check_limits(self)
         self.spec  # noqa: B018  (validates the task)
+        held = (self.learner_options or {}).get("critic_weight_epochs", 0)
+        if self.learner == "sca" and held not in (0, self.epochs):  # SCA's loss weights
+            raise UserError(f"--learner_option=critic_weight_epochs={held}: the authors' "
+                            f"per-epoch schedule needs the run's --epochs ({self.epochs}), or 0 "
+                            f"for the per-step one")
 
     def to_json(self) -> dict[str, Any]:
         """The fields, with every learner option and the dataset's preprocessing option

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import jax
 
 import cfsl_jax
+from cfsl_jax.protocol import metrics
 from cfsl_jax.runtime import backend, files
 from cfsl_jax.runtime.errors import UserError
 # read_json: re-exported for training/'s readers of a workdir (loop, runs, experiments/)
@@ -82,6 +83,8 @@ def record(config, learner, splits, report: EvalRecord, workdir: str,
         "test": report.to_json(),
         "task_fingerprint": report.task_fingerprint,
     }
+    if report.atm is not None:
+        out["macs_rule"] = metrics.MACS_RULE  # the rules its costs were counted by
     if pack_test:
         out["test_in_pack"] = True
     packs = read_json(files.join(workdir, PACKS_FILE), default=[])

@@ -274,14 +274,14 @@ def evaluate_run(workdir: str, num_tasks: int | None = None,
         best = ckpt.best_epochs()
         ckpt.close()
     stored = results.read_json(files.join(workdir, "results.json"), default={})
+    report = report.replace(  # the test's programs (and ATM and MACs per task), not the count below
+        retest_compile_seconds=backend.compile_stats(compiled)["compile_seconds"])
     if learner.recipe.training == "meta":  # counted again: a count recorded before a fix is not
         member = jax.device_get(jax.tree.map(lambda x: x[0], params))  # carried into the re-test
         with progress.stage("[evaluate] counting the MACs of a meta-training step (XLA)"):
             report = report.replace(macs_per_meta_step=per_task_meta_step_macs(
                 config, learner, member, tuple(splits["train"].images.shape[1:])))
     wall = stored.get("wall_seconds", time.perf_counter() - started)
-    report = report.replace(
-        retest_compile_seconds=backend.compile_stats(compiled)["compile_seconds"])
     kept = {k: stored[k] for k in backend.compile_stats() if k in stored} or None
     return results.record(config, learner, splits, report, workdir, wall_seconds=wall,
                           best_epochs=best, compile_since=compiled, run_stats=kept,
