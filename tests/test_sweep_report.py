@@ -141,23 +141,33 @@ def test_a_killed_sweep_reruns_only_the_missing_runs(killed_and_resumed):
 def test_report_numbers_are_the_seed_statistics_of_the_runs(killed_and_resumed, tmp_path):
     sweep_dir = killed_and_resumed[0]
     runs = report.load_results(sweep_dir)
+    # the tiny sweep overrides nc and kt: its runs are reported under their own spec names
+    # (report.cell_of), never under Table 1's B2 and C2; a table of those names compares
+    named = {cell: {report.cell_of(r) for r in runs if r["config"]["task"] == cell}
+             for cell in CELLS}
+    assert all(len(names) == 1 and cell not in names for cell, names in named.items())
+    named = {cell: names.pop() for cell, names in named.items()}
+    b2 = named["B2"]
+    assert b2.startswith("B2(") and "nc=3" in b2 and "kt=2" in b2
     paper = {"source": "a test table", "values": {"synthetic": {
-        "protonets": {"B2": {"mean": 50.0, "std": 1.5}}}}}
+        "protonets": {b2: {"mean": 50.0, "std": 1.5}}}}}
     paths = report.write_report(sweep_dir, str(tmp_path), paper)
     markdown = open(paths["markdown"]["synthetic"]).read()
     accuracy_csv = {(row["learner"], row["cell"]): row
                     for row in csv.DictReader(open(paths["csv"]["synthetic"]["acc"]))}
     table = report.table(report.aggregate(runs, "acc"), "synthetic", "acc")
-    assert table[0] == ["learner", "B2", "C2"] and [row[0] for row in table[1:]] == list(LEARNERS)
+    assert table[0] == ["learner", b2, named["C2"]]
+    assert [row[0] for row in table[1:]] == list(LEARNERS)
     for i, learner in enumerate(LEARNERS):
         for j, cell in enumerate(CELLS):
             values = [r["test"]["acc_mean"] for r in sorted(runs, key=lambda r: r["seed"])
                       if r["learner"] == learner and r["config"]["task"] == cell]
             assert len(values) == 2
             mean, std = np.mean(values), np.std(values, ddof=1)  # sample std across seeds
-            assert float(accuracy_csv[(learner, cell)]["mean"]) == pytest.approx(mean, abs=1e-12)
-            assert float(accuracy_csv[(learner, cell)]["std"]) == pytest.approx(std, abs=1e-12)
-            assert float(accuracy_csv[(learner, cell)]["ci95"]) == pytest.approx(  # t(0.975, 1)
+            row = accuracy_csv[(learner, named[cell])]
+            assert float(row["mean"]) == pytest.approx(mean, abs=1e-12)
+            assert float(row["std"]) == pytest.approx(std, abs=1e-12)
+            assert float(row["ci95"]) == pytest.approx(  # t(0.975, 1)
                 12.706 * std / np.sqrt(2), abs=1e-12)
             expected = f"{100 * mean:.2f}" + (f" ± {100 * std:.2f}" if std else "")
             assert table[i + 1][j + 1] == expected and expected in markdown
@@ -165,13 +175,13 @@ def test_report_numbers_are_the_seed_statistics_of_the_runs(killed_and_resumed, 
         rows = list(csv.DictReader(open(paths["csv"]["synthetic"][metric])))
         for row in rows:
             values = [r["test"][field] for r in runs
-                      if r["learner"] == row["learner"] and r["config"]["task"] == row["cell"]]
+                      if r["learner"] == row["learner"] and report.cell_of(r) == row["cell"]]
             assert float(row["mean"]) == pytest.approx(np.mean(values), rel=1e-12)
     # The paper's number sits beside ours, with the difference in points.
-    ours = float(accuracy_csv[("protonets", "B2")]["mean"])
-    assert float(accuracy_csv[("protonets", "B2")]["difference"]) == pytest.approx(ours - 0.5)
-    assert accuracy_csv[("init_tune", "B2")]["paper_mean"] == ""
-    row = f"| protonets | B2 | {table[1][1]} | 50.00 ± 1.50 | {100 * ours - 50:+.2f} |"
+    ours = float(accuracy_csv[("protonets", b2)]["mean"])
+    assert float(accuracy_csv[("protonets", b2)]["difference"]) == pytest.approx(ours - 0.5)
+    assert accuracy_csv[("init_tune", b2)]["paper_mean"] == ""
+    row = f"| protonets | {b2} | {table[1][1]} | 50.00 ± 1.50 | {100 * ours - 50:+.2f} |"
     assert row in markdown
     assert_curves_drawn(paths["figure3"]["synthetic"])
 
