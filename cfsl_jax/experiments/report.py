@@ -41,7 +41,6 @@ Rules:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 from typing import Any, Iterable, NamedTuple, Sequence
@@ -50,6 +49,9 @@ import numpy as np
 
 
 from cfsl_jax.experiments import figures, paper_results
+# cell_of, PROTOCOL_FIELDS, SEED_FIELDS: also read as report.X (reference_report, tests)
+from cfsl_jax.experiments.cells import (PROTOCOL_FIELDS, SEED_FIELDS,  # noqa: F401
+                                        cell_of, check_same_experiment)
 from cfsl_jax.protocol import metrics
 from cfsl_jax.runtime import files
 from cfsl_jax.training import results as results_io
@@ -58,8 +60,7 @@ from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training.records import EvalRecord
 from cfsl_jax.protocol.spec import PAPER_GRID, TaskSpec
 from cfsl_jax.experiments.sweep_plan import safe_name
-from cfsl_jax.training.config import COMPUTATION_OPTIONS, from_json
-from cfsl_jax.training.runs import config_differences
+from cfsl_jax.training.config import from_json
 
 # name -> (key in results.json's "test", title, scale for display, format)
 METRICS: dict[str, tuple[str, str, float, str]] = {
@@ -98,38 +99,6 @@ def load_results(sweep_dir: str) -> list[dict[str, Any]]:
     return found
 
 
-# TaskSpec fields that say how the paper-era code sampled and labelled a cell's tasks
-# (``--as_published``, docs/fidelity.md), not which cell it is: a run that changes only these
-# is still its cell, and is compared with Table 1's (the D cells' note says how they labelled).
-PROTOCOL_FIELDS = ("target_mode", "label_offset", "draws")
-
-
-def _named_spec(result: dict[str, Any]) -> dict[str, Any]:
-    return dataclasses.asdict(TaskSpec.parse(result["config"]["task"]))
-
-
-def _resolved_spec(result: dict[str, Any]) -> dict[str, Any]:
-    """The run's TaskSpec fields: results.json's ``spec``, or its config's task and overrides
-    (a hand-made record without ``spec``), over the named task's (fields a record predates)."""
-    named = _named_spec(result)
-    spec = result.get("spec")
-    if spec is None:
-        spec = result["config"].get("spec_overrides") or {}
-    return {**named, **spec}
-
-
-def cell_of(result: dict[str, Any]) -> str:
-    """The cell a run is reported under: its config's ``task`` (``B3``, ...) where its TaskSpec
-    is that task's but for ``PROTOCOL_FIELDS``; else its own spec name (results.json's
-    ``spec_name``, such as ``C5(cci=1,nc=5,ks=1,kt=5,overwrite,per_class)`` for
-    ``task='B3'`` with ``--overwrite --nss=5``), which no Table 1 cell has."""
-    task = result["config"]["task"]
-    named, spec = _named_spec(result), _resolved_spec(result)
-    if all(spec[k] == v for k, v in named.items() if k not in PROTOCOL_FIELDS):
-        return task
-    return result.get("spec_name") or TaskSpec(**spec).name
-
-
 def aggregate(results: Iterable[dict[str, Any]], metric: str) -> dict[Key, Aggregate]:
     """``metric`` (a key of METRICS) of every (dataset, learner, cell) across its seeds."""
     if metric not in METRICS:
@@ -141,7 +110,7 @@ def aggregate(results: Iterable[dict[str, Any]], metric: str) -> dict[Key, Aggre
         key = (result["dataset"], result["learner"], cell_of(result))
         value = EvalRecord.from_json(result["test"]).get(field)
         if value is not None:
-            _check_same_experiment(key, first.setdefault(key, result), result)
+            check_same_experiment(key, first.setdefault(key, result), result)
             grouped.setdefault(key, []).append((result["seed"], float(value), result["spec"]))
     out = {}
     for key, runs in grouped.items():
@@ -155,36 +124,6 @@ def aggregate(results: Iterable[dict[str, Any]], metric: str) -> dict[Key, Aggre
         out[key] = Aggregate(spread.mean, spread.std, tuple(run[1] for run in runs), seeds,
                              runs[0][2], spread.ci95)
     return out
-
-
-# Config fields in which the seeds of one cell may differ (besides those that only say where
-# files are read from or metrics are sent, ``runs.config_differences``): the seed, and how
-# often a run checkpoints, logs or batches its evaluation, which do not change its numbers
-# beyond rounding.
-SEED_FIELDS = ("seed", "checkpoint_every", "log_every", "eval_batch")
-
-
-def _check_same_experiment(key: Key, first: dict[str, Any], result: dict[str, Any]) -> None:
-    """Refuse (UserError, a ValueError) a cell whose runs differ in more than their seed: a
-    learner option, a spec override, the budget, the evaluation seed... averaged across seeds,
-    they would make one number of two experiments. Runs of one TaskSpec named by other tasks
-    and overrides (``B3`` with ``--overwrite --nss=5``, ``C3`` with ``--nss=5``) are one."""
-    differs = [name for name in config_differences(result["config"],
-                                                   from_json(first["config"]))
-               if name not in SEED_FIELDS]
-    if {"task", "spec_overrides"} & set(differs) and \
-            _resolved_spec(first) == _resolved_spec(result):
-        differs = [name for name in differs if name not in ("task", "spec_overrides")]
-    if "learner_options" in differs:  # resolved, and those that change only the rounding out
-        options = [{k: v for k, v in from_json(r["config"]).learner_options.items()
-                    if k not in COMPUTATION_OPTIONS} for r in (first, result)]
-        if options[0] == options[1]:
-            differs.remove("learner_options")
-    if differs:
-        raise UserError(
-            f"{'/'.join(key)}: the runs of seeds {first['seed']} and {result['seed']} differ "
-            f"in {', '.join(differs)}, not only in their seed; report each experiment from "
-            f"its own sweep directory")
 
 
 def _cell_order(cells: Iterable[str]) -> list[str]:
@@ -339,7 +278,7 @@ def per_task_accuracy(results: Iterable[dict[str, Any]],
         if result["dataset"] != dataset or per_task is None:
             continue
         key = (dataset, result["learner"], cell_of(result))
-        _check_same_experiment(key, first.setdefault(key, result), result)
+        check_same_experiment(key, first.setdefault(key, result), result)
         cell = cells.setdefault(key[2], {})
         # the fingerprint hashes the tasks' indices in a split named by its variant, which a
         # dataset option such as Omniglot's class_split does not change: the options too
