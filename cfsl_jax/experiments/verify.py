@@ -183,9 +183,7 @@ def cost_differences(config: TrainConfig, learner, splits, recorded: dict) -> li
     image_shape = tuple(splits["test"].images.shape[1:])
     with progress.stage("[verify] counting ATM and MACs (XLA cost analysis)"):
         params = jax.device_get(runs.init_params(learner, splits["train"], config.seed))
-        evaluated = learner.evaluated  # as evaluate counts them
-        now = {"atm": cost.atm(evaluated, params, image_shape),
-               **cost.learner_macs(evaluated, params, image_shape)}
+        now = cost.costs(learner.evaluated, params, image_shape)  # as evaluate counts them
         if stored.macs_per_meta_step is not None:
             now["macs_per_meta_step"] = per_task_meta_step_macs(
                 config, learner, params, tuple(splits["train"].images.shape[1:]))

@@ -214,6 +214,12 @@ def learner_macs(learner, params, image_shape: tuple[int, ...], dtype=jnp.float3
                         learner, params, tuple(image_shape), np.dtype(dtype)))
 
 
+def costs(learner, params, image_shape: tuple[int, ...]) -> dict[str, float]:
+    """ATM and the MACs (``learner_macs``) of ``learner``: what a test records of its costs."""
+    return {"atm": atm(learner, params, image_shape),
+            **learner_macs(learner, params, image_shape)}
+
+
 def _learner_macs(learner, params, image_shape: tuple[int, ...], dtype) -> dict[str, float]:
     learner = learner.recipe.counted or learner  # its loops unrolled: counted exactly
     spec = learner.spec

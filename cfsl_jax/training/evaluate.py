@@ -225,8 +225,7 @@ def evaluate(learner: Learner, params: Any, split: data.Split, spec: TaskSpec | 
             member = jax.tree.map(lambda x: x[0], member)
         member = jax.device_get(member)
         with progress.stage(f"[{label}] measuring ATM and MACs (XLA cost analysis)"):
-            report["atm"] = metrics.atm(learner, member, image_shape)
-            report.update(metrics.learner_macs(learner, member, image_shape))
+            report.update(metrics.costs(learner, member, image_shape))
     if not runs:
         return _record(values, report, per_task)
     num_runs = values["acc"].shape[0]
