@@ -8,17 +8,20 @@
 Two kinds of manifest:
 
 - ``<folder>/checksums.json`` for a run's JSON files (``CHECKED``: config.json,
-  val_history.json, results.json, and packs.json for a run a pack trained): ``{name: [sha256, ...]}``. A write records the new
-  checksum next to the current one, replaces the file atomically, then keeps only the new one:
-  a kill at any instant leaves a file whose checksum is recorded (never a false alarm).
+  val_history.json, results.json, sessions.json (the wall time of its sessions, which
+  results.json's wall_seconds adds up), and packs.json for a run a pack trained):
+  ``{name: [sha256, ...]}``. A write records the new checksum next to the current one,
+  replaces the file atomically, then keeps only the new one: a kill at any instant leaves a
+  file whose checksum is recorded (never a false alarm).
 - ``<checkpoint folder>/cfsl_checksums.json``: ``{relative path: sha256}`` of every file orbax
   wrote, written atomically once the checkpoint is complete.
 
 A workdir written before checksums existed has no ``checksums.json``: its files are read
 unchecked and a note says so once (``legacy``); its new writes add their checksums (and are
-checked from then on). In a workdir written with checksums from its start
-(``from_the_start``), a checkpoint without its manifest (its write was cut short) counts as
-damaged.
+checked from then on). Likewise a file with no entry in the manifest (a sessions.json
+written before it was checked) is read unchecked until it is written again. In a workdir
+written with checksums from its start (``from_the_start``), a checkpoint without its manifest
+(its write was cut short) counts as damaged.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from cfsl_jax.runtime.errors import UserError
 
 MANIFEST = "checksums.json"
 SEAL = "cfsl_checksums.json"
-CHECKED = ("config.json", "val_history.json", "results.json", "packs.json")
+CHECKED = ("config.json", "val_history.json", "results.json", "sessions.json", "packs.json")
 _noted: set[str] = set()  # legacy folders already noted in this process
 
 
@@ -141,6 +144,8 @@ _ADVICE = {
                         "command again: training restarts from step 0 and gives the same numbers",
     "results.json": "delete it and run the same command again: the run is tested again from "
                     "its checkpoints",
+    "sessions.json": "restore it, or delete it and run the same command again (the run's "
+                     "wall_seconds then count only the sessions from then on)",
 }
 
 

@@ -1,0 +1,80 @@
+"""Nothing silently wrong, continued (tests/test_integrity.py): every file a run keeps its
+numbers in is checked like the others, and every command that writes a workdir holds its lock.
+"""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from cfsl_jax.experiments import verify
+from cfsl_jax.runtime import checksums
+from cfsl_jax.runtime.errors import UserError
+from cfsl_jax.training import loop, sessions, train
+from launch_inprocess import command_module, run_in_process
+from test_integrity import CONFIG
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """CONFIG's run stopped after step 9: sessions.json counts its session so far."""
+    workdir = str(tmp_path_factory.mktemp("stopped") / "w")
+    with pytest.raises(loop.Interrupted):
+        train.train_and_evaluate(CONFIG, workdir, stop_after_steps=9)
+    return workdir
+
+
+def edited(path: str, **changes) -> None:
+    """``path``'s JSON edited by hand (the numbers changed, the file valid JSON)."""
+    with open(path) as f:
+        stored = json.load(f)
+    with open(path, "w") as f:
+        json.dump({**stored, **changes}, f)
+
+
+def test_a_hand_edited_sessions_json_is_refused_naming_it(tmp_path, stopped_run):
+    """sessions.json feeds results.json's wall_seconds: checked like config.json and the rest
+    (its checksum recorded when written, checked when read, by a resume and by verify)."""
+    workdir = shutil.copytree(stopped_run, tmp_path / "w").as_posix()
+    path = os.path.join(workdir, sessions.FILE)
+    assert sessions.FILE in checksums.recorded(workdir)
+    assert "sessions.json" in verify.check_files(workdir)
+    earlier = sessions.earlier(workdir)
+    assert earlier["sessions"] == 1 and earlier["seconds"] > 0
+    edited(path, seconds=earlier["seconds"] + 3600)
+    with pytest.raises(checksums.Corrupt, match=f"{path} fails its checksum"):
+        verify.check_files(workdir)
+    with pytest.raises(UserError, match=f"{path} fails its checksum .*delete it and run the "
+                                        f"same command again"):
+        train.train_and_evaluate(CONFIG, workdir)  # the resume: refused, nothing redone
+    assert not os.path.exists(os.path.join(workdir, "results.json"))
+    os.remove(path)  # as the line says: the run then finishes, counting this session alone
+    result = train.train_and_evaluate(CONFIG, workdir)
+    assert result["wall_seconds"] < earlier["seconds"] + 3600
+    assert sessions.earlier(workdir)["sessions"] == 1
+    with command_module("verify") as module:  # the command: one line, status 2
+        edited(path, sessions=7)
+        code, _, err = run_in_process(module, "verify", [f"--workdir={workdir}", "--nometrics",
+                                                         "--nocosts"])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"error: {path} fails its checksum")
+
+
+def test_a_sessions_json_from_before_its_checksum_is_read_then_checked(tmp_path, stopped_run):
+    """A workdir whose manifest has no entry for sessions.json (written before it was
+    checked): read unchecked, and checked from its next write on."""
+    workdir = shutil.copytree(stopped_run, tmp_path / "w").as_posix()
+    manifest = os.path.join(workdir, checksums.MANIFEST)
+    with open(manifest) as f:
+        recorded = json.load(f)
+    del recorded[sessions.FILE]
+    with open(manifest, "w") as f:
+        json.dump(recorded, f)
+    edited(os.path.join(workdir, sessions.FILE), seconds=12.5)
+    assert sessions.earlier(workdir) == {"seconds": 12.5, "sessions": 1}
+    assert "sessions.json" not in verify.check_files(workdir)
+    result = train.train_and_evaluate(CONFIG, workdir)
+    assert result["wall_seconds"] > 12.5
+    assert sessions.FILE in checksums.recorded(workdir)
+    assert "sessions.json" in verify.check_files(workdir)
