@@ -360,12 +360,16 @@ def main(argv) -> None:
 
 def _main_or_stop(argv) -> None:
     """``main``; Ctrl-C (or ``timeout -s INT``) ends it with one line: the rows printed above
-    are complete, the one being measured is dropped."""
+    are complete (each closed its ``--out`` file), the one being measured is dropped. It exits
+    at once (``os._exit``): an interrupt during a compilation left XLA's compiler threads
+    running, and the interpreter's normal teardown then crashed under them (a segmentation
+    fault after the line, seen on CPU)."""
     try:
         main(argv)
     except KeyboardInterrupt:
         print(f"interrupted: {_ROWS[0]} complete row(s) above", file=sys.stderr, flush=True)
-        sys.exit(130)
+        sys.stdout.flush()
+        os._exit(130)
 
 
 if __name__ == "__main__":
