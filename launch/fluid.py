@@ -37,7 +37,7 @@ import json
 from absl import app, flags
 
 from cfsl_jax.experiments import slurm, sweep
-from cfsl_jax.runtime import files, naming
+from cfsl_jax.runtime import files, locks, naming
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import study
 from cfsl_jax.fluid.config import PRESETS, FluidConfig, preset
@@ -243,7 +243,7 @@ def main(argv) -> None:
     if FLAGS.study == "update_strategy":
         if FLAGS.study_method not in config.method_options and FLAGS.study_method in METHODS:
             config = dataclasses.replace(config, methods=(FLAGS.study_method,), method_options={})
-        with flags_recorded(FLAGS.workdir):
+        with workdir_locked(), flags_recorded(FLAGS.workdir):
             cells = study.run_update_strategy(config, FLAGS.workdir, FLAGS.study_method,
                                               [int(u) for u in FLAGS.study_frequencies],
                                               [int(e) for e in FLAGS.study_epochs])
@@ -277,10 +277,19 @@ def dry_run(config: FluidConfig, slurm_options) -> None:
           f"{', '.join(config.methods)}; into {FLAGS.workdir}; nothing created")
 
 
+def workdir_locked():
+    """The workdir's lock, as launch.train's (``locks``): a second command that would write
+    results.json, results.txt or the plots beside this one's is refused in one line."""
+    return locks.held(locks.path_in(FLAGS.workdir), f"workdir {FLAGS.workdir}")
+
+
 def _report(config) -> None:
-    """Run the streams not stored yet (none after a SLURM run) and print Table 3."""
-    results = run_experiment(config, FLAGS.workdir)
-    print(files.read_text(files.join(FLAGS.workdir, "results.txt")))
+    """Run the streams not stored yet (none after a SLURM run) and print Table 3 (the workdir
+    locked: the table printed is this run's)."""
+    with workdir_locked():
+        results = run_experiment(config, FLAGS.workdir)
+        table = files.read_text(files.join(FLAGS.workdir, "results.txt"))
+    print(table)
     print(f"wall time {results['wall_seconds']:.0f} s; written to {FLAGS.workdir}: "
           f"results.json, results.txt, rolling_accuracy.png")
 

@@ -5,15 +5,16 @@ numbers in is checked like the others, and every command that writes a workdir h
 import json
 import os
 import shutil
+import socket
 
 import pytest
 
 from cfsl_jax.experiments import verify
-from cfsl_jax.runtime import checksums
+from cfsl_jax.runtime import checksums, locks
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training import loop, sessions, train
 from launch_inprocess import command_module, run_in_process
-from test_integrity import CONFIG
+from test_integrity import CONFIG, holder
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +79,31 @@ def test_a_sessions_json_from_before_its_checksum_is_read_then_checked(tmp_path,
     assert result["wall_seconds"] > 12.5
     assert sessions.FILE in checksums.recorded(workdir)
     assert "sessions.json" in verify.check_files(workdir)
+
+
+FLUID_TINY = ["--preset=small", "--method=ncm", "--stream_classes=6", "--stream_length=90",
+              "--head_threshold=15", "--min_pretrain_samples=5", "--pretrain_steps=3",
+              "--filters=8", "--dataset_option=num_classes=20",
+              "--dataset_option=samples_per_class=30", "--dataset_option=image_size=16"]
+
+
+@pytest.mark.parametrize("study", [[], ["--study=update_strategy", "--study_frequencies=45000",
+                                        "--study_epochs=1"]])
+def test_a_second_fluid_command_on_a_workdir_is_refused_naming_the_holder(tmp_path, study):
+    """launch.fluid rewrites results.json, results.txt (the table it prints) and the plots:
+    while another command works in the workdir it is refused in one line, as launch.train is,
+    and writes nothing."""
+    workdir = str(tmp_path / "fluid")
+    os.makedirs(workdir)
+    other = holder(locks.path_in(workdir))
+    try:
+        with command_module("fluid") as module:
+            code, _, err = run_in_process(module, "fluid", [f"--workdir={workdir}",
+                                                            *FLUID_TINY, *study])
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.startswith(f"error: workdir {workdir} is in use by host "
+                              f"{socket.gethostname()} pid {other.pid} since ")
+        assert os.listdir(workdir) == [".lock"]  # nothing written, nothing removed
+    finally:
+        other.kill()
+        other.wait()
