@@ -107,3 +107,27 @@ def test_a_second_fluid_command_on_a_workdir_is_refused_naming_the_holder(tmp_pa
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_results_csv_row_cut_short_is_dropped_not_merged_with_the_next(tmp_path):
+    """A run's results.csv is appended to; an append cut short (a kill, or a full disk in the
+    middle of the row) left a row without its end, and the next row (a re-test) was glued to
+    it: one row of misaligned numbers. The file is now replaced whole (write then rename), and
+    a row cut short by an older version is dropped."""
+    import csv
+    from cfsl_jax.training import results as results_io
+    path = str(tmp_path / "results.csv")
+    row = {field: 0.25 for field in results_io.CSV_FIELDS}
+    first = {**row, "learner": "protonets", "dataset": "synthetic", "spec": "B2", "seed": 0,
+             "acc_mean": 0.5, "retest": 0}
+    second = {**first, "acc_mean": 0.75, "retest": 1}
+    results_io.write_csv_row(path, first)
+    with open(path, "a") as f:  # what an append cut short leaves: part of a row, no newline
+        f.write(results_io.csv_text([second], results_io.CSV_FIELDS).splitlines()[1][:30])
+    results_io.write_csv_row(path, second)
+    rows = list(csv.DictReader(open(path)))
+    assert all(None not in r for r in rows)  # no row with more fields than the header
+    assert [(r["learner"], r["acc_mean"], r["retest"]) for r in rows] == [
+        ("protonets", "0.5", "0"), ("protonets", "0.75", "1")]
+    assert [name for name in os.listdir(tmp_path)] == ["results.csv"]
+

@@ -25,8 +25,9 @@ Rules:
   checked before the write where the free space is known; ``write_atomic`` then leaves no
   temporary behind.
 - ``append_text`` appends (``O_APPEND``) on a local disk; an object store cannot append, so
-  there the file is read and written again whole, atomically (fine for the small files it is
-  used for: a run's ``results.csv`` and ``metrics.jsonl``).
+  there the file is read and written again whole, atomically (fine for the small file it is
+  used for: a run's ``metrics.jsonl``, whose line cut short by a kill is skipped when read and
+  dropped on resume).
 - ``walk`` lists folders itself (``listdir`` and ``isdir``): the same on every filesystem.
 """
 

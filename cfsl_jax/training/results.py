@@ -114,21 +114,26 @@ def csv_row(result: dict[str, Any], retest: bool = False) -> dict[str, Any]:
 
 
 def write_csv_row(path: str, row: dict[str, Any]) -> None:
-    """Append a row (the header first if the file is new); a row the file holds already (a
-    second re-test with the same numbers) is not appended again. A file written before a
-    column was added is rewritten with it first (``retest`` 0 for its rows)."""
+    """Add a row (the header first if the file is new); a row the file holds already (a
+    second re-test with the same numbers) is not added again. The file is replaced whole
+    (``files.write_atomic``), never appended to: a kill or a full disk leaves it as it was. A
+    last row without its line end (an append of an older version cut short) is dropped, not
+    glued to the new row; a file written before a column was added gets it (``retest`` 0 for
+    its rows)."""
     existing = files.read_text(path) if files.exists(path) else ""
+    if existing and not existing.endswith("\n"):
+        existing = existing[:existing.rfind("\n") + 1]
     if existing and existing.splitlines()[0] != ",".join(CSV_FIELDS):
         rows = [{**dict.fromkeys(CSV_FIELDS, ""), "retest": 0, **old}
                 for old in csv.DictReader(io.StringIO(existing))]
         existing = csv_text([{k: r[k] for k in CSV_FIELDS} for r in rows], CSV_FIELDS)
-        files.write_atomic(path, existing)
     text = io.StringIO(newline="")
     writer = csv.DictWriter(text, fieldnames=CSV_FIELDS)
     writer.writerow(row)
     if text.getvalue().rstrip("\r\n") in existing.splitlines()[1:]:
         return
-    files.append_text(path, text.getvalue() if existing else csv_text([row], CSV_FIELDS))
+    files.write_atomic(path, existing + text.getvalue() if existing else
+                       csv_text([row], CSV_FIELDS))
 
 
 def csv_text(rows: Sequence[dict[str, Any]], fields: Sequence[str] | None = None) -> str:
