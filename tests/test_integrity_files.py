@@ -131,3 +131,38 @@ def test_a_results_csv_row_cut_short_is_dropped_not_merged_with_the_next(tmp_pat
         ("protonets", "0.5", "0"), ("protonets", "0.75", "1")]
     assert [name for name in os.listdir(tmp_path)] == ["results.csv"]
 
+
+
+def test_a_refused_new_run_is_removed_before_its_lock_is_released(tmp_path, monkeypatch):
+    """A run refused before its first checkpoint removes the workdir it created; it did so
+    after releasing the lock, so a command that took the lock in between (the same workdir,
+    started a moment later) had its lock and files deleted under it. The workdir is now emptied
+    while the lock is held; the empty folder is removed after, if no one took it meanwhile."""
+    import dataclasses
+    workdir = str(tmp_path / "w")
+    lock = locks.path_in(workdir)
+    release, others = locks.release, []
+
+    def release_then_another_takes_it(path, me):
+        release(path, me)
+        if path == lock:  # the other command: its lock, and the config.json it writes first
+            others.append(locks.acquire(lock, f"workdir {workdir}"))
+            with open(os.path.join(workdir, "config.json"), "w") as f:
+                f.write("{}")
+
+    monkeypatch.setattr(locks, "release", release_then_another_takes_it)
+    too_few = dataclasses.replace(CONFIG, dataset_options={"num_classes": 8,
+                                                           "samples_per_class": 8})
+    with pytest.raises(UserError, match="cannot be sampled"):
+        train.train_and_evaluate(too_few, workdir)
+    assert sorted(os.listdir(workdir)) == [".lock", "config.json"]  # the other's, untouched
+    with open(lock) as f:
+        assert json.load(f)["token"] == others[0]["token"]
+    monkeypatch.setattr(locks, "release", release)
+    release(lock, others[0])
+    os.remove(os.path.join(workdir, "config.json"))
+    os.rmdir(workdir)
+    # alone, the refused run still leaves nothing
+    with pytest.raises(UserError, match="cannot be sampled"):
+        train.train_and_evaluate(too_few, workdir)
+    assert os.listdir(tmp_path) == []

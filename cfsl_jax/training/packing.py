@@ -124,9 +124,10 @@ def meta_train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequenc
     learner, splits = runs.build(config)
     if not runs.selects_epochs(config, learner):
         return
-    with _removed_if_refused([w for _, w in todo]), contextlib.ExitStack() as held:
+    with _removed_if_refused([w for _, w in todo]) as created, contextlib.ExitStack() as held:
         for _, w in todo:  # as a solo run's: another process's run is refused
             held.enter_context(train.workdir_locked(w))
+        held.enter_context(train.emptied_if_refused(created))  # while the locks are held
         for c, w in todo:
             runs.check_workdir_config(w, c)
         by_step = collections.defaultdict(list)
@@ -144,7 +145,8 @@ def _removed_if_refused(workdirs: Sequence[str]):
     """As a solo run's (``train.train_and_evaluate``): the workdirs (and their folder) that did
     not exist before are removed when the pack is refused (a ``UserError`` such as
     ``PackTooLarge``, a full disk, out of memory) before any of them checkpointed: nothing is
-    left half-written."""
+    left half-written. Yields them; their files are removed while their locks are held
+    (``train.emptied_if_refused``), the empty folders here, after the release."""
     created = [w for w in workdirs if not files.exists(w)]
     parents = set()  # every folder above them made with them (W/lrR and W), deepest first
     for w in created:
@@ -153,13 +155,11 @@ def _removed_if_refused(workdirs: Sequence[str]):
             parents.add(parent)
             parent = files.dirname(parent)
     try:
-        yield
+        yield created
     except Exception as error:
-        if train.refused(error) and not any(train.has_checkpoints(w) for w in created
-                                            if files.isdir(w)):
+        if train.refused(error):
             for w in created:
-                if files.isdir(w):
-                    files.rmtree(w)
+                train.remove_empty(w)
             for parent in sorted(parents, key=len, reverse=True):
                 if files.isdir(parent) and not files.listdir(parent):
                     files.rmtree(parent)

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -159,7 +160,8 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
     try:
         if new:  # nothing is created on a disk without room for the run's first files
             disk.require(files.dirname(workdir), START_BYTES)
-        with stops.handled(), workdir_locked(workdir):
+        with (stops.handled(), workdir_locked(workdir),
+              emptied_if_refused([workdir] if new else [])):
             done = finished_results(workdir, config)
             if done is not None:
                 if retest:
@@ -182,8 +184,8 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
         raise loop.interrupted(stop, "before its first checkpoint", "no step is kept",
                                workdir, then="start it") from None
     except Exception as error:
-        if new and files.isdir(workdir) and refused(error) and not has_checkpoints(workdir):
-            files.rmtree(workdir)
+        if new and refused(error):
+            remove_empty(workdir)  # emptied while locked (``emptied_if_refused``)
         raise
 
 
@@ -193,6 +195,35 @@ def workdir_locked(workdir: str):
     if not results.is_primary():
         return contextlib.nullcontext()
     return locks.held(locks.path_in(workdir), f"workdir {workdir}")
+
+
+@contextlib.contextmanager
+def emptied_if_refused(created: Sequence[str]):
+    """Inside the locks of the workdirs ``created`` by this command: when it is refused
+    (``refused``) before any of them checkpointed, their files but the lock are removed while
+    it is still held, so that a command taking a lock just released finds an empty folder,
+    never one being removed under it; ``remove_empty`` removes the folders after the release
+    (unless another command took one meanwhile)."""
+    try:
+        yield
+    except Exception as error:
+        if refused(error) and not any(has_checkpoints(w) for w in created if files.isdir(w)):
+            for workdir in created:
+                for name in files.listdir(workdir):
+                    if name != locks.LOCK_FILE:
+                        path = files.join(workdir, name)
+                        files.rmtree(path) if files.isdir(path) else files.remove(path)
+        raise
+
+
+def remove_empty(folder: str) -> None:
+    """Remove ``folder`` if it is an empty local folder (on an object store a folder without
+    objects does not exist); a folder another command has put files in since is kept."""
+    if not files.is_url(folder) and files.isdir(folder) and not files.listdir(folder):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
 
 
 def has_checkpoints(workdir: str) -> bool:
