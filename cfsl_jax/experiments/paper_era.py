@@ -90,8 +90,13 @@ FINE_TUNERS = tuple(_FINE_TUNERS)
 
 def note(learner: str, cell: str) -> str | None:
     """Why Table 1's (learner, cell) measures a paper-era behaviour, not the spec's task; None
-    where it measures the spec's task."""
-    return PAPER_ERA.get((learner, TaskSpec.parse(cell).task_type))
+    where it measures the spec's task, and for a spec name (``cells.cell_of``'s
+    ``C5(cci=1,...)``), which no Table 1 cell has."""
+    try:
+        spec = TaskSpec.parse(cell)
+    except ValueError:
+        return None
+    return PAPER_ERA.get((learner, spec.task_type))
 
 
 def _single_set_accuracy(learner: str, nss: int, dataset: str) -> float:

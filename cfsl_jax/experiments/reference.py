@@ -16,6 +16,10 @@ Rules:
   the numbers of a row are the bytes ``launch.verify --workdir=W`` checks:
   ``launch.verify --workdir=W --reference_csv=docs/reference/results.csv`` also checks
   that the row of W equals W's results.json (``row_differences``).
+- ``cell``: the cell the run is reported under (``cells.cell_of``, as ``launch.report``):
+  its config's task, or its own spec name where spec overrides make another task
+  (``--task=B3 --overwrite --nss=5`` is a C5 task), which no Table 1 cell has; a partial
+  run's from its config.json. Its folder under ``runs/`` keeps the config's task.
 - ``table.md`` beside the CSV, the grid at a glance, is ``reference_report.write_table``'s.
 - ``preset``: the ``--as_published`` preset whose settings the run carries
   (``as_published.preset_of``); ``none`` where no preset's settings are all there (the
@@ -37,6 +41,7 @@ import json
 import os
 from typing import Any, Iterable, Sequence
 
+from cfsl_jax.experiments.cells import cell_of
 from cfsl_jax.experiments.report import _cell_order, _learner_order
 from cfsl_jax.experiments.sweep_plan import safe_name
 from cfsl_jax.runtime import checksums, files
@@ -122,14 +127,17 @@ def run_row(workdir: str, invocations: Sequence[dict] = (),
     """The row of one run folder (complete or partial); ``run`` is its folder under runs/.
     ``variants``: the dataset variant (results.json's ``dataset``) of each ``_data_key``,
     for a partial run (the variant is known once a run has finished)."""
-    config = from_json(results_io.read_json(files.join(workdir, "config.json")))
+    config_json = results_io.read_json(files.join(workdir, "config.json"))
+    config = from_json(config_json)
     history = results_io.read_json(files.join(workdir, "val_history.json"), default=[])
     result = results_io.read_json(files.join(workdir, "results.json"), default={})
     val = [entry["val_acc"] for entry in history if "val_acc" in entry]
     budget = budget_name(config)
     last = max(os.path.getmtime(files.join(workdir, name)) for name in RUN_FILES
                if files.exists(files.join(workdir, name)))
-    row = {"learner": config.learner, "cell": config.task, "seed": config.seed,
+    # the cell it is reported under (cells.cell_of): a partial run's from its config.json
+    row = {"learner": config.learner, "cell": cell_of(result or {"config": config_json}),
+           "seed": config.seed,
            "dataset": result["dataset"] if result else
            (variants or {}).get(_data_key(config), config.dataset),
            "budget": budget, "paper_budget": budget == "paper",
@@ -223,10 +231,16 @@ def export(sweep_dir: str, out_dir: str) -> list[dict[str, Any]]:
 
 def _with_columns(row: dict[str, str], out_dir: str) -> dict[str, Any]:
     """A kept row written before a column existed, with that column filled from its run's
-    copied config.json (``preset``)."""
+    copied config.json (``preset``), and its ``cell`` as ``run_row`` names it now (a row
+    written before the cell was ``cells.cell_of``'s)."""
+    config_json = results_io.read_json(files.join(out_dir, row["run"], "config.json"),
+                                       default={})
+    if not config_json:  # no copied files (a hand-made row): kept as it is
+        return row
+    result = results_io.read_json(files.join(out_dir, row["run"], "results.json"), default={})
+    row = {**row, "cell": cell_of(result or {"config": config_json})}
     if "preset" not in row:
-        config = from_json(results_io.read_json(files.join(out_dir, row["run"], "config.json")))
-        row = {**row, "preset": as_published.preset_of(config)}
+        row = {**row, "preset": as_published.preset_of(from_json(config_json))}
     return row
 
 
@@ -248,7 +262,7 @@ def find_row(rows: Sequence[dict[str, str]], result: dict[str, Any]) -> dict[str
     config = from_json(result["config"])
     for row in rows:
         if (row["status"] == "complete" and row["learner"] == result["learner"]
-                and row["dataset"] == result["dataset"] and row["cell"] == config.task
+                and row["dataset"] == result["dataset"] and row["cell"] == cell_of(result)
                 and int(row["seed"]) == config.seed and row["budget"] == budget_name(config)):
             return row
     return None

@@ -130,7 +130,7 @@ def _groups(found: Sequence[dict]) -> dict[tuple, list[dict]]:
     groups: dict[tuple, list[dict]] = {}
     for result in found:
         key = (result["dataset"], result["_budget"], result_setting(result), result["learner"],
-               result["config"]["task"])
+               report.cell_of(result))
         groups.setdefault(key, []).append(result)
     cells = report._cell_order(key[4] for key in groups)
     learners = report._learner_order(key[3] for key in groups)
