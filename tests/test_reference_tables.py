@@ -39,20 +39,20 @@ def result(learner, task, seed, per_task, overrides=None, options=None):
 
 # ---- 1. a run whose spec overrides make another task is that task's cell -----------------------
 
-C5_FROM_B3 = {"overwrite": True, "nss": 5}
+B7_FROM_B3 = {"nss": 7}  # a task outside the paper's grid
 
 
 def test_a_run_whose_overrides_make_another_task_is_filed_under_its_own_spec_name(tmp_path):
-    """results.csv's cell is ``cells.cell_of``'s (as ``launch.report``): task B3 with
-    --overwrite --nss=5 is a C5 task, never B3's row, and compared with no Table 1 cell."""
-    config = TrainConfig(learner="protonets", task="B3", seed=0, spec_overrides=C5_FROM_B3)
+    """results.csv's cell is ``cells.cell_of``'s (as ``launch.report``): task B3 with --nss=7
+    is another task, never B3's row: its own spec name, compared with no Table 1 cell."""
+    config = TrainConfig(learner="protonets", task="B3", seed=0, spec_overrides=B7_FROM_B3)
     (tmp_path / "config.json").write_text(json.dumps(config.to_json()))
     (tmp_path / "val_history.json").write_text(json.dumps([{"epoch": 0, "val_acc": 0.5}]))
     partial = reference.run_row(str(tmp_path))  # no results.json: from its config.json
     name = cell_of({"config": config.to_json()})
-    assert name.startswith("C5(") and partial["cell"] == name and partial["status"] == "partial"
+    assert name.startswith("B7(") and partial["cell"] == name and partial["status"] == "partial"
     assert partial["run"].endswith("/protonets/B3/seed0")  # its folder keeps the config's task
-    rows = [row("protonets", "B3", 0.9), row("protonets", name, 0.4, **C5_FROM_B3)]
+    rows = [row("protonets", "B3", 0.9), row("protonets", name, 0.4, **B7_FROM_B3)]
     beside = {line[2]: line for line in reference_report.beside_table1(
         rows, paper_results.TABLE1)[1:]}
     b3 = paper_results.TABLE1["values"]["omniglot"]["protonets"]["B3"]
@@ -64,7 +64,7 @@ def test_a_run_whose_overrides_make_another_task_is_filed_under_its_own_spec_nam
     assert table[2][3:] == ["-", paper_results.printed(b3), "40.00 ± 0.40", "-"]
     # the checks group a result by cell_of too, and find its row
     found = [result("protonets", "B3", 0, [0.9, 0.9]),
-             result("protonets", "B3", 0, [0.4, 0.4], C5_FROM_B3)]
+             result("protonets", "B3", 0, [0.4, 0.4], B7_FROM_B3)]
     rows = [{**r, "val_acc_best": ""} for r in rows]
     assert sorted(line[3] for line in reference_checks.learns(rows, found)[1:]) == ["B3", name]
 
@@ -80,3 +80,51 @@ def test_every_committed_reference_row_is_filed_under_the_cell_of_its_run():
         path = os.path.join(out, line["run"], "results.json")
         found = json.load(open(path)) if os.path.exists(path) else {"config": config}
         assert line["cell"] == cell_of(found), line["run"]
+
+
+# ---- 2. an --as_published row reproduces the paper-era behaviour on purpose ---------------------
+
+FEB = {"draws": "independent", "label_offset": "per_support_set",
+       "target_mode": "per_support_set"}
+APR = {**FEB, "draws": "per_group"}
+
+
+def test_an_as_published_row_of_a_paper_era_cell_shows_its_difference_and_what_it_leaves_out():
+    """Beside Table 1 and in the grid, a row trained under the preset whose options model the
+    cell's paper-era behaviour is compared with Table 1 (no note in its place, no `*`); one
+    that reproduces part of it says what it leaves out (and keeps the `*`)."""
+    rows = [row("protonets", "C3", 0.5),  # the specification's: the paper-era note
+            row("protonets", "C3", 0.46, preset="feb2020", last_sample_prototype=True, **FEB),
+            row("maml_low", "D4", 0.27, preset="apr2020", restart_each_support_set=True,
+                **APR),
+            row("ewc_init", "C3", 0.3, preset="feb2020", **FEB),  # no preset re-copies EWC
+            row("protonets", "D4", 0.49, preset="feb2020", last_sample_prototype=True, **FEB)]
+    values = paper_results.TABLE1["values"]["omniglot"]
+    beside = {(line[1], line[2], line[3]): line[-1]
+              for line in reference_report.beside_table1(rows, paper_results.TABLE1)[1:]}
+    assert beside[("protonets", "C3", "8x50x8 [as_published=none] (3,200)")].startswith("paper-era cell: ")
+    assert beside[("protonets", "C3", "8x50x8 [as_published=feb2020] (3,200)")] == (
+        f"{46 - values['protonets']['C3']['mean']:+.2f} (as published: feb2020 reproduces this "
+        f"paper-era cell)")
+    assert beside[("maml_low", "D4", "8x50x8 (3,200)")] == (
+        f"{27 - values['maml_low']['D4']['mean']:+.2f} (as published: apr2020 reproduces this "
+        f"paper-era cell)")
+    assert beside[("ewc_init", "C3", "8x50x8 (3,200)")] == (
+        f"{30 - values['ewc_init']['C3']['mean']:+.2f} (as published, feb2020, in part: not the "
+        f"re-copy of the weights at every support set "
+        f"(--learner_option=restart_each_support_set=True))")
+    assert beside[("protonets", "D4", "8x50x8 [as_published=feb2020] (3,200)")].endswith(
+        "(as published, feb2020, in part: Table 1's D cells came from the apr2020 code)")
+    (_, table), = reference_report.grid(rows, paper_results.TABLE1)
+    entries = {(line[0], line[1]): dict(zip(table[0], line)) for line in table[1:]}
+    printed = {(learner, cell): paper_results.printed(values[learner][cell])
+               for learner, cell in (("protonets", "C3"), ("maml_low", "D4"),
+                                     ("ewc_init", "C3"), ("protonets", "D4"))}
+    proto_none = entries[("protonets", "8x50x8 [as_published=none]")]
+    proto_feb = entries[("protonets", "8x50x8 [as_published=feb2020]")]
+    assert proto_none["C3 Table 1"] == printed[("protonets", "C3")] + "*"
+    assert proto_feb["C3 Table 1"] == printed[("protonets", "C3")]  # reproduced: no *
+    assert proto_feb["D4 Table 1"] == printed[("protonets", "D4")] + "*"  # only in part
+    assert entries[("maml_low", "8x50x8")]["D4 Table 1"] == printed[("maml_low", "D4")]
+    assert entries[("ewc_init", "8x50x8")]["C3 Table 1"] == printed[("ewc_init", "C3")] + "*"
+    assert "`--as_published` row" in reference_report.GRID_NOTE

@@ -8,13 +8,17 @@ a fresh clone without training anything. Writes ``reference.md`` and
 ``reference_convergence.png``:
 
 - **The grid** (``grid``): a table per dataset and kind of budget, a row per learner, our
-  accuracy beside Table 1's per cell, paper-era cells marked; also ``docs/reference/table.md``
+  accuracy beside Table 1's per cell, paper-era cells marked (not on an ``--as_published``
+  row that reproduces the cell's behaviour); also ``docs/reference/table.md``
   (``write_table``, after each ``reference.export``).
 - **Beside Table 1**: per dataset, budget, learner and cell, the reference test accuracy
   (mean over its complete seeds, with the budget and training tasks), Table 1's number,
   and the difference; where Table 1's cell measures a paper-era behaviour
   (``paper_era.note``), the note and the closed-form prediction (where Table 1's numbers
-  give one) stand in place of a bare difference.
+  give one) stand in place of a bare difference, but on a row trained under
+  ``--as_published`` (results.csv's ``preset``), which reproduces that behaviour on purpose:
+  there the difference, with the preset, and what it leaves out where it reproduces only
+  part (``paper_era.as_published``: an EWC row's re-copy, a D cell under ``feb2020``).
 - **Paired differences**: within each (dataset, budget), each learner against its cell's
   most accurate one over the shared test tasks (``report.paired_rows``).
 - **Does every learner learn, and what each part adds** (``reference_checks``): each
@@ -93,10 +97,10 @@ def beside_table1(rows: Sequence[dict], paper: dict) -> list[list[str]]:
             f"{100 * np.mean(done):.2f}" + (f" ± {100 * np.std(done, ddof=1):.2f}"
                                             if len(done) > 1 else ""))
         theirs = report.paper_value(paper, dataset, learner, cell)
-        note = paper_era.note(learner, cell)
+        note, published = _paper_era(learner, cell, kind)
         if theirs is None:
             comparison = "-"
-        elif note:
+        elif note and published is None:
             guess = paper_era.predicted(learner, cell, paper_results.PAPER_DATASETS.get(
                 dataset, dataset))
             predicts = (f"that alone predicts {guess:.2f} (docs/results.md)" if guess is not None
@@ -104,6 +108,10 @@ def beside_table1(rows: Sequence[dict], paper: dict) -> list[list[str]]:
             comparison = f"paper-era cell: {note}; {predicts}, so no difference is shown"
         else:
             comparison = f"{100 * np.mean(done) - theirs['mean']:+.2f}" if done else "-"
+            if note:  # an --as_published row: the paper-era behaviour on purpose
+                comparison += (f" (as published: {kind[0]} reproduces this paper-era cell)"
+                               if not published else
+                               f" (as published, {kind[0]}, in part: {published})")
         tasks = group[0]["training_tasks"]
         label = labels[((dataset, budget, learner), kind)]
         out.append([dataset, learner, cell,
@@ -121,7 +129,8 @@ def grid(rows: Sequence[dict], paper: dict) -> list[tuple[str, list[list[str]]]]
     accuracy beside Table 1's. Ours: mean ± 95 % CI over the test tasks for one seed, or
     mean ± std over seeds with the seed count; ``partial`` for a run still training. Table
     1's number carries ``*`` where its cell measures a paper-era behaviour
-    (``paper_era.note``). [(title, table), ...]."""
+    (``paper_era.note``) that the row's ``--as_published`` preset, if any, does not wholly
+    reproduce (``paper_era.as_published``). [(title, table), ...]."""
     out = []
     ordered = reference.sorted_rows(rows)
     labels = reference_checks.setting_labels(
@@ -145,13 +154,23 @@ def grid(rows: Sequence[dict], paper: dict) -> list[tuple[str, list[list[str]]]]
                 line = [learner, reference_checks.budget_label(budget, label),
                         "/".join(f"{t:,}" for t in tasks) or "-"]
                 for cell in cells:
+                    note, published = _paper_era(learner, cell, kind)
                     line += _grid_entry([r for r in mine if r["cell"] == cell],
                                         report.paper_value(paper, dataset, learner, cell),
-                                        paper_era.note(learner, cell))
+                                        note if published != "" else None)
                 table.append(line)
         kind = "the paper's budget" if at_paper else "reduced budgets"
         out.append((f"{dataset}, {kind}", table))
     return out
+
+
+def _paper_era(learner: str, cell: str, kind: reference_checks.Setting
+               ) -> tuple[str | None, str | None]:
+    """(``paper_era.note``, ``paper_era.as_published``) of a row of setting ``kind``: the
+    paper-era behaviour Table 1's cell measures, and how far the row's ``--as_published``
+    preset reproduces it ('' all of it; what it leaves out; None: no preset, or no note)."""
+    return (paper_era.note(learner, cell),
+            paper_era.as_published(learner, cell, kind[0], json.loads(kind[1])))
 
 
 def _grid_entry(runs: Sequence[dict], theirs: dict | None, era: str | None) -> list[str]:
@@ -174,7 +193,9 @@ GRID_NOTE = ("Test accuracy (%) on the cell's shared test tasks (evaluation seed
              "mean ± standard deviation as printed; `*`: the cell measures a paper-era "
              "behaviour (only the last support set counts, or labels offset per support set), "
              "not the specification's task, so ours is not expected to match it "
-             "(docs/results.md, \"Table 1's paper-era cells in closed form\").")
+             "(docs/results.md, \"Table 1's paper-era cells in closed form\"); not on an "
+             "`--as_published` row whose preset reproduces that behaviour (beside Table 1 "
+             "shows its difference, and what a preset leaves out).")
 
 
 def grid_markdown(rows: Sequence[dict], paper: dict | None = None) -> str:
