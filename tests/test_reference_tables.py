@@ -128,3 +128,52 @@ def test_an_as_published_row_of_a_paper_era_cell_shows_its_difference_and_what_i
     assert entries[("maml_low", "8x50x8")]["D4 Table 1"] == printed[("maml_low", "D4")]
     assert entries[("ewc_init", "8x50x8")]["C3 Table 1"] == printed[("ewc_init", "C3")] + "*"
     assert "`--as_published` row" in reference_report.GRID_NOTE
+
+
+# ---- 3. a reference holding two settings of a learner cell ---------------------------------------
+
+
+def fake_run(sweep_dir, learner, seed, per_task, options=None, task="A3", **config_fields):
+    """A finished run's folder (config.json, val_history.json, results.json) as training
+    writes them, with the given per-task test accuracy; its config (a dict)."""
+    config = TrainConfig(learner=learner, task=task, seed=seed, epochs=2, iters_per_epoch=3,
+                         meta_batch=2, test_tasks=len(per_task), learner_options=options or {},
+                         **config_fields).to_json()
+    folder = sweep_dir / f"{learner}_{task}_{seed}"
+    folder.mkdir(parents=True)
+    acc = np.asarray(per_task, np.float64)
+    result = {"dataset": "omniglot/full_nearest", "learner": learner, "seed": seed,
+              "config": config, "task_fingerprint": "f" + task, "backend": "cpu",
+              "devices": 1, "wall_seconds": 1.0,
+              "test": {"acc_mean": float(acc.mean()), "acc_std": float(acc.std()),
+                       "acc_ci95": 0.01, "ce_mean": 1.0, "per_task": {"acc": list(acc)}}}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "val_history.json").write_text(json.dumps([{"epoch": 0, "val_acc": 0.3},
+                                                         {"epoch": 1, "val_acc": 0.4}]))
+    (folder / "results.json").write_text(json.dumps(result))
+    return config
+
+
+def test_a_reference_with_two_settings_of_a_learner_cell_pairs_each_setting_on_its_own(tmp_path):
+    """Runs of one learner and cell with other learner options share a budget group (one
+    preset, dataset options, spec overrides): the paired differences and "what each part
+    adds" keep the settings apart, named by their options, instead of refusing the reference
+    (report.per_task_accuracy's same-experiment check)."""
+    tune = np.array([0.2, 0.4, 0.6, 0.8])
+    sweep = tmp_path / "sweep"
+    fake_run(sweep, "init_tune", 0, tune)
+    fake_run(sweep, "init_tune", 1, tune + 0.1, {"inner_steps": 1})
+    fake_run(sweep, "pretrain_tune", 0, tune + 0.2)
+    reference.export(str(sweep), str(tmp_path / "ref"))
+    rows, found = reference_report.load(str(tmp_path / "ref"))
+    parts = reference_checks.components(found)
+    assert [line[4:7] for line in parts[1:]] == [
+        ["pretrain_tune", "init_tune [inner_steps unset]", "+20.00"],
+        ["pretrain_tune", "init_tune [inner_steps=1]", "+10.00"]]
+    pairs = reference_report.paired(found)
+    assert [line[3:6] for line in pairs[1:]] == [
+        ["init_tune [inner_steps unset]", "pretrain_tune", "-20.00"],
+        ["init_tune [inner_steps=1]", "pretrain_tune", "-10.00"]]
+    paths = reference_report.write(str(tmp_path / "ref"), str(tmp_path / "out"))
+    assert "| init_tune [inner_steps=1] | pretrain_tune | -10.00 |" in open(
+        paths["markdown"]).read()

@@ -18,7 +18,9 @@
 - ``components``: paired differences over the shared test tasks between learners that
   differ in one part (``PAIRS``): what pretraining adds to fine-tuning, what EWC adds, what
   SCA's critic adds to MAML++ H, each within one dataset, budget and cell
-  (``report.per_task_accuracy``).
+  (``report.per_task_accuracy``). A learner with runs of more than one setting there (other
+  learner options) has a row per setting, named ``learner [setting]``
+  (``by_learner_setting``): its settings are never averaged together.
 """
 
 from __future__ import annotations
@@ -124,6 +126,22 @@ def by_budget(found: Sequence[dict]) -> list[tuple[str, str, list[dict]]]:
             for dataset, budget, shared in keys]
 
 
+def by_learner_setting(subset: Sequence[dict]) -> list[dict]:
+    """``subset`` (the runs of one ``by_budget`` group), a learner's runs of a cell renamed
+    ``learner [setting]`` (``setting_labels``) where that learner holds more than one setting
+    there (other learner options): ``report.per_task_accuracy`` then averages and pairs each
+    setting's runs on their own, and never refuses two settings as one experiment."""
+    keyed = [((r["learner"], report.cell_of(r)), result_setting(r)) for r in subset]
+    labels = setting_labels(keyed)
+    return [{**r, "learner": budget_label(r["learner"], labels[key])}
+            for r, key in zip(subset, keyed)]
+
+
+def base_learner(name: str) -> str:
+    """The learner of a ``by_learner_setting`` name: 'init_tune [inner_steps=1]' -> 'init_tune'."""
+    return name.split(" [")[0]
+
+
 def _groups(found: Sequence[dict]) -> dict[tuple, list[dict]]:
     """(dataset, budget, setting, learner, cell) -> its complete runs' results, in report
     order."""
@@ -185,10 +203,13 @@ def components(found: Sequence[dict]) -> list[list[str]]:
     out = [["dataset", "budget", "cell", "what it adds", "learner", "against",
             "difference (points)", "95 % CI", "tasks"]]
     for dataset, budget, subset in by_budget(found):
-        for cell, accuracy in report.per_task_accuracy(subset, dataset).items():
-            for learner, against, part in PAIRS:
-                if learner in accuracy and against in accuracy:
-                    out.append([dataset, budget, cell, part, learner, against,
-                                *report.difference_columns(accuracy[learner],
-                                                           accuracy[against])])
+        renamed = by_learner_setting(subset)
+        for cell, accuracy in report.per_task_accuracy(renamed, dataset).items():
+            names = report._learner_order(accuracy)
+            for learner, against, part in PAIRS:  # each setting of one beside each of the other
+                for mine in (n for n in names if base_learner(n) == learner):
+                    for theirs in (n for n in names if base_learner(n) == against):
+                        out.append([dataset, budget, cell, part, mine, theirs,
+                                    *report.difference_columns(accuracy[mine],
+                                                               accuracy[theirs])])
     return out

@@ -20,7 +20,8 @@ a fresh clone without training anything. Writes ``reference.md`` and
   there the difference, with the preset, and what it leaves out where it reproduces only
   part (``paper_era.as_published``: an EWC row's re-copy, a D cell under ``feb2020``).
 - **Paired differences**: within each (dataset, budget), each learner against its cell's
-  most accurate one over the shared test tasks (``report.paired_rows``).
+  most accurate one over the shared test tasks (``report.paired_rows``); a learner's runs of
+  two settings (other learner options) are two learners there, each named with its setting.
 - **Does every learner learn, and what each part adds** (``reference_checks``): each
   learner's test accuracy beside chance with its validation curve and a verdict, and paired
   differences between learners that differ in one part (pretraining, EWC, SCA's critic);
@@ -254,10 +255,13 @@ def write_table(reference_dir: str) -> str:
 
 
 def paired(found: Sequence[dict]) -> list[list[str]]:
-    """``report.paired_rows`` within each (dataset, budget), with those two columns first."""
+    """``report.paired_rows`` within each (dataset, budget), with those two columns first; a
+    learner with runs of more than one setting of a cell there is a learner per setting,
+    ``learner [setting]`` (``reference_checks.by_learner_setting``), never averaged together."""
     out = [["dataset", "budget", *report.paired_rows([], "")[0]]]
     for dataset, budget, subset in reference_checks.by_budget(found):
-        out += [[dataset, budget, *row] for row in report.paired_rows(subset, dataset)[1:]]
+        renamed = reference_checks.by_learner_setting(subset)
+        out += [[dataset, budget, *row] for row in report.paired_rows(renamed, dataset)[1:]]
     return out
 
 
