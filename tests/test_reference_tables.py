@@ -177,3 +177,25 @@ def test_a_reference_with_two_settings_of_a_learner_cell_pairs_each_setting_on_i
     paths = reference_report.write(str(tmp_path / "ref"), str(tmp_path / "out"))
     assert "| init_tune [inner_steps=1] | pretrain_tune | -10.00 |" in open(
         paths["markdown"]).read()
+
+
+# ---- 4. smaller defects ----------------------------------------------------------------------
+
+
+def test_your_runs_beside_a_reference_with_two_settings_name_each_reference_setting(tmp_path):
+    """beside_yours: one of your runs beside both reference runs of its cell (your seed is in
+    neither, so every seed): the reference budget names each one's setting."""
+    tune = np.array([0.2, 0.4, 0.6, 0.8])
+    sweep = tmp_path / "sweep"
+    fake_run(sweep, "init_tune", 0, tune)
+    fake_run(sweep, "init_tune", 1, tune + 0.1, {"inner_steps": 1})
+    reference.export(str(sweep), str(tmp_path / "ref"))
+    _, found = reference_report.load(str(tmp_path / "ref"))
+    mine = {k: v for k, v in found[0].items() if not k.startswith("_")}
+    mine = {**mine, "seed": 5, "config": {**mine["config"], "seed": 5}}
+    rows = reference_report.beside_yours(found, [mine])
+    assert [line[6:] for line in rows[1:]] == [
+        ["2x3x2 [inner_steps unset] seed 0", "+0.00 ± 0.00 (4)"],
+        ["2x3x2 [inner_steps=1] seed 1", "-10.00 ± 0.00 (4)"]]
+    # one setting: the budget alone, as before
+    assert reference_report.beside_yours(found[:1], [mine])[1][6] == "2x3x2 seed 0"

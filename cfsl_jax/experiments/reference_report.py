@@ -286,9 +286,15 @@ def _references(found: Sequence[dict], mine: dict) -> tuple[list[dict], list[dic
 def beside_yours(found: Sequence[dict], yours: Sequence[dict]) -> list[list[str]]:
     """Rows (header first): your runs beside the reference run of the same dataset, dataset
     options, learner and cell (``report.cell_of``), with the paired difference where both used
-    the same test tasks (``other_data`` names the runs left out for their dataset options)."""
+    the same test tasks (``other_data`` names the runs left out for their dataset options);
+    the reference budget names the reference run's setting (``reference_checks.setting``)
+    where the reference holds more than one of its dataset, budget, learner and cell."""
     out = [["dataset", "learner", "cell", "yours (%)", "your budget", "reference (%)",
             "reference budget", "yours - reference, paired (points, 95 % CI, tasks)"]]
+    # the reference's settings of one dataset, budget, learner and cell, named where they differ
+    labels = reference_checks.setting_labels(
+        ((r["dataset"], r["_budget"], r["learner"], report.cell_of(r)),
+         reference_checks.result_setting(r)) for r in found)
     for mine in sorted(yours, key=lambda r: (r["dataset"], r["learner"], report.cell_of(r),
                                              r["seed"])):
         cell = report.cell_of(mine)
@@ -305,7 +311,10 @@ def beside_yours(found: Sequence[dict], yours: Sequence[dict]) -> list[list[str]
             out.append([mine["dataset"], mine["learner"], f"{cell} seed {mine['seed']}",
                         _percent(mine["test"]["acc_mean"]), budget,
                         _percent(ref["test"]["acc_mean"]),
-                        f"{ref['_budget']} seed {ref['seed']}", text])
+                        reference_checks.budget_label(ref["_budget"], labels[(
+                            (ref["dataset"], ref["_budget"], ref["learner"], report.cell_of(ref)),
+                            reference_checks.result_setting(ref))]) + f" seed {ref['seed']}",
+                        text])
     return out
 
 
