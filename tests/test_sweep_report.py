@@ -254,10 +254,11 @@ def _result(dataset, learner, seed, acc, **fields):
             "test": {"acc_mean": acc, "ce_mean": 0.5, "atm": 0.1, "macs_per_task": 1e6}}
 
 
-def test_a_run_whose_overrides_make_another_task_is_reported_under_its_own_spec(tmp_path):
-    """task='B3' with --overwrite --nss=5 runs C5: it is neither B3's column nor compared with
-    Table 1's B3; runs of one spec reached by other names are one experiment; overrides of
-    how the paper-era code sampled or labelled (--as_published's) keep the cell."""
+def test_a_run_whose_overrides_make_another_paper_cell_is_reported_under_that_cell(tmp_path):
+    """task='B3' with --overwrite --nss=5 runs C5's TaskSpec: it is reported as C5, beside a
+    C5 run and compared with Table 1's C5, never as B3; runs of one spec reached by other
+    names are one experiment; overrides of how the paper-era code sampled or labelled
+    (--as_published's) keep the cell; a spec outside the grid keeps its own spec name."""
     authors = {"class_split": "authors"}
     results = [
         _result("omniglot/full", "protonets", 0, 0.93, task="B3", dataset_options=authors),
@@ -265,36 +266,51 @@ def test_a_run_whose_overrides_make_another_task_is_reported_under_its_own_spec(
                 spec_overrides={"overwrite": True, "nss": 5}),
         _result("omniglot/full", "protonets", 2, 0.42, task="C3", dataset_options=authors,
                 spec_overrides={"nss": 5}),
+        _result("omniglot/full", "protonets", 3, 0.38, task="C5", dataset_options=authors),
         _result("omniglot/full", "protonets", 0, 0.45, task="D4", dataset_options=authors,
                 spec_overrides={"label_offset": "per_support_set",
                                 "target_mode": "per_support_set", "draws": "per_group"})]
-    c5 = TaskSpec.preset("C5").name
-    assert c5 == "C5(cci=1,nc=5,ks=1,kt=5,overwrite,per_class)"
-    alone = report.aggregate([results[1]], "acc")  # C5 named B3: not Table 1's B3 (95.30)
-    assert list(alone) == [("omniglot/full", "protonets", c5)]
-    assert report.paper_comparison(alone, "omniglot/full", paper_results.TABLE1)[1:] == []
-    accuracy = report.aggregate(results, "acc")
-    assert [report.cell_of(r) for r in results] == ["B3", c5, c5, "D4"]
-    assert set(accuracy) == {("omniglot/full", "protonets", cell) for cell in ("B3", c5, "D4")}
+    assert [report.cell_of(r) for r in results] == ["B3", "C5", "C5", "C5", "D4"]
+    # a record without spec/spec_name (its config alone), and a bare task type, name the cell
+    assert report.cell_of({"config": results[1]["config"]}) == "C5"
+    assert report.cell_of({"config": TrainConfig(task="B").to_json()}) == "B3"
+    c5 = paper_results.TABLE1["values"]["omniglot"]["protonets"]["C5"]
+    alone = report.aggregate([results[1]], "acc")  # C5 named B3: Table 1's C5, not its B3
+    assert list(alone) == [("omniglot/full", "protonets", "C5")]
+    assert report.paper_comparison(alone, "omniglot/full", paper_results.TABLE1)[1] == [
+        "protonets", "C5", "40.00", paper_results.printed(c5), f"{40 - c5['mean']:+.2f}"]
+    accuracy = report.aggregate(results, "acc")  # one experiment: no refusal
+    assert set(accuracy) == {("omniglot/full", "protonets", c) for c in ("B3", "C5", "D4")}
     assert accuracy[("omniglot/full", "protonets", "B3")].values == (0.93,)
-    assert accuracy[("omniglot/full", "protonets", c5)].values == (0.40, 0.42)
-    assert report.table(accuracy, "omniglot/full", "acc")[0] == ["learner", "B3", "D4", c5]
+    assert accuracy[("omniglot/full", "protonets", "C5")].values == (0.40, 0.42, 0.38)
     comparison = report.paper_comparison(accuracy, "omniglot/full", paper_results.TABLE1)
-    assert [row[:2] for row in comparison[1:]] == [["protonets", "B3"], ["protonets", "D4"]]
+    assert [row[:2] for row in comparison[1:]] == [["protonets", "B3"], ["protonets", "D4"],
+                                                   ["protonets", "C5"]]
     assert comparison[1][-1] == "-2.30"  # 93.00 - 95.30: the B3 run alone
-    for index, result in enumerate(results):
+    # the same experiment check holds the C5 runs together whichever comes first
+    report.check_same_experiment(("omniglot/full", "protonets", "C5"), results[3], results[1])
+    report.check_same_experiment(("omniglot/full", "protonets", "C5"), results[1], results[2])
+    # a spec outside the grid: its own spec name, compared with no Table 1 cell
+    b7 = _result("omniglot/full", "protonets", 0, 0.7, task="B3", dataset_options=authors,
+                 spec_overrides={"nss": 7})
+    name = TaskSpec.preset("B", nss=7).name
+    assert name == "B7(cci=1,nc=5,ks=1,kt=5,per_class)" and report.cell_of(b7) == name
+    assert report.cell_of({"config": TrainConfig(task="B7").to_json()}) == "B7"
+    alone = report.aggregate([b7], "acc")
+    assert report.paper_comparison(alone, "omniglot/full", paper_results.TABLE1)[1:] == []
+    for index, result in enumerate(results + [b7]):
         (tmp_path / "sweep" / str(index)).mkdir(parents=True)
         (tmp_path / "sweep" / str(index) / "results.json").write_text(json.dumps(result))
     markdown = open(report.write_report(str(tmp_path / "sweep"), str(tmp_path / "report"),
                                         figure3=False)["markdown"]["omniglot/full"]).read()
-    assert (f"reported under their own spec name, and compared with no Table 1 cell: `{c5}` "
-            f"(B3 with {{\"nss\": 5, \"overwrite\": true}}), `{c5}` (C3 with {{\"nss\": 5}})."
-            in markdown)
-    assert f"| protonets | {c5} |" not in markdown.split("vs the paper")[1]
+    assert "| protonets | C5 |" in markdown.split("vs the paper")[1]
+    assert f"| protonets | {name} |" not in markdown.split("vs the paper")[1]
     # a cell's runs that differ in their spec are still refused, in one line
-    other = _result("omniglot/full", "protonets", 3, 0.5, task="C3", dataset_options=authors,
+    other = _result("omniglot/full", "protonets", 4, 0.5, task="C3", dataset_options=authors,
                     spec_overrides={"nss": 5, "target_mode": "per_support_set"})
-    assert report.cell_of(other) != c5  # another target mode: another spec name
+    assert report.cell_of(other) == "C5"  # another target mode: the cell, PROTOCOL_FIELDS aside
+    with pytest.raises(UserError, match="differ in spec_overrides, task, not only in their"):
+        report.aggregate([results[3], other], "acc")
     with pytest.raises(UserError, match="differ in spec_overrides, not only in their seed"):
         report.aggregate([results[0], _result(
             "omniglot/full", "protonets", 1, 0.9, task="B3", dataset_options=authors,

@@ -2,9 +2,11 @@
 
 A run is reported under its config's task (``B3``) while its TaskSpec is that task's, but for
 how the paper-era code sampled and labelled it (``PROTOCOL_FIELDS``); a run whose spec
-overrides make another task is reported under its own spec name, which no Table 1 cell has
-(``cell_of``). The runs of one cell are averaged across seeds only when they differ in nothing
-else that changes their numbers (``check_same_experiment``).
+overrides make another cell of the paper's grid (``B3`` with ``--overwrite --nss=5``: C5) is
+reported under that cell, and one whose overrides make a task outside the grid under its own
+spec name, which no Table 1 cell has (``cell_of``). The runs of one cell are averaged across
+seeds only when they differ in nothing else that changes their numbers
+(``check_same_experiment``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from cfsl_jax.protocol.spec import TaskSpec
+from cfsl_jax.protocol.spec import PAPER_GRID, TaskSpec
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training.config import COMPUTATION_OPTIONS, from_json
 from cfsl_jax.training.runs import config_differences
@@ -37,14 +39,24 @@ def _resolved_spec(result: dict[str, Any]) -> dict[str, Any]:
     return {**named, **spec}
 
 
+def _same_cell(spec: dict[str, Any], named: dict[str, Any]) -> bool:
+    """Whether TaskSpec fields ``spec`` are ``named``'s but for ``PROTOCOL_FIELDS``."""
+    return all(spec[k] == v for k, v in named.items() if k not in PROTOCOL_FIELDS)
+
+
 def cell_of(result: dict[str, Any]) -> str:
-    """The cell a run is reported under: its config's ``task`` (``B3``, ...) where its TaskSpec
-    is that task's but for ``PROTOCOL_FIELDS``; else its own spec name (results.json's
-    ``spec_name``, such as ``C5(cci=1,nc=5,ks=1,kt=5,overwrite,per_class)`` for
-    ``task='B3'`` with ``--overwrite --nss=5``), which no Table 1 cell has."""
+    """The cell a run is reported under: the paper cell (``B3``, ...) whose TaskSpec the run's
+    is but for ``PROTOCOL_FIELDS``, whatever task its config names (``C5`` for ``task='B3'``
+    with ``--overwrite --nss=5``, compared with Table 1's C5; ``B3`` for ``task='B'``); else
+    its config's ``task`` where its TaskSpec is that task's (``B7``); else its own spec name
+    (results.json's ``spec_name``, such as ``B7(cci=1,nc=5,ks=1,kt=5,per_class)`` for
+    ``task='B3'`` with ``--nss=7``), which no Table 1 cell has."""
     task = result["config"]["task"]
     named, spec = _named_spec(result), _resolved_spec(result)
-    if all(spec[k] == v for k, v in named.items() if k not in PROTOCOL_FIELDS):
+    for cell in PAPER_GRID:  # a cell's TaskSpec is no other cell's, PROTOCOL_FIELDS aside
+        if _same_cell(spec, dataclasses.asdict(TaskSpec.preset(cell))):
+            return cell
+    if _same_cell(spec, named):
         return task
     return result.get("spec_name") or TaskSpec(**spec).name
 
