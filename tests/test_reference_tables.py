@@ -199,3 +199,32 @@ def test_your_runs_beside_a_reference_with_two_settings_name_each_reference_sett
         ["2x3x2 [inner_steps=1] seed 1", "-10.00 ± 0.00 (4)"]]
     # one setting: the budget alone, as before
     assert reference_report.beside_yours(found[:1], [mine])[1][6] == "2x3x2 seed 0"
+
+
+def test_figure3_draws_the_paper_shape_only_and_a_lone_other_shape_under_its_name(monkeypatch):
+    """A run of another shape (B3's config with --nc=3) is never drawn on a learner's line of
+    the paper's cells; a sweep of one other shape alone (a small test sweep) is drawn, its
+    shape in the title."""
+    import dataclasses
+
+    from cfsl_jax.experiments import figures, report
+    from cfsl_jax.protocol.spec import TaskSpec
+    drawn = []
+    monkeypatch.setattr(figures.plotting, "save", lambda figure, path: drawn.append(figure) or path)
+
+    def found(cell, acc, **overrides):
+        spec = dataclasses.asdict(TaskSpec.preset(cell[0], nss=int(cell[1:]), **overrides))
+        return report.Aggregate(acc, 0.0, (acc,), (0,), spec)
+    accuracy = {("d", "protonets", "B3"): found("B3", 0.9), ("d", "protonets", "B5"):
+                found("B5", 0.8), ("d", "protonets", "C5"): found("C5", 0.5),
+                ("d", "protonets", "B4(nc=3)"): found("B4", 0.99, nc=3)}
+    assert figures.plot_accuracy_vs_nss(accuracy, "f.png") == "f.png"
+    b_panel, c_panel = drawn[-1].axes
+    assert [list(c.lines[0].get_xdata()) for c in b_panel.containers] == [[3, 5]]
+    assert [list(c.lines[0].get_ydata()) for c in b_panel.containers] == [[90.0, 80.0]]
+    assert [list(c.lines[0].get_xdata()) for c in c_panel.containers] == [[5]]
+    small = {("d", "protonets", "B2(nc=3)"): found("B2", 0.7, nc=3, kt=2)}
+    assert figures.plot_accuracy_vs_nss(small, "g.png", title="T") == "g.png"
+    assert drawn[-1]._suptitle.get_text().startswith("T (NC=3, KS=1, KT=2)")
+    assert figures.figure3_shape([small[("d", "protonets", "B2(nc=3)")].spec,
+                                  accuracy[("d", "protonets", "B4(nc=3)")].spec]) is None

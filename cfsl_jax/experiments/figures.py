@@ -5,7 +5,11 @@
 
 Figure 3 plots a sweep's test accuracy (mean ± std across seeds) against NSS
 for the CCI=1 cells, one panel without overwrite (type B) and one with (type
-C), one line per learner.
+C), one line per learner: the cells of the paper's shape (NC=5, KS=1, KT=5;
+how the paper-era code sampled and labelled aside, ``cells.PROTOCOL_FIELDS``),
+whatever they are named, never a run of another shape (a B3 with ``--nc=3``
+under B3's point); a sweep with none of the paper's shape but one other shape
+(a small test sweep) is plotted in that shape, named in the title (``figure3_shape``).
 
 Figure 4 needs no training: ATM comes from the shapes of a learner's state
 (``metrics.atm``) and MACs from XLA's cost analysis of its compiled programs
@@ -166,14 +170,32 @@ def plot_cost_curves(curves: Mapping[str, Sequence[Mapping[str, float]]], path: 
     return plotting.save(figure, path)
 
 
+PAPER_SHAPE = {"nc": 5, "ks": 1, "kt": 5}  # the TaskSpec fields of every cell of the grid
+
+
+def figure3_shape(specs: Sequence[Mapping[str, Any]]) -> dict[str, int] | None:
+    """The (NC, KS, KT) that Figure 3 plots, of the CCI=1 ``specs``: the paper's where one
+    has it, else the one shape they have; None where they have none, or several others."""
+    shapes = {tuple(spec[k] for k in PAPER_SHAPE) for spec in specs if spec["cci"] == 1}
+    if tuple(PAPER_SHAPE.values()) in shapes:
+        return dict(PAPER_SHAPE)
+    return dict(zip(PAPER_SHAPE, shapes.pop())) if len(shapes) == 1 else None
+
+
 def plot_accuracy_vs_nss(accuracy: Mapping[tuple[str, str, str], Any], path: str,
                          title: str = "Test accuracy against NSS, CCI=1") -> str | None:
     """Figure 3 from ``report.aggregate(..., "acc")`` of one dataset: a PNG, or None when no
-    CCI=1 cell is there."""
+    CCI=1 cell of one shape is there (``figure3_shape``: the paper's NC, KS and KT where a
+    cell has them; a run of another shape is never drawn beside them)."""
     panels = {False: "without overwrite (B)", True: "with overwrite (C)"}
     lines: dict[bool, dict[str, list[tuple[int, float, float]]]] = {False: {}, True: {}}
+    shape = figure3_shape([found.spec for found in accuracy.values()])
+    if shape is None:
+        return None
+    if shape != PAPER_SHAPE:
+        title += " (" + ", ".join(f"{k.upper()}={v}" for k, v in shape.items()) + ")"
     for (_, learner, _), found in accuracy.items():
-        if found.spec["cci"] == 1:
+        if found.spec["cci"] == 1 and all(found.spec[k] == v for k, v in shape.items()):
             lines[bool(found.spec["overwrite"])].setdefault(learner, []).append(
                 (found.spec["nss"], 100 * found.mean, 100 * found.std))
     if not any(lines.values()):
