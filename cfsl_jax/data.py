@@ -60,7 +60,9 @@ from cfsl_jax.runtime.options import positive_int
 DATASETS: tuple[str, ...] = ("synthetic", "omniglot", "omniglot/full", "omniglot/small",
                              "slimagenet64")
 SPLITS: tuple[str, ...] = ("train", "val", "test")
-SYNTHETIC_OPTIONS = ("num_classes", "samples_per_class", "image_size", "seed")
+SYNTHETIC_DEFAULTS: dict[str, int] = {"num_classes": 1623, "samples_per_class": 20,
+                                       "image_size": 28, "seed": 0}
+SYNTHETIC_OPTIONS = tuple(SYNTHETIC_DEFAULTS)
 OMNIGLOT_CLASS_SPLITS = ("ordered", "authors")
 _READ_CHUNK = 4096  # records decoded per data-source call
 
@@ -119,6 +121,29 @@ def default_data_dir() -> str:
     return os.environ.get("CFSL_DATA_DIR", os.path.expanduser("~/tensorflow_datasets"))
 
 
+def option_defaults(name: str) -> dict[str, Any]:
+    """The value each dataset option of ``name`` takes when it is not given, but for the
+    preprocessing option (``resize``, ``normalisation``: ``datasets/preprocessing.py``), which
+    a run's config.json always records (one without it ran the option's legacy value)."""
+    if name == "synthetic":
+        return dict(SYNTHETIC_DEFAULTS)
+    if name.startswith("omniglot"):
+        return {"class_split": OMNIGLOT_CLASS_SPLITS[0]}
+    return {}
+
+
+def normalised_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` without those given at their default (``option_defaults``): an option
+    given at the value it takes unset loads the same images, so configs that differ only so
+    are one (compared, averaged, paired). The preprocessing option, an unknown option and a
+    value of another type (``num_classes=1623.0``) are kept as given (``load_split`` and
+    ``check_options`` judge them)."""
+    defaults = option_defaults(name)
+    return {key: value for key, value in options.items()
+            if not (key in defaults and type(value) is type(defaults[key])
+                    and value == defaults[key])}
+
+
 def check_options(name: str, options: dict) -> str:
     """A real dataset's ``options`` checked before anything is read (UserError naming the bad
     one); returns the preprocessing it chose (``resize`` or ``normalisation``)."""
@@ -171,7 +196,7 @@ def load_split(name: str, split: str, data_dir: str | None = None,
         chosen = check_options(name, options)
         data_dir = os.path.abspath(data_dir or default_data_dir())
         manual_dir = os.path.abspath(manual_dir) if manual_dir else None
-        class_split = options.get("class_split", "ordered")
+        class_split = options.get("class_split", OMNIGLOT_CLASS_SPLITS[0])
         resize = chosen if name.startswith("omniglot") else None
         with _tfds_scope(data_dir):
             if class_split == "ordered":
@@ -234,8 +259,10 @@ def _generated(num_classes: int, samples_per_class: int, image_size: int, seed: 
     return synthetic.generate(num_classes, samples_per_class, image_size, seed)
 
 
-def _synthetic(split: str, num_classes: int = 1623, samples_per_class: int = 20,
-               image_size: int = 28, seed: int = 0):
+def _synthetic(split: str, num_classes: int = SYNTHETIC_DEFAULTS["num_classes"],
+               samples_per_class: int = SYNTHETIC_DEFAULTS["samples_per_class"],
+               image_size: int = SYNTHETIC_DEFAULTS["image_size"],
+               seed: int = SYNTHETIC_DEFAULTS["seed"]):
     from cfsl_jax.datasets import omniglot, synthetic
     for option, value, low in (("num_classes", num_classes, 3),
                                ("samples_per_class", samples_per_class, 1),

@@ -99,6 +99,10 @@ class FluidConfig:
         if extra:
             raise UserError(f"{name('method_options')} for methods not run: {extra}")
         check_limits(self, qualified=False)
+        # an option given at its default is the option unset (data.normalised_options)
+        if isinstance(self.dataset_options, dict):
+            object.__setattr__(self, "dataset_options",
+                               data.normalised_options(self.dataset, self.dataset_options))
         for method, options in self.method_options.items():
             if options.get("new_class_threshold") is not None and not options.get("new_class"):
                 raise UserError(f"method {method}: new_class_threshold="
@@ -106,6 +110,17 @@ class FluidConfig:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def comparable(saved: dict[str, Any]) -> dict[str, Any]:
+    """A stored ``to_json`` (results.json's, a stream file's ``config``) as today's writes it: its
+    dataset options normalised (``data.normalised_options``), so a run saved with an option
+    given at its default is the same configuration as one without it."""
+    options = saved.get("dataset_options")
+    if not isinstance(options, dict):
+        return dict(saved)
+    return {**saved, "dataset_options": data.normalised_options(
+        saved.get("dataset", FluidConfig.dataset), options)}
 
 
 def preset(name: str, **overrides) -> FluidConfig:

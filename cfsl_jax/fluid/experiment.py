@@ -40,7 +40,7 @@ from cfsl_jax.runtime import files, progress, seeding
 from cfsl_jax.runtime import json_files
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import methods as fluid_methods
-from cfsl_jax.fluid import new_class, report, run_progress
+from cfsl_jax.fluid import config as fluid_config, new_class, report, run_progress
 from cfsl_jax.fluid.config import (  # noqa: F401 (re-exported: the experiment's config)
     PAPER_STREAM, PRESETS, SMALL_STREAM, STREAM_KINDS, FluidConfig, preset)
 from cfsl_jax.fluid.class_draw import check_room, draw_classes
@@ -248,7 +248,7 @@ def _stored_run(config: FluidConfig, path: str) -> dict:
         return {}
     stored = json_files.read_json(path)
     ours = json.loads(json.dumps(config.to_json()))  # tuples as JSON stores them
-    theirs = dict(stored.get("config", {}))
+    theirs = fluid_config.comparable(stored.get("config", {}))
     done = len(stored.get("streams", []))
     if {**theirs, "num_streams": 0} != {**ours, "num_streams": 0}:
         raise UserError(f"{path} holds a run with a different configuration: use a new "
@@ -343,7 +343,8 @@ def read_stream_file(config: FluidConfig, workdir: str, index: int) -> dict | No
         return None
     stored = json_files.read_json(path)
     ours = json.loads(json.dumps(config.to_json()))
-    if {**stored["config"], "num_streams": 0} != {**ours, "num_streams": 0}:
+    if {**fluid_config.comparable(stored["config"]), "num_streams": 0} != {**ours,
+                                                                         "num_streams": 0}:
         raise UserError(f"{path} holds a stream of a different configuration: use a new "
                         f"--workdir (or delete it) to run this one")
     return stored

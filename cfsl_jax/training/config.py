@@ -14,7 +14,9 @@ never changes what an existing workdir computes. A ``config.json`` saved before 
 only the learner options given on its command line: an option it lacks reads back as the
 value such runs used (``LEGACY_LEARNER_OPTIONS``: ProtoNets' ``conv`` was ``gemm_grad``), else
 today's default; one without the preprocessing option reads back as LANCZOS Omniglot and
-SlimageNet64 in [0, 1].
+SlimageNet64 in [0, 1]. A dataset option given at its default (``class_split=ordered``) is
+dropped (``data.normalised_options``, in ``TrainConfig`` itself): such a run, or a config.json
+that recorded one, is the run without it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from cfsl_jax.data import DATASETS
+from cfsl_jax.data import DATASETS, normalised_options
 from cfsl_jax.datasets.preprocessing import with_preprocessing
 from cfsl_jax.learners import COMPUTE_DTYPES, LEARNERS, options_class
 from cfsl_jax.runtime.errors import UserError
@@ -94,6 +96,14 @@ class TrainConfig:
         "WORKDIR/tensorboard (needs the [tracking] extra: tensorboardX).")
     wandb_project: str | None = option(None, "Also log the run's metrics to this Weights & "
                                        "Biases project (needs wandb installed).")
+
+    def __post_init__(self):
+        # an option given at its default is the option unset (data.normalised_options): a run
+        # of --dataset_option=class_split=ordered is one with the default run, and a saved
+        # config.json holding such an option reads back (from_json) as one without it
+        if isinstance(self.dataset_options, dict):
+            object.__setattr__(self, "dataset_options",
+                               normalised_options(self.dataset, self.dataset_options))
 
     @property
     def task_seed(self) -> int:
