@@ -228,3 +228,16 @@ def test_figure3_draws_the_paper_shape_only_and_a_lone_other_shape_under_its_nam
     assert drawn[-1]._suptitle.get_text().startswith("T (NC=3, KS=1, KT=2)")
     assert figures.figure3_shape([small[("d", "protonets", "B2(nc=3)")].spec,
                                   accuracy[("d", "protonets", "B4(nc=3)")].spec]) is None
+
+
+def test_a_reference_row_on_other_omniglot_classes_than_table1s_is_marked():
+    """The † of launch.report: beside Table 1 on the difference, in the grid on Table 1's
+    number, for a row on full Omniglot with a class split other than the authors'."""
+    rows = [row("protonets", "B3", 0.9), row("protonets", "B3", 0.8, class_split="ordered")]
+    b3 = paper_results.TABLE1["values"]["omniglot"]["protonets"]["B3"]
+    beside = [line[-1] for line in reference_report.beside_table1(rows, paper_results.TABLE1)[1:]]
+    assert beside == [f"{90 - b3['mean']:+.2f}", f"{80 - b3['mean']:+.2f} †"]
+    (_, table), = reference_report.grid(rows, paper_results.TABLE1)
+    assert [line[4] for line in table[1:]] == [paper_results.printed(b3),
+                                               paper_results.printed(b3) + "†"]
+    assert "`†`" in reference_report.GRID_NOTE

@@ -15,7 +15,8 @@ a fresh clone without training anything. Writes ``reference.md`` and
   (mean over its complete seeds, with the budget and training tasks), Table 1's number,
   and the difference; where Table 1's cell measures a paper-era behaviour
   (``paper_era.note``), the note and the closed-form prediction (where Table 1's numbers
-  give one) stand in place of a bare difference, but on a row trained under
+  give one) stand in place of a bare difference (a difference of a row on full Omniglot's
+  classes other than Table 1's, ``paper_results.other_classes``, marked ``†``), but on a row trained under
   ``--as_published`` (results.csv's ``preset``), which reproduces that behaviour on purpose:
   there the difference, with the preset, and what it leaves out where it reproduces only
   part (``paper_era.as_published``: an EWC row's re-copy, a D cell under ``feb2020``).
@@ -113,6 +114,8 @@ def beside_table1(rows: Sequence[dict], paper: dict) -> list[list[str]]:
                 comparison += (f" (as published: {kind[0]} reproduces this paper-era cell)"
                                if not published else
                                f" (as published, {kind[0]}, in part: {published})")
+            if done and _other_classes(dataset, kind):
+                comparison += f" {report.OTHER_CLASSES_MARK}"
         tasks = group[0]["training_tasks"]
         label = labels[((dataset, budget, learner), kind)]
         out.append([dataset, learner, cell,
@@ -129,7 +132,8 @@ def grid(rows: Sequence[dict], paper: dict) -> list[tuple[str, list[list[str]]]]
     budget column names the setting where rows differ in it) and, per cell, our test
     accuracy beside Table 1's. Ours: mean ± 95 % CI over the test tasks for one seed, or
     mean ± std over seeds with the seed count; ``partial`` for a run still training. Table
-    1's number carries ``*`` where its cell measures a paper-era behaviour
+    1's number carries ``†`` for a row on full Omniglot's classes other than Table 1's
+    (``paper_results.other_classes``), and ``*`` where its cell measures a paper-era behaviour
     (``paper_era.note``) that the row's ``--as_published`` preset, if any, does not wholly
     reproduce (``paper_era.as_published``). [(title, table), ...]."""
     out = []
@@ -158,7 +162,8 @@ def grid(rows: Sequence[dict], paper: dict) -> list[tuple[str, list[list[str]]]]
                     note, published = _paper_era(learner, cell, kind)
                     line += _grid_entry([r for r in mine if r["cell"] == cell],
                                         report.paper_value(paper, dataset, learner, cell),
-                                        note if published != "" else None)
+                                        note if published != "" else None,
+                                        bool(_other_classes(dataset, kind)))
                 table.append(line)
         kind = "the paper's budget" if at_paper else "reduced budgets"
         out.append((f"{dataset}, {kind}", table))
@@ -174,7 +179,14 @@ def _paper_era(learner: str, cell: str, kind: reference_checks.Setting
             paper_era.as_published(learner, cell, kind[0], json.loads(kind[1])))
 
 
-def _grid_entry(runs: Sequence[dict], theirs: dict | None, era: str | None) -> list[str]:
+def _other_classes(dataset: str, kind: reference_checks.Setting) -> str | None:
+    """The class split of a row of setting ``kind`` on full Omniglot where it is not Table
+    1's (``paper_results.other_classes``: marked ``report.OTHER_CLASSES_MARK``), else None."""
+    return paper_results.other_classes(dataset, json.loads(kind[1]))
+
+
+def _grid_entry(runs: Sequence[dict], theirs: dict | None, era: str | None,
+                other_classes: bool = False) -> list[str]:
     """[ours, Table 1's] for one learner, budget and cell."""
     done = [r for r in runs if r["status"] == "complete"]
     accs = [100 * float(r["test_acc_mean"]) for r in done]
@@ -186,7 +198,8 @@ def _grid_entry(runs: Sequence[dict], theirs: dict | None, era: str | None) -> l
         ours = "partial" if runs else "-"
     if done and len(runs) > len(done):  # seeds still training
         ours += f" (+{len(runs) - len(done)} partial)"
-    return [ours, paper_results.printed(theirs) + ("*" if era else "") if theirs else "-"]
+    marks = ("*" if era else "") + (report.OTHER_CLASSES_MARK if other_classes else "")
+    return [ours, paper_results.printed(theirs) + marks if theirs else "-"]
 
 
 GRID_NOTE = ("Test accuracy (%) on the cell's shared test tasks (evaluation seed 0). Ours: "
@@ -196,7 +209,9 @@ GRID_NOTE = ("Test accuracy (%) on the cell's shared test tasks (evaluation seed
              "not the specification's task, so ours is not expected to match it "
              "(docs/results.md, \"Table 1's paper-era cells in closed form\"); not on an "
              "`--as_published` row whose preset reproduces that behaviour (beside Table 1 "
-             "shows its difference, and what a preset leaves out).")
+             "shows its difference, and what a preset leaves out). `†`: the row ran on "
+             "other Omniglot classes than Table 1's (a `class_split` other than the authors'), "
+             "so the comparison is indicative only (docs/fidelity.md).")
 
 
 def grid_markdown(rows: Sequence[dict], paper: dict | None = None) -> str:
@@ -393,7 +408,14 @@ def write(reference_dir: str, out_dir: str, sweep_dir: str | None = None,
              f"partial) from {reference_dir}; every run of a dataset is tested on the same "
              f"tasks (evaluation seed 0). Table 1: {paper['source']}.",
              "## The grid", grid_markdown(rows, paper),
-             "## Beside Table 1, cell by cell", report.markdown(beside_table1(rows, paper))]
+             "## Beside Table 1, cell by cell"]
+    beside = beside_table1(rows, paper)
+    parts.append(report.markdown(beside))
+    if any(line[-1].endswith(report.OTHER_CLASSES_MARK) for line in beside[1:]):
+        parts.append(f"({report.OTHER_CLASSES_MARK} Runs on Omniglot classes other than Table "
+                     f"1's, which came from the authors' split (`--dataset_option=class_split="
+                     f"{paper_results.PAPER_CLASS_SPLIT}`), so the difference is indicative "
+                     f"only: docs/fidelity.md.)")
     pairs = paired(found)
     if len(pairs) > 1:
         parts += ["## Paired differences on the same test tasks",
