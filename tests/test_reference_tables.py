@@ -241,3 +241,24 @@ def test_a_reference_row_on_other_omniglot_classes_than_table1s_is_marked():
     assert [line[4] for line in table[1:]] == [paper_results.printed(b3),
                                                paper_results.printed(b3) + "†"]
     assert "`†`" in reference_report.GRID_NOTE
+
+
+def test_a_hand_made_record_without_spec_is_reported_from_its_config(tmp_path):
+    """report.aggregate and the D-cell note read the TaskSpec from the config where
+    results.json has no ``spec`` (a hand-made or older record); it raised KeyError."""
+    from cfsl_jax.experiments import report
+    for seed, (task, overrides) in enumerate((("B3", {}), ("D4", {}), ("B3", {"nss": 7}))):
+        config = TrainConfig(dataset="omniglot/full", learner="protonets", task=task, seed=seed,
+                             spec_overrides=overrides).to_json()
+        (tmp_path / "sweep" / str(seed)).mkdir(parents=True)
+        (tmp_path / "sweep" / str(seed) / "results.json").write_text(json.dumps(
+            {"dataset": "omniglot/full", "learner": "protonets", "seed": seed,
+             "config": config, "test": {"acc_mean": 0.5, "ce_mean": 0.5, "atm": 0.1,
+                                        "macs_per_task": 1e6}}))
+    results = report.load_results(str(tmp_path / "sweep"))
+    accuracy = report.aggregate(results, "acc")
+    assert {key[2]: found.spec["nss"] for key, found in accuracy.items()} == {
+        "B3": 3, "D4": 4, "B7(cci=1,nc=5,ks=1,kt=5,per_class)": 7}
+    paths = report.write_report(str(tmp_path / "sweep"), str(tmp_path / "report"))
+    text = open(paths["markdown"]["omniglot/full"]).read()
+    assert "Table 1's D cells come from code that labelled each support set" in text

@@ -51,7 +51,7 @@ import numpy as np
 from cfsl_jax.experiments import figures, paper_results
 # cell_of, PROTOCOL_FIELDS, SEED_FIELDS: also read as report.X (reference_report, tests)
 from cfsl_jax.experiments.cells import (PROTOCOL_FIELDS, SEED_FIELDS,  # noqa: F401
-                                        cell_of, check_same_experiment)
+                                        _resolved_spec, cell_of, check_same_experiment)
 from cfsl_jax.protocol import metrics
 from cfsl_jax.runtime import files
 from cfsl_jax.training import results as results_io
@@ -78,7 +78,8 @@ class Aggregate(NamedTuple):
     std: float  # sample std across seeds (ddof=1; 0.0 for one seed)
     values: tuple[float, ...]  # per seed, in seed order
     seeds: tuple[int, ...]
-    spec: dict  # the TaskSpec fields (nss, cci, overwrite, ...)
+    spec: dict  # the TaskSpec fields (nss, cci, overwrite, ...): results.json's, or its config's
+    # task and overrides for a hand-made or older record without them (cells._resolved_spec)
     ci95: float = 0.0  # Student-t 95% half-width across seeds (metrics.across_runs)
 
 
@@ -111,7 +112,8 @@ def aggregate(results: Iterable[dict[str, Any]], metric: str) -> dict[Key, Aggre
         value = EvalRecord.from_json(result["test"]).get(field)
         if value is not None:
             check_same_experiment(key, first.setdefault(key, result), result)
-            grouped.setdefault(key, []).append((result["seed"], float(value), result["spec"]))
+            grouped.setdefault(key, []).append((result["seed"], float(value),
+                                                 _resolved_spec(result)))
     out = {}
     for key, runs in grouped.items():
         runs.sort(key=lambda run: run[0])
@@ -360,7 +362,7 @@ def dataset_markdown(results: Sequence[dict], dataset: str, paper: dict) -> str:
                 f"(`--dataset_option=class_split={paper_results.PAPER_CLASS_SPLIT}`), so the "
                 f"difference is indicative only: docs/fidelity.md.)")
         if any(row[1].startswith("D") and cell_of(r) == row[1]
-               and r["spec"].get("label_offset") != "per_support_set"
+               and _resolved_spec(r)["label_offset"] != "per_support_set"
                for row in comparison[1:] for r in runs):
             parts.append("(Table 1's D cells come from code that labelled each support set "
                          "on its own, which caps a D cell below 50 %; these runs label each "
