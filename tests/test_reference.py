@@ -421,9 +421,9 @@ def test_your_runs_pair_only_with_reference_runs_on_the_same_dataset_options():
     assert [row[-1] for row in mine if row[-2] == "8x50x8 seed 0"] == ["+0.00 ± 0.00 (600)"]
     line = reference_report.other_data(found, [same, ordered])
     assert line == (
-        'Left out, not paired: omniglot/full_nearest protonets B3 seed 0 ({"class_split": '
-        '"ordered", "resize": "nearest"}): the reference ran them on other dataset options '
-        '({"class_split": "authors", "resize": "nearest"}), so on other test images.')
+        'Left out, not paired: omniglot/full_nearest protonets B3 seed 0 ({"resize": '
+        '"nearest"}): the reference ran them on other dataset options ({"class_split": '
+        '"authors", "resize": "nearest"}), so on other test images.')  # ordered: the default
     assert reference_report.other_data(found, [same]) is None
 
 
