@@ -32,7 +32,7 @@ a fresh clone without training anything. Writes ``reference.md`` and
   fingerprint leave out), learner, cell and seed (every seed of it where the reference lacks
   that seed), and, where both were tested on the same tasks (the same fingerprint), the mean
   of the per-task differences with its 95 % CI; a line names the runs left out for their
-  dataset options.
+  dataset options (``reference_yours``: ``beside_yours``, ``other_data``).
 - **Convergence**: validation accuracy against training tasks, one panel per cell, one
   line per learner and budget (seed 0), partial runs included.
 """
@@ -46,10 +46,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from cfsl_jax.experiments import paper_era, paper_results, reference, reference_checks, report
-from cfsl_jax.protocol.metrics import summarize
+# your runs beside the reference: also read as reference_report.X (launch.report, tests)
+from cfsl_jax.experiments.reference_yours import beside_yours, other_data  # noqa: F401
 from cfsl_jax.runtime import files, plotting
 from cfsl_jax.training import results as results_io
-from cfsl_jax.training.config import from_json
 
 
 def default_dir() -> str:
@@ -114,7 +114,7 @@ def beside_table1(rows: Sequence[dict], paper: dict) -> list[list[str]]:
                 comparison += (f" (as published: {kind[0]} reproduces this paper-era cell)"
                                if not published else
                                f" (as published, {kind[0]}, in part: {published})")
-            if done and _other_classes(dataset, kind):
+            if done and _other_classes(group[0]):
                 comparison += f" {report.OTHER_CLASSES_MARK}"
         tasks = group[0]["training_tasks"]
         label = labels[((dataset, budget, learner), kind)]
@@ -163,7 +163,7 @@ def grid(rows: Sequence[dict], paper: dict) -> list[tuple[str, list[list[str]]]]
                     line += _grid_entry([r for r in mine if r["cell"] == cell],
                                         report.paper_value(paper, dataset, learner, cell),
                                         note if published != "" else None,
-                                        bool(_other_classes(dataset, kind)))
+                                        bool(_other_classes(mine[0])))
                 table.append(line)
         kind = "the paper's budget" if at_paper else "reduced budgets"
         out.append((f"{dataset}, {kind}", table))
@@ -179,10 +179,13 @@ def _paper_era(learner: str, cell: str, kind: reference_checks.Setting
             paper_era.as_published(learner, cell, kind[0], json.loads(kind[1])))
 
 
-def _other_classes(dataset: str, kind: reference_checks.Setting) -> str | None:
-    """The class split of a row of setting ``kind`` on full Omniglot where it is not Table
-    1's (``paper_results.other_classes``: marked ``report.OTHER_CLASSES_MARK``), else None."""
-    return paper_results.other_classes(dataset, json.loads(kind[1]))
+def _other_classes(row: dict) -> str | None:
+    """The class split of a results.csv row on full Omniglot where it is not Table 1's
+    (``paper_results.other_classes``: marked ``report.OTHER_CLASSES_MARK``), else None; None
+    too for a row without the ``options`` column (written before it: its split is unknown)."""
+    if row.get("options") is None:
+        return None
+    return paper_results.other_classes(row["dataset"], json.loads(row["options"] or "{}"))
 
 
 def _grid_entry(runs: Sequence[dict], theirs: dict | None, era: str | None,
@@ -278,75 +281,6 @@ def paired(found: Sequence[dict]) -> list[list[str]]:
         renamed = reference_checks.by_learner_setting(subset)
         out += [[dataset, budget, *row] for row in report.paired_rows(renamed, dataset)[1:]]
     return out
-
-
-def _data_options(result: dict) -> str:
-    """A run's dataset options (``class_split``, ``resize``...), as sorted JSON: what its test
-    images are beyond the dataset's name and the task fingerprint, which ignore the class
-    split (``evaluate.task_fingerprint``)."""
-    return json.dumps(from_json(result["config"]).dataset_options, sort_keys=True)
-
-
-def _references(found: Sequence[dict], mine: dict) -> tuple[list[dict], list[dict]]:
-    """(the reference runs of ``mine``'s dataset, dataset options, learner and cell: the run of
-    its seed where there is one, else every seed; those of other dataset options)."""
-    same_run = [r for r in found if (r["dataset"], r["learner"], report.cell_of(r)) ==
-                (mine["dataset"], mine["learner"], report.cell_of(mine))]
-    options = _data_options(mine)
-    same_data = [r for r in same_run if _data_options(r) == options]
-    same_seed = [r for r in same_data if r["seed"] == mine["seed"]]
-    return same_seed or same_data, [r for r in same_run if _data_options(r) != options]
-
-
-def beside_yours(found: Sequence[dict], yours: Sequence[dict]) -> list[list[str]]:
-    """Rows (header first): your runs beside the reference run of the same dataset, dataset
-    options, learner and cell (``report.cell_of``), with the paired difference where both used
-    the same test tasks (``other_data`` names the runs left out for their dataset options);
-    the reference budget names the reference run's setting (``reference_checks.setting``)
-    where the reference holds more than one of its dataset, budget, learner and cell."""
-    out = [["dataset", "learner", "cell", "yours (%)", "your budget", "reference (%)",
-            "reference budget", "yours - reference, paired (points, 95 % CI, tasks)"]]
-    # the reference's settings of one dataset, budget, learner and cell, named where they differ
-    labels = reference_checks.setting_labels(
-        ((r["dataset"], r["_budget"], r["learner"], report.cell_of(r)),
-         reference_checks.result_setting(r)) for r in found)
-    for mine in sorted(yours, key=lambda r: (r["dataset"], r["learner"], report.cell_of(r),
-                                             r["seed"])):
-        cell = report.cell_of(mine)
-        budget = reference.budget_name(from_json(mine["config"]))
-        for ref in _references(found, mine)[0]:
-            same = (ref["task_fingerprint"] == mine["task_fingerprint"]
-                    and "per_task" in ref["test"] and "per_task" in mine["test"])
-            text = "not the same test tasks"
-            if same:
-                stats = summarize(np.asarray(mine["test"]["per_task"]["acc"], np.float64)
-                                  - np.asarray(ref["test"]["per_task"]["acc"], np.float64))
-                text = (f"{100 * stats['mean']:+.2f} ± {100 * stats['ci95']:.2f} "
-                        f"({len(mine['test']['per_task']['acc'])})")
-            out.append([mine["dataset"], mine["learner"], f"{cell} seed {mine['seed']}",
-                        _percent(mine["test"]["acc_mean"]), budget,
-                        _percent(ref["test"]["acc_mean"]),
-                        reference_checks.budget_label(ref["_budget"], labels[(
-                            (ref["dataset"], ref["_budget"], ref["learner"], report.cell_of(ref)),
-                            reference_checks.result_setting(ref))]) + f" seed {ref['seed']}",
-                        text])
-    return out
-
-
-def other_data(found: Sequence[dict], yours: Sequence[dict]) -> str | None:
-    """One line naming your runs that ``beside_yours`` leaves out: the reference has their
-    dataset, learner and cell only on other dataset options (another class split: other test
-    images under the same fingerprint); None where there is none."""
-    left = [mine for mine in yours if not _references(found, mine)[0]
-            and _references(found, mine)[1]]
-    if not left:
-        return None
-    names = ", ".join(f"{r['dataset']} {r['learner']} {report.cell_of(r)} seed {r['seed']} "
-                      f"({_data_options(r)})" for r in sorted(left, key=lambda r: (
-                          r["dataset"], r["learner"], report.cell_of(r), r["seed"])))
-    theirs = sorted({_data_options(ref) for mine in left for ref in _references(found, mine)[1]})
-    return (f"Left out, not paired: {names}: the reference ran them on other dataset options "
-            f"({'; '.join(theirs)}), so on other test images.")
 
 
 def curves(reference_dir: str, rows: Sequence[dict]) -> dict[str, dict[str, tuple]]:
