@@ -36,7 +36,7 @@ import numpy as np
 import cfsl_jax
 from cfsl_jax import data
 from cfsl_jax.protocol import metrics
-from cfsl_jax.runtime import files, progress, seeding
+from cfsl_jax.runtime import checksums, files, progress, seeding
 from cfsl_jax.runtime import json_files
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import methods as fluid_methods
@@ -284,20 +284,27 @@ def run_experiment(config: FluidConfig, workdir: str) -> dict[str, Any]:
     previous = stored.get("wall_seconds", 0.0)
     with run_progress.tracking(config.streams, len(streams), config.num_streams, config.methods,
                                path):
-        return _run_streams(config, workdir, path, streams, started, previous)
+        return _run_streams(config, workdir, path, streams, started, previous,
+                            stored.get("new_class") if streams else None)
 
 
 def _run_streams(config: FluidConfig, workdir: str, path: str, streams: list, started: float,
-                 previous: float) -> dict[str, Any]:
-    """The streams not stored yet, ``results.json`` rewritten after each."""
+                 previous: float, counted: dict | None) -> dict[str, Any]:
+    """The streams not stored yet, ``results.json`` rewritten after each; every stream counted
+    with the 'new class' thresholds of those before it (``counted``: None for the first)."""
     built: dict = {}
     for index in range(len(streams), config.num_streams):
         done = read_stream_file(config, workdir, index)  # written by a job of its own (SLURM)
+        source = stream_file(workdir, index)
         if done is None:
             if not built:
                 split = load(config)
                 built = {"split": split, "methods": build_methods(config, split)}
             done = compute_stream(config, workdir, built["split"], built["methods"], index)
+            source = f"stream {index} (run here)"
+        used = done.get("new_class", {})
+        new_class.check_agree(counted, used, source, files.join(workdir, "new_class.json"))
+        counted = used
         streams.append({"stream": done["stream"], "methods": done["methods"]})
         results = {
             "config": config.to_json(),
@@ -336,12 +343,16 @@ def stream_file(workdir: str, index: int) -> str:
 
 
 def read_stream_file(config: FluidConfig, workdir: str, index: int) -> dict | None:
-    """Stream ``index``'s stored results (None if not run alone); UserError for another
-    config's."""
+    """Stream ``index``'s stored results (None if not run alone; sealed: ``checksums.Corrupt``
+    for a file changed since it was written); UserError for another config's."""
     path = stream_file(workdir, index)
     if not files.exists(path):
         return None
-    stored = json_files.read_json(path)
+    stored = checksums.read_sealed(path, f"delete it and run the same command again: stream "
+                                         f"{index} is run again")
+    if not {"config", "dataset", "stream", "methods"} <= set(stored):
+        raise checksums.Corrupt(f"{path} lacks a stream's results (damaged): delete it and run "
+                                f"the same command again: stream {index} is run again", path)
     ours = json.loads(json.dumps(config.to_json()))
     if {**fluid_config.comparable(stored["config"]), "num_streams": 0} != {**ours,
                                                                          "num_streams": 0}:
@@ -380,7 +391,7 @@ def run_stream_alone(config: FluidConfig, workdir: str, index: int) -> None:
     split = load(config)
     json_files.write_json(stream_file(workdir, index),
                           compute_stream(config, workdir, split, build_methods(config, split),
-                                         index))
+                                         index), sealed=True)
 
 
 def _write_table(results: dict, config: FluidConfig, workdir: str) -> None:

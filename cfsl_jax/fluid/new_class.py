@@ -25,9 +25,13 @@ predictions pooled over the validation streams' samples, over every cut
 between two distinct scores; ties go to the largest ``t`` (the fewest "new"
 predictions). ``t`` = the largest score means "never new". ``thresholds``
 runs the validation streams once per workdir and stores the choice
-(``new_class.json``), so each stream of a run (a SLURM job per stream too)
-uses the same thresholds. A run of the validation streams themselves
-(``--streams=validation``) is counted with thresholds chosen on them.
+(``new_class.json``, sealed: ``checksums.read_sealed`` refuses one changed since), so each
+stream of a run (a SLURM job per stream too) uses the same thresholds. SLURM jobs started at
+once may each choose them (on validation runs that can differ in the last bits on another
+GPU, and so in the threshold, a score): a job that finds a choice another stored meanwhile
+uses that one, not its own; ``experiment`` refuses streams counted with different
+thresholds. A run of the validation streams themselves (``--streams=validation``) is
+counted with thresholds chosen on them.
 """
 
 from __future__ import annotations
@@ -37,11 +41,13 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from cfsl_jax.runtime import progress
-from cfsl_jax.runtime import json_files
+from cfsl_jax.runtime import checksums, files, json_files, progress
+from cfsl_jax.runtime.errors import UserError
 
 NEW = -2  # the "new class" prediction (-1 is "no class seen yet")
 RULE = ("max pooled K+1-way accuracy on the validation streams; ties: largest threshold")
+ADVICE = ("delete it and run the same command again: the thresholds are chosen again on the "
+          "validation streams")
 
 
 def targets(stream) -> np.ndarray:
@@ -110,9 +116,8 @@ def thresholds(options: dict[str, dict], path: str, config: dict, streams: int,
     if not select:
         return chosen
     ours = {**json.loads(json.dumps(config)), "num_streams": 0}
-    stored = json_files.read_json(path, default={})
-    if stored.get("config") == ours and set(select) <= set(stored.get("thresholds", {})):
-        return {**chosen, **{name: stored["thresholds"][name] for name in select}}
+    if (stored := _stored(path, ours, select)) is not None:
+        return {**chosen, **stored}
     runs = [run(select, index) for index in range(streams)]
     for name in select:
         threshold, accuracy = select_threshold(
@@ -123,5 +128,45 @@ def thresholds(options: dict[str, dict], path: str, config: dict, streams: int,
                         "validation_accuracy": accuracy}
         progress.say(f"[FLUID] {name}: 'new class' threshold {threshold:.6g} (K+1-way "
                      f"accuracy {accuracy:.4f} on {streams} validation stream(s))")
-    json_files.write_json(path, {"config": ours, "thresholds": {n: chosen[n] for n in select}})
+    if (stored := _stored(path, ours, select)) is not None:  # another job chose first: its
+        progress.say(f"[FLUID] {path}: stored by another job meanwhile; using its thresholds")
+        return {**chosen, **stored}  # choice, as the streams it counted
+    json_files.write_json(path, {"config": ours, "thresholds": {n: chosen[n] for n in select}},
+                          sealed=True)
     return chosen
+
+
+def _stored(path: str, config: dict, names: list[str]) -> dict[str, dict] | None:
+    """{name: threshold entry} stored in ``path`` for ``config`` (None if none for all
+    ``names``); ``checksums.Corrupt`` for a file changed since it was written."""
+    stored = checksums.read_sealed(path, ADVICE) if files.exists(path) else {}
+    thresholds = stored.get("thresholds")
+    if stored.get("config") != config or not isinstance(thresholds, dict) or not set(
+            names) <= set(thresholds):
+        return None
+    return {name: thresholds[name] for name in names}
+
+
+def check_agree(counted: dict | None, used: dict, source: str, path: str) -> None:
+    """UserError when a stream (``source`` names it) was counted with thresholds ``used`` other
+    than the streams before it (``counted``; None: there are none): a table never mixes them
+    (SLURM jobs that each chose theirs, module doc). ``path``: the run's ``new_class.json``."""
+    if counted is None or used == counted:
+        return
+    selected = {name: entry for name, entry in counted.items() if entry.get("rule") != "given"}
+    stored = checksums.read_sealed(path, ADVICE) if files.exists(path) else {}
+    thresholds = stored.get("thresholds") if isinstance(stored.get("thresholds"), dict) else {}
+    if source.endswith(".json") and selected == {n: thresholds.get(n) for n in selected}:
+        advice = f"delete it and run the same command again: it is run again with {path}'s"
+    else:
+        workdir = files.dirname(path)
+        advice = (f"to count every stream with one choice, delete {path}, "
+                  f"{files.join(workdir, 'streams')} and {files.join(workdir, 'results.json')} "
+                  f"and run the same command again")
+
+    def brief(chosen):
+        return ", ".join(f"{name} {entry.get('threshold')!r}" for name, entry in
+                         sorted(chosen.items())) or "none"
+    raise UserError(f"{source} was counted with other 'new class' thresholds ({brief(used)}) "
+                    f"than the streams before it ({brief(counted)}): jobs that chose them at "
+                    f"once, on validation runs that differ in the last bits; {advice}")

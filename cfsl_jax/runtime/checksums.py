@@ -22,6 +22,14 @@ checked from then on). Likewise a file with no entry in the manifest (a sessions
 written before it was checked) is read unchecked until it is written again. In a workdir
 written with checksums from its start (``from_the_start``), a checkpoint without its manifest
 (its write was cut short) counts as damaged.
+
+Self-checking ("sealed") files, for a file several processes write into one folder at once (a
+FLUID workdir's ``streams/<i>.json`` and ``new_class.json``: SLURM jobs), where the folder's
+manifest (a read-modify-write) is not safe: ``seal_json(payload)`` is the payload's JSON with
+one more key, ``sealed_sha256``, the SHA-256 of the canonical JSON of the rest (``canonical``);
+``read_sealed(path, advice)`` checks it on every read (``Corrupt``: one line naming the file and
+``advice``). A file written before seals (no ``sealed_sha256``) is read unchecked, with a note
+once per folder.
 """
 
 from __future__ import annotations
@@ -34,8 +42,9 @@ from cfsl_jax.runtime.errors import UserError
 
 MANIFEST = "checksums.json"
 SEAL = "cfsl_checksums.json"
+SEALED = "sealed_sha256"  # the key of a sealed file's own checksum
 CHECKED = ("config.json", "val_history.json", "results.json", "sessions.json", "packs.json")
-_noted: set[str] = set()  # legacy folders already noted in this process
+_noted: set = set()  # legacy folders (and unsealed files' folders) noted in this process
 
 
 class Corrupt(UserError):
@@ -196,3 +205,45 @@ def check_folder(folder: str, required: bool = True) -> bool:
             raise Corrupt(f"{name} fails its checksum (the checkpoint was damaged after it "
                           f"was written)", name)
     return True
+
+
+# -- sealed files ----------------------------------------------------------------------------
+def canonical(payload) -> str:
+    """The JSON text a seal is the SHA-256 of: keys sorted, no spaces (inf and NaN as JSON's
+    extension writes them, as the file holds them)."""
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"))
+
+
+def seal_json(payload: dict) -> str:
+    """``payload``'s JSON text with ``SEALED``: the SHA-256 of its canonical JSON, as read back."""
+    if not isinstance(payload, dict) or SEALED in payload:
+        raise ValueError(f"seal_json takes a dict without {SEALED!r}")
+    payload = json.loads(json.dumps(payload))  # as a reader parses it (tuples, int keys)
+    return json.dumps({**payload, SEALED: sha256(canonical(payload))}, indent=2,
+                      sort_keys=True) + "\n"
+
+
+def read_sealed(path: str, advice: str) -> dict:
+    """The payload of the sealed file ``path`` (without ``SEALED``), its seal checked;
+    ``Corrupt`` (naming ``path``, then ``advice``) when it is not a JSON object or fails its seal.
+    A file written before seals is read unchecked (a note once per folder)."""
+    try:
+        payload = json.loads(files.read_bytes(path).decode())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise Corrupt(f"{path} is not valid JSON (truncated or damaged); {advice}", path) from None
+    if not isinstance(payload, dict):
+        raise Corrupt(f"{path} is not a JSON object (damaged); {advice}", path)
+    if SEALED not in payload:
+        folder = files.dirname(path)
+        if ("sealed", folder) not in _noted:
+            _noted.add(("sealed", folder))
+            progress.say(f"note: {path} was written before sealed files (no {SEALED}): it and "
+                         f"the others in {folder} without one are read unchecked")
+        return payload
+    recorded = payload.pop(SEALED)
+    actual = sha256(canonical(payload))
+    if actual != recorded:
+        raise Corrupt(f"{path} fails its checksum (SHA-256 {actual[:12]}, sealed "
+                      f"{str(recorded)[:12]}): it was changed or damaged after it was written; "
+                      f"{advice}", path)
+    return payload

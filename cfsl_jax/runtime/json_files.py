@@ -21,16 +21,18 @@ def is_primary() -> bool:
     return jax.process_index() == 0
 
 
-def write_json(path: str, payload: Any) -> None:
+def write_json(path: str, payload: Any, sealed: bool = False) -> None:
     """Write JSON atomically (``files.write_atomic``: a temporary file renamed), so a kill never
     leaves half a file, on a local disk or on gs://; a run's config.json, val_history.json and
-    results.json with their SHA-256 (``checksums``: checked by ``read_json``).
+    results.json with their SHA-256 (``checksums``: checked by ``read_json``); ``sealed``: the
+    file holds its own SHA-256 (``checksums.seal_json``: checked by ``checksums.read_sealed``).
 
     Only the primary process writes (every host of a multi-host run computes the same).
     """
     if not is_primary():
         return
-    checksums.write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    checksums.write_text(path, checksums.seal_json(payload) if sealed
+                         else json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
 def read_json(path: str, default: Any = None) -> Any:
