@@ -4,7 +4,7 @@
     python -m launch.sweep --workdir=/tmp/sweep --learners=protonets,init_tune \\
         --cells=B3,C3 --seeds=0,1 --epochs=2 --iters_per_epoch=50 --test_tasks=100
     python -m launch.sweep --workdir=/tmp/omniglot --dataset=omniglot \\
-        --manual_dir=../shared/data/omniglot --epochs=20 --iters_per_epoch=500
+        --manual_dir=FOLDER_WITH_ZIPS --epochs=20 --iters_per_epoch=500
 
 By default: every registered learner that builds x the paper's 11 cells x seeds
 0,1,2, on --dataset. --workdir is the sweep directory: each run lives in
@@ -72,7 +72,7 @@ def seeds() -> list[str]:
 
 define_list("datasets", [], "Datasets (default: --dataset).", module=__name__)
 flags.DEFINE_integer("workers", None, "Worker processes (default: one per GPU, one on TPU, one "
-                     "per CPU core; 0: run in this process).")
+                     "per CPU core; 0: run in this process).", lower_bound=0)
 flags.DEFINE_bool("dry_run", False, "List the runs and their status (with --launcher=slurm: "
                   "also the sbatch script it would submit); run nothing.")
 flags.DEFINE_string("pack", "1", "Meta-train the runs that differ only in their seed in packs "

@@ -66,11 +66,15 @@ def test_sweep_names_the_list_flag_of_a_bad_item(tmp_path):
         "cells": [f"--workdir={workdir}", "--cells=B3,X7"],
         "cells repeated": [f"--workdir={workdir}", "--cells=B3", "--cells=x7"],
         "seeds": [f"--workdir={workdir}", "--seeds=0,one"],
+        "negative seed": [f"--workdir={workdir}", "--seeds=0,-1"],
+        "negative workers": [f"--workdir={workdir}", "--workers=-3"],
         "datasets": [f"--workdir={workdir}", "--datasets=synthetic,omniglott"],
         "manual_dir": [f"--workdir={workdir}", f"--manual_dir={tmp_path / 'zips'}"]})
     assert_error(out["cells"], "--cells=B3,X7: cannot parse task 'X7'")
     assert_error(out["cells repeated"], "--cells=B3,x7: cannot parse task 'X7'")
     assert_error(out["seeds"], "--seeds=0,one: ['one'] not integers")
+    assert_error(out["negative seed"], "seeds=[0, -1]: a seed is a non-negative integer")
+    assert_error(out["negative workers"], "flag --workers=-3: -3 is not a non-negative integer")
     assert_error(out["datasets"], "--datasets=synthetic,omniglott: unknown omniglott; valid: ")
     assert_error(out["manual_dir"], f"--manual_dir={tmp_path / 'zips'} does not exist")
     assert os.listdir(tmp_path) == []

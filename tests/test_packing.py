@@ -210,6 +210,8 @@ def test_repeated_or_missing_seeds_are_refused():
         packing.check_seeds((0, 1, 0))
     with pytest.raises(UserError, match=r"--seeds=: no seed"):
         packing.check_seeds(())
+    with pytest.raises(UserError, match=r"--seeds=0,-2: seed -2 is negative"):
+        packing.check_seeds((0, -2))
     # --eval_seed=seed: each seed its own validation and test tasks, which a pack cannot share
     # (it tested seed 1 on seed 0's tasks before this refusal)
     with pytest.raises(UserError, match=r"--eval_seed=seed with --seeds=0,1: a pack validates "

@@ -124,6 +124,8 @@ def grid(base: TrainConfig, learners: Sequence[str] | None = None,
                          ("datasets", datasets or [])):
         if len(set(values)) != len(values):
             raise ValueError(f"{what} lists a value twice: {list(values)}")
+    if min(seeds) < 0:
+        raise ValueError(f"seeds={list(seeds)}: a seed is a non-negative integer")
     configs = []
     for cell in cells:  # validates every cell (with the overrides) up front
         dataclasses.replace(base, task=cell).check()

@@ -56,7 +56,7 @@ class TrainConfig:
     # TaskSpec fields to replace (their flags: TaskSpec's fields, --nss, --nc, ...)
     spec_overrides: dict = option(help="TaskSpec fields to replace.", flag=None, factory=dict)
     seed: int = option(0, "Seed of every random choice of training (initialisation, training "
-                       "tasks).")
+                       "tasks).", minimum=0)
     eval_seed: int | None = option(
         0, "Seed of the validation and test tasks: the same tasks for every --seed and learner, "
         "as the authors' code (a non-negative integer), or 'seed': the run's --seed (each "

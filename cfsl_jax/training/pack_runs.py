@@ -51,9 +51,12 @@ def pack_key(config: TrainConfig) -> str:
 
 
 def check_seeds(seeds: Sequence[int]) -> tuple[int, ...]:
-    """The seeds of a pack, refused (UserError) when empty or repeated."""
+    """The seeds of a pack, refused (UserError) when empty, negative or repeated."""
     seeds = tuple(seeds)
     repeated = sorted(s for s, n in collections.Counter(seeds).items() if n > 1)
+    if seeds and min(seeds) < 0:
+        raise UserError(f"--seeds={','.join(map(str, seeds))}: seed {min(seeds)} is negative; "
+                        f"a seed is an integer >= 0")
     if not seeds or repeated:
         raise UserError(f"--seeds={','.join(map(str, seeds))}: "
                         + (f"seed {repeated[0]} is given twice" if repeated else "no seed")
