@@ -1,6 +1,6 @@
 """Splits as device arrays: images, a padded class table, class sizes.
 
-    split = load_split("omniglot", "train", manual_dir="../shared/data/omniglot")
+    split = load_split("omniglot", "train", manual_dir="FOLDER_WITH_ZIPS")
     split.images        # uint8 [N, H, W, C] on device
     split.class_table   # int32 [C, S]: row c = indices into images of class c, padded with -1
     split.class_sizes   # int32 [C]

@@ -4,7 +4,7 @@ flag as typed, raised before any work and before anything is created.
     check_data_flags()                          # --manual_dir / --data_dir, where defined
     check_output_file("out", "task.png")        # its folder must exist; not a folder itself
     check_input_dir("sweep_dir", path, holding="results.json")
-    absolute("../shared/data/omniglot")         # what a run records (URLs kept as given)
+    absolute("data/omniglot")                   # what a run records (URLs kept as given)
 """
 
 from __future__ import annotations

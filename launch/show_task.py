@@ -1,7 +1,7 @@
 """Write a picture of one sampled task and print its summary.
 
     python -m launch.show_task --dataset=synthetic --task=D8 --seed=0 --out=task.png
-    python -m launch.show_task --dataset=omniglot --manual_dir=../shared/data/omniglot --task=B3
+    python -m launch.show_task --dataset=omniglot --manual_dir=FOLDER_WITH_ZIPS --task=B3
 
 The support sets are packed several to a row (the first image of each says
 S<n> g<group>: its support set and class group), then the target set follows in

@@ -2,7 +2,7 @@
 
     python -m launch.train --learner=protonets --dataset=synthetic --task=B3 --workdir=/tmp/pn
     python -m launch.train --learner=maml_low --dataset=omniglot \\
-        --manual_dir=../shared/data/omniglot --task=C3 --epochs=20 --workdir=/tmp/maml
+        --manual_dir=FOLDER_WITH_ZIPS --task=C3 --epochs=20 --workdir=/tmp/maml
 
 Re-running with the same --workdir resumes an interrupted run where it stopped
 (Ctrl-C, SIGTERM, SIGUSR1 or SIGUSR2 checkpoints the step reached first and exits
