@@ -10,7 +10,7 @@ import json
 import pytest
 
 from cfsl_jax import data
-from cfsl_jax.experiments import reference_checks, reference_report, report
+from cfsl_jax.experiments import reference_checks, reference_yours, report
 from cfsl_jax.fluid.config import FluidConfig, comparable
 from cfsl_jax.training.config import TrainConfig, from_json
 from cfsl_jax.training.runs import config_differences
@@ -81,7 +81,7 @@ def test_seeds_with_an_option_at_its_default_and_unset_are_one_experiment_and_se
     assert reference_checks.result_setting(given) == reference_checks.result_setting(unset)
     assert reference_checks.setting("none", from_json(given["config"]).dataset_options) == \
         reference_checks.setting("none", from_json(unset["config"]).dataset_options)
-    assert reference_report._data_options(given) == reference_report._data_options(unset) == \
+    assert reference_yours._data_options(given) == reference_yours._data_options(unset) == \
         json.dumps({"resize": "nearest"})
     # another class split is still another experiment
     authors = _result(2, {"class_split": "authors"}, 0.7)
