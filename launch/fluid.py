@@ -280,7 +280,7 @@ def dry_run(config: FluidConfig, slurm_options) -> None:
 def workdir_locked():
     """The workdir's lock, as launch.train's (``locks``): a second command that would write
     results.json, results.txt or the plots beside this one's is refused in one line."""
-    return locks.held(locks.path_in(FLAGS.workdir), f"workdir {FLAGS.workdir}")
+    return locks.workdir(FLAGS.workdir)
 
 
 def _report(config) -> None:

@@ -1,6 +1,6 @@
 """Locks on folders: one command at a time in a run's workdir, one sweep (shard) at a time.
 
-    with locks.held(locks.path_in(workdir), f"workdir {workdir}"):
+    with locks.workdir(workdir):   # locks.held(locks.path_in(workdir), f"workdir {workdir}")
         ...  # train: a second command on the workdir is refused (``Busy``) while this runs
 
 A lock is a file created atomically (``O_CREAT | O_EXCL`` on a local disk or NFS; on an object
@@ -220,3 +220,9 @@ def held(lock: str, what: str) -> Iterator[dict]:
     finally:
         stop.set()
         release(lock, me)
+
+
+def workdir(folder: str):
+    """The lock of a run's workdir (``held``): one command at a time writes in it (launch.train,
+    launch.fluid); a second is refused (``Busy``) naming the holder."""
+    return held(path_in(folder), f"workdir {folder}")

@@ -194,7 +194,7 @@ def workdir_locked(workdir: str):
     host runs the same command on one workdir)."""
     if not results.is_primary():
         return contextlib.nullcontext()
-    return locks.held(locks.path_in(workdir), f"workdir {workdir}")
+    return locks.workdir(workdir)
 
 
 @contextlib.contextmanager
@@ -212,7 +212,10 @@ def emptied_if_refused(created: Sequence[str]):
                 for name in files.listdir(workdir):
                     if name != locks.LOCK_FILE:
                         path = files.join(workdir, name)
-                        files.rmtree(path) if files.isdir(path) else files.remove(path)
+                        if files.isdir(path):
+                            files.rmtree(path)
+                        else:
+                            files.remove(path)
         raise
 
 
