@@ -75,6 +75,8 @@ done
 # unpacked: on 2 CPU cores a pack saves nothing (docs/results.md: 0.95-1.01 of the unpacked
 # sweep's wall time) and a lone run's numbers are the bit-exact ones
 sweep cpu_3200.flags protonets,maml_low B3 1,2
+# seeds 1 and 2 of the fine-tuners on B3: the pretraining and EWC differences paired over 3 seeds
+sweep cpu_3200.flags init_tune,ewc_init,pretrain_tune,ewc_pretrain B3 1,2
 # the costly learners further along, CPU time allowing; in a folder of its own, as a run's folder
 # names no budget (sweep_plan.run_dir) and the 800-task runs of the same cell and seed hold theirs
 sweep cpu_1600.flags maml_high,sca B3 0 cpu_1600
