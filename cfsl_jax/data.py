@@ -6,7 +6,7 @@
     split.class_sizes   # int32 [C]
     x = gather_normalised(split, task.support_idx)   # float32 [..., H, W, C], in jit
 
-Datasets (``DATASETS``):
+Datasets (``DATASETS``; the names, options and their defaults: ``cfsl_jax.dataset_options``):
 - ``synthetic``: procedurally generated glyph classes (``datasets/synthetic.py``),
   built in memory (no disk, 1-3 s on 2 cores); options ``num_classes`` (1623),
   ``samples_per_class`` (20), ``image_size`` (28), ``seed`` (0). Class split
@@ -52,18 +52,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cfsl_jax.datasets.preprocessing import IMAGENET, Normalisation, family, with_preprocessing
+from cfsl_jax.dataset_options import (  # noqa: F401 (re-exported: read as data.X)
+    DATASETS, OMNIGLOT_CLASS_SPLITS, SPLITS, SYNTHETIC_DEFAULTS, SYNTHETIC_OPTIONS, check_options,
+    default_data_dir, normalised_options, option_defaults)
+from cfsl_jax.datasets.preprocessing import IMAGENET, Normalisation
 from cfsl_jax.runtime import progress
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.runtime.options import positive_int
 
-DATASETS: tuple[str, ...] = ("synthetic", "omniglot", "omniglot/full", "omniglot/small",
-                             "slimagenet64")
-SPLITS: tuple[str, ...] = ("train", "val", "test")
-SYNTHETIC_DEFAULTS: dict[str, int] = {"num_classes": 1623, "samples_per_class": 20,
-                                       "image_size": 28, "seed": 0}
-SYNTHETIC_OPTIONS = tuple(SYNTHETIC_DEFAULTS)
-OMNIGLOT_CLASS_SPLITS = ("ordered", "authors")
 _READ_CHUNK = 4096  # records decoded per data-source call
 
 
@@ -115,48 +111,6 @@ def gather_normalised(split_or_images: Split | jax.Array, indices: jax.Array) ->
     if norm is None:
         return x
     return (x - jnp.asarray(norm.mean, jnp.float32)) / jnp.asarray(norm.std, jnp.float32)
-
-
-def default_data_dir() -> str:
-    return os.environ.get("CFSL_DATA_DIR", os.path.expanduser("~/tensorflow_datasets"))
-
-
-def option_defaults(name: str) -> dict[str, Any]:
-    """The value each dataset option of ``name`` takes when it is not given, but for the
-    preprocessing option (``resize``, ``normalisation``: ``datasets/preprocessing.py``), which
-    a run's config.json always records (one without it ran the option's legacy value)."""
-    if name == "synthetic":
-        return dict(SYNTHETIC_DEFAULTS)
-    if name.startswith("omniglot"):
-        return {"class_split": OMNIGLOT_CLASS_SPLITS[0]}
-    return {}
-
-
-def normalised_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` without those given at their default (``option_defaults``): an option
-    given at the value it takes unset loads the same images, so configs that differ only so
-    are one (compared, averaged, paired). The preprocessing option, an unknown option and a
-    value of another type (``num_classes=1623.0``) are kept as given (``load_split`` and
-    ``check_options`` judge them)."""
-    defaults = option_defaults(name)
-    return {key: value for key, value in options.items()
-            if not (key in defaults and type(value) is type(defaults[key])
-                    and value == defaults[key])}
-
-
-def check_options(name: str, options: dict) -> str:
-    """A real dataset's ``options`` checked before anything is read (UserError naming the bad
-    one); returns the preprocessing it chose (``resize`` or ``normalisation``)."""
-    preprocessing = family(name)
-    valid = (("class_split",) if name.startswith("omniglot") else ()) + (preprocessing.option,)
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        raise UserError(f"unknown option(s) {unknown} for dataset {name!r}; valid: {valid}")
-    chosen = with_preprocessing(name, options)[preprocessing.option]
-    if chosen not in preprocessing.values:
-        raise UserError(f"{preprocessing.option}={chosen!r} for dataset {name!r}; valid: "
-                        f"{preprocessing.values}")
-    return chosen
 
 
 def load_split(name: str, split: str, data_dir: str | None = None,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from cfsl_jax import data
+from cfsl_jax.dataset_options import DATASETS, normalised_options
 from cfsl_jax.fluid import methods as fluid_methods
 from cfsl_jax.fluid.class_draw import CLASS_DRAWS
 from cfsl_jax.fluid.protocol import Schedule
@@ -55,7 +55,7 @@ class FluidConfig:
     ``launch.fluid`` makes a flag of each (``flag`` where it is spelled otherwise; the stream's
     and the schedule's flags are ``StreamConfig``'s and ``Schedule``'s fields)."""
 
-    dataset: str = option("synthetic", "Dataset.", choices=data.DATASETS)
+    dataset: str = option("synthetic", "Dataset.", choices=DATASETS)
     split: str = option("train", "Split the stream and pretraining data come from.")
     methods: tuple[str, ...] = option(fluid_methods.METHODS, "Methods to run: "
                                       f"{list(fluid_methods.METHODS)}.", flag="method")
@@ -99,10 +99,10 @@ class FluidConfig:
         if extra:
             raise UserError(f"{name('method_options')} for methods not run: {extra}")
         check_limits(self, qualified=False)
-        # an option given at its default is the option unset (data.normalised_options)
+        # an option given at its default is the option unset (normalised_options)
         if isinstance(self.dataset_options, dict):
             object.__setattr__(self, "dataset_options",
-                               data.normalised_options(self.dataset, self.dataset_options))
+                               normalised_options(self.dataset, self.dataset_options))
         for method, options in self.method_options.items():
             if options.get("new_class_threshold") is not None and not options.get("new_class"):
                 raise UserError(f"method {method}: new_class_threshold="
@@ -114,12 +114,12 @@ class FluidConfig:
 
 def comparable(saved: dict[str, Any]) -> dict[str, Any]:
     """A stored ``to_json`` (results.json's, a stream file's ``config``) as today's writes it: its
-    dataset options normalised (``data.normalised_options``), so a run saved with an option
-    given at its default is the same configuration as one without it."""
+    dataset options normalised (``dataset_options.normalised_options``), so a run saved with an
+    option given at its default is the same configuration as one without it."""
     options = saved.get("dataset_options")
     if not isinstance(options, dict):
         return dict(saved)
-    return {**saved, "dataset_options": data.normalised_options(
+    return {**saved, "dataset_options": normalised_options(
         saved.get("dataset", FluidConfig.dataset), options)}
 
 

@@ -15,8 +15,8 @@ only the learner options given on its command line: an option it lacks reads bac
 value such runs used (``LEGACY_LEARNER_OPTIONS``: ProtoNets' ``conv`` was ``gemm_grad``), else
 today's default; one without the preprocessing option reads back as LANCZOS Omniglot and
 SlimageNet64 in [0, 1]. A dataset option given at its default (``class_split=ordered``) is
-dropped (``data.normalised_options``, in ``TrainConfig`` itself): such a run, or a config.json
-that recorded one, is the run without it.
+dropped (``dataset_options.normalised_options``, in ``TrainConfig`` itself): such a run, or a
+config.json that recorded one, is the run without it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from cfsl_jax.data import DATASETS, normalised_options
+from cfsl_jax.dataset_options import DATASETS, normalised_options
 from cfsl_jax.datasets.preprocessing import with_preprocessing
 from cfsl_jax.learners import COMPUTE_DTYPES, LEARNERS, options_class
 from cfsl_jax.runtime.errors import UserError
@@ -98,7 +98,7 @@ class TrainConfig:
                                        "Biases project (needs wandb installed).")
 
     def __post_init__(self):
-        # an option given at its default is the option unset (data.normalised_options): a run
+        # an option given at its default is the option unset (normalised_options): a run
         # of --dataset_option=class_split=ordered is one with the default run, and a saved
         # config.json holding such an option reads back (from_json) as one without it
         if isinstance(self.dataset_options, dict):
