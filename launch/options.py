@@ -22,12 +22,12 @@ def define_data_flags() -> "config_flags.ConfigFlags":
 
 def define_backend_flags() -> None:
     """--precision and --compilation_cache_dir (``cfsl_jax.runtime.backend``); applied by ``cli.run``."""
-    from cfsl_jax.runtime import backend
-    flags.DEFINE_enum("precision", backend.DEFAULT_PRECISION, backend.PRECISIONS,
+    from cfsl_jax.runtime import backend_options
+    flags.DEFINE_enum("precision", backend_options.DEFAULT_PRECISION, backend_options.PRECISIONS,
                       "Float32 matmul/convolution precision on accelerators: default (TF32 on "
                       "recent NVIDIA GPUs, bf16 passes on TPU), high, or highest (full float32). "
                       "CPU computes full float32 under all three.")
-    flags.DEFINE_string("compilation_cache_dir", backend.default_cache_dir(),
+    flags.DEFINE_string("compilation_cache_dir", backend_options.default_cache_dir(),
                         "Persistent XLA compilation cache: a re-run of the same shapes loads its "
                         "programs instead of compiling them. '' disables it.")
 

@@ -22,11 +22,12 @@ if __name__ == "__main__":  # the command: its first line before the imports bel
 
 from absl import app, flags
 
-from cfsl_jax.experiments import figures, reference_report, report
+from cfsl_jax.experiments.paper_results import FIGURE4_NSS
 from cfsl_jax.runtime import files
 from cfsl_jax.learners import LEARNERS
 
-from . import cli
+# The library (JAX, matplotlib) is imported once the flags are parsed (``starting.importing``).
+from . import cli, starting
 from .checks import check_input_dir, check_input_file, check_output_dir
 from .flag_types import define_list
 from .options import define_deprecated_flag
@@ -40,7 +41,7 @@ flags.DEFINE_string("paper_results", None, "JSON file with the paper's numbers (
                     "table shipped in cfsl_jax/experiments/paper_results.py).")
 define_list("learners", [], f"Figure 4 learners (default: all of {','.join(LEARNERS)} "
             "that build).", module=__name__)
-define_list("nss", [str(n) for n in figures.FIGURE4_NSS], "Figure 4 NSS values.", module=__name__)
+define_list("nss", [str(n) for n in FIGURE4_NSS], "Figure 4 NSS values.", module=__name__)
 flags.DEFINE_enum("task_type", "C", ["A", "B", "C", "D"], "Figure 4 task type.")
 define_list("image_shape", ["28", "28", "1"], "Figure 4 image shape H,W,C.", module=__name__)
 flags.DEFINE_string("compilation_cache_dir", None, "Persistent XLA cache for Figure 4 "
@@ -56,6 +57,7 @@ FLAGS = flags.FLAGS
 
 
 def figure4(out_dir: str) -> str:
+    from cfsl_jax.experiments import figures
     from cfsl_jax.runtime import backend
 
     cache = FLAGS.compilation_cache_dir
@@ -79,6 +81,8 @@ def figure4(out_dir: str) -> str:
 
 def check() -> None:
     """What to write is given, every input exists and parses, --out_dir can be created."""
+    with starting.importing("report"):
+        from cfsl_jax.experiments import reference_report, report
     if not FLAGS.sweep_dir and "atm_macs" not in FLAGS.figure and not FLAGS.reference:
         raise app.UsageError("give --sweep_dir (tables, Figure 3), --reference or "
                              "--figure=atm_macs")
@@ -112,6 +116,7 @@ def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     check()
+    from cfsl_jax.experiments import reference_report, report
     default = files.join(FLAGS.sweep_dir, "report") if FLAGS.sweep_dir else "cfsl_report"
     out_dir = FLAGS.out_dir or default
     files.makedirs(out_dir)

@@ -17,10 +17,10 @@ if __name__ == "__main__":  # the command: its first line before the imports bel
 
 from absl import flags
 
-from cfsl_jax.experiments import visualize
-from cfsl_jax.data import DATASETS, SPLITS
+from cfsl_jax.dataset_options import DATASETS, SPLITS
 
-from . import cli
+# The library (JAX, matplotlib) is imported once the flags are parsed (``starting.importing``).
+from . import cli, starting
 from .checks import check_data_flags, check_output_file, parse_task
 from .options import define_data_flags, parse_options
 
@@ -37,6 +37,8 @@ FLAGS = flags.FLAGS
 
 def check() -> None:
     """The task parses, the data folders exist, --out can be written."""
+    with starting.importing("show_task"):
+        from cfsl_jax.experiments import visualize  # noqa: F401 (imported for main)
     check_data_flags()
     check_output_file("out", _OUT.value)
     parse_task(_TASK.value)
@@ -47,6 +49,7 @@ def check() -> None:
 def main(argv) -> None:
     del argv
     check()
+    from cfsl_jax.experiments import visualize
     with cli.user_input():
         summary = visualize.show_task(
             dataset=_DATASET.value, split=_SPLIT.value, task=parse_task(_TASK.value),

@@ -9,7 +9,10 @@ with ``CFSL_PROGRESS=0``), imports the command's module inside ``starting`` -- w
 ``  still [NAME] starting (Ns: ...)`` every ``STARTING_HEARTBEAT_S`` seconds from a thread
 it owns, until its block ends (importing JAX takes seconds, more on a loaded machine) -- and
 runs the command. The ``cfsl-NAME`` scripts call ``main`` the same way (``script``).
-Importing this module (or any command's) prints nothing and starts no thread.
+Importing this module (or any command's) prints nothing and starts no thread. A command whose
+flags need no JAX (``launch.report``, ``launch.verify``, ``launch.show_task``) imports its
+library only once absl has parsed them, inside ``importing`` (the same lines): a mistaken flag
+is refused within a second.
 
 A command's stop signals (SIGINT, SIGTERM, SIGUSR1, SIGUSR2) are handled from ``main``'s first
 line, before JAX is imported: until ``cli.run`` installs the real handlers
@@ -39,13 +42,14 @@ def announced(args: list[str]) -> bool:
 
 @contextlib.contextmanager
 def starting(name: str, period: float = STARTING_HEARTBEAT_S,
-             announce: bool = True) -> Iterator[None]:
-    """``[name] starting`` now (``announce``), then ``  still [name] starting (...)`` every
-    ``period`` s until the block ends; leaving it stops the thread."""
+             announce: bool = True, first_line: bool = True) -> Iterator[None]:
+    """``[name] starting`` now (``announce`` and ``first_line``), then ``  still [name]
+    starting (...)`` every ``period`` s until the block ends; leaving it stops the thread."""
     if not announce:
         yield
         return
-    print(f"[{name}] starting", flush=True)
+    if first_line:
+        print(f"[{name}] starting", flush=True)
     began, stop = time.monotonic(), threading.Event()
     said = [began]  # when the last line was printed
 
@@ -64,6 +68,13 @@ def starting(name: str, period: float = STARTING_HEARTBEAT_S,
         thread.join()
         from cfsl_jax.runtime import progress  # light (no JAX); imported by the command anyway
         progress.said(said[0])  # the command's first heartbeat counts from this line
+
+
+def importing(name: str) -> Iterator[None]:
+    """Inside: command ``name`` imports its library (JAX) once absl has parsed its flags -- a
+    mistaken flag is refused in a fraction of a second -- with the ``  still [name] starting``
+    lines of ``starting`` (its first line was printed by ``main``)."""
+    return starting(name, announce=announced(sys.argv[1:]), first_line=False)
 
 
 def _stop_while_starting(signum, frame):  # a command's first instants: keep it light

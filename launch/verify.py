@@ -18,12 +18,10 @@ import sys
 
 from absl import flags
 
-from cfsl_jax.experiments.verify import (load, match_detail, packs_note,
-                                         reference_row_differences, verify)
 from cfsl_jax.runtime import files
-from cfsl_jax.training import results
 
-from . import cli
+# The library (JAX) is imported once the flags are parsed (``starting.importing``).
+from . import cli, starting
 from .checks import check_data_flags, check_input_file
 from .options import define_backend_flags
 
@@ -43,6 +41,8 @@ define_backend_flags()
 
 def check() -> None:
     """The workdir (local or gs://) holds a finished run; the folders given exist."""
+    with starting.importing("verify"):
+        from cfsl_jax.experiments.verify import load
     check_data_flags()
     files.check_url("workdir", _WORKDIR.value)
     load(_WORKDIR.value, data_dir=_DATA_DIR.value, manual_dir=_MANUAL_DIR.value)
@@ -53,6 +53,9 @@ def check() -> None:
 def main(argv) -> None:
     del argv
     check()
+    from cfsl_jax.experiments.verify import (match_detail, packs_note,
+                                             reference_row_differences, verify)
+    from cfsl_jax.training import results
     differences = verify(_WORKDIR.value, metrics=_METRICS.value, data_dir=_DATA_DIR.value,
                          manual_dir=_MANUAL_DIR.value, costs=_COSTS.value)
     if _REFERENCE_CSV.value:

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
+from cfsl_jax.experiments.paper_results import FIGURE4_NSS
 from cfsl_jax.runtime import files, plotting, progress
 from cfsl_jax.training import results as results_io
 
-FIGURE4_NSS: tuple[int, ...] = (1, 2, 5, 10, 20, 40, 80, 160, 320, 640)
 COST_FIELDS: tuple[str, ...] = ("nss", "atm", "state_bytes", "support_bytes", "macs_adapt",
                                 "macs_predict", "macs_per_task")
 # Learners can coincide (e.g. init_tune and pretrain_tune cost the same): vary line and marker.

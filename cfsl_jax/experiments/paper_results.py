@@ -51,6 +51,8 @@ SAME_DATA: tuple[str, ...] = ("omniglot", "omniglot/full", "omniglot/full_neares
 # Table 1's Omniglot numbers came from the authors' class split (docs/fidelity.md, "Omniglot
 # class split"); the default, ``ordered``, trains and tests on other characters.
 PAPER_CLASS_SPLIT = "authors"
+# The NSS values of Figure 4 (ATM and MACs per task against NSS, log-log): ``figures.cost_curves``.
+FIGURE4_NSS: tuple[int, ...] = (1, 2, 5, 10, 20, 40, 80, 160, 320, 640)
 
 
 def other_classes(dataset: str, dataset_options: dict) -> str | None:

@@ -11,14 +11,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from cfsl_jax.runtime import options as opt
 
 from cfsl_jax.runtime.errors import UserError
-from cfsl_jax.protocol.learner import Learner
-from cfsl_jax.learners.precision import COMPUTE_DTYPES, with_compute_dtype
 from cfsl_jax.protocol.spec import TaskSpec
+
+if TYPE_CHECKING:
+    from cfsl_jax.protocol.learner import Learner
+
+# Imported on first use (``__getattr__``), as the learners' modules: the names and options above
+# need no JAX, so a command line checks its flags before JAX is imported.
+_LAZY = {"COMPUTE_DTYPES": "cfsl_jax.learners.precision", "Learner": "cfsl_jax.protocol.learner"}
 
 # name -> (module, factory, options class); modules are imported on first use.
 _REGISTRY: dict[str, tuple[str, str, str]] = {
@@ -32,6 +37,8 @@ _REGISTRY: dict[str, tuple[str, str, str]] = {
     "sca": ("sca", "sca", "ScaOptions"),
 }
 LEARNERS: tuple[str, ...] = tuple(_REGISTRY)
+# The dtypes a learner computes in (``precision.COMPUTE_DTYPES`` maps each to JAX's).
+COMPUTE_DTYPE_NAMES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 # A factory keyword that is not an option: ProtoNets' carried-state dtype.
 _NOT_OPTIONS = ("state_dtype",)
 
@@ -85,6 +92,7 @@ def _build(name: str, spec: TaskSpec, compute_dtype: str, image_shape: tuple[int
     module, factory, _ = _REGISTRY[name]
     build = getattr(importlib.import_module(f"cfsl_jax.learners.{module}"), factory)
     learner = build(spec, typed, image_shape=image_shape, **dict(extra))
+    from cfsl_jax.learners.precision import with_compute_dtype
     return with_compute_dtype(learner, compute_dtype)
 
 
@@ -102,5 +110,11 @@ def _built(name: str, spec: TaskSpec, compute_dtype: str, image_shape: tuple[int
     return _build(name, spec, compute_dtype, image_shape, typed, extra)
 
 
-__all__ = ["COMPUTE_DTYPES", "LEARNERS", "Learner", "get_learner", "learner_options",
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["COMPUTE_DTYPE_NAMES", "COMPUTE_DTYPES", "LEARNERS", "Learner", "get_learner", "learner_options",
            "options_class", "parse_learner_options"]

@@ -24,10 +24,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from cfsl_jax.learners import COMPUTE_DTYPE_NAMES
 from cfsl_jax.protocol.learner import STATE_FUNCTIONS, Learner, map_functions
 
-COMPUTE_DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
-                                  "float16": jnp.float16}
+COMPUTE_DTYPES: dict[str, Any] = {name: getattr(jnp, name) for name in COMPUTE_DTYPE_NAMES}
 
 
 def cast_floating(tree: Any, dtype) -> Any:

@@ -48,11 +48,11 @@ from jax import monitoring
 from jax.sharding import SingleDeviceSharding
 
 from cfsl_jax.runtime import files
+# the settings' names and defaults (no JAX: command lines define their flags from them)
+from cfsl_jax.runtime.backend_options import DEFAULT_PRECISION, PRECISIONS, default_cache_dir
 from cfsl_jax.runtime.errors import UserError
 
 COUNTING_PLATFORM = "cpu"  # MACs are XLA:CPU's count wherever a run happens
-PRECISIONS: tuple[str, ...] = ("default", "high", "highest")
-DEFAULT_PRECISION = "default"
 SCAN_UNROLL_MAX = 4  # on accelerators, scans of at most this many steps are fully unrolled
 
 
@@ -178,12 +178,6 @@ def precision() -> str:
 
 
 # -- the persistent compilation cache and compile seconds -----------------------------------------
-
-def default_cache_dir() -> str:
-    """``$XDG_CACHE_HOME/cfsl_jax/xla`` (``~/.cache/cfsl_jax/xla`` when unset)."""
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "cfsl_jax", "xla")
-
 
 def cache_dir_in(folder: str) -> str:
     """The compilation cache of a command writing into ``folder``: ``folder/xla_cache`` when

@@ -26,7 +26,7 @@ from typing import Any
 
 from cfsl_jax.dataset_options import DATASETS, normalised_options
 from cfsl_jax.datasets.preprocessing import with_preprocessing
-from cfsl_jax.learners import COMPUTE_DTYPES, LEARNERS, options_class
+from cfsl_jax.learners import COMPUTE_DTYPE_NAMES, LEARNERS, options_class
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.runtime.options import check_limits, option
 from cfsl_jax.protocol.spec import TaskSpec
@@ -62,7 +62,7 @@ class TrainConfig:
         "as the authors' code (a non-negative integer), or 'seed': the run's --seed (each "
         "training seed its own tasks).", minimum=0)
     compute_dtype: str = option("float32", "Compute and carried-state dtype (params and "
-                                "optimiser state stay float32).", choices=tuple(COMPUTE_DTYPES))
+                                "optimiser state stay float32).", choices=COMPUTE_DTYPE_NAMES)
     epochs: int = option(10, "Meta-training epochs.", minimum=1)
     iters_per_epoch: int = option(100, "Meta-steps per epoch.", minimum=1)
     meta_batch: int = option(8, "Tasks per meta-step.", minimum=1)

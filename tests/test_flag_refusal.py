@@ -1,0 +1,45 @@
+"""A mistaken flag is refused before JAX is imported: ``launch.report``, ``launch.verify`` and
+``launch.show_task`` define their flags without JAX and import their library only once absl
+has parsed them (``launch.starting.importing``). Checked on ``sys.modules``, not timed."""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+HEAVY = ("jax", "flax", "optax", "matplotlib", "tensorflow_datasets")
+
+# Runs ``python -m launch.NAME ARGS...`` in this process, then prints which heavy modules the
+# refusal imported.
+HARNESS = r"""
+import runpy, sys
+name, args = sys.argv[1], sys.argv[2:]
+sys.argv = [f"launch/{name}.py", *args]
+try:
+    runpy.run_module(f"launch.{name}", run_name="__main__", alter_sys=True)
+except SystemExit as stop:
+    status = stop.code
+else:
+    status = 0
+print("imported:", ",".join(m for m in HEAVY if m in sys.modules), "status:", status)
+"""
+
+
+@pytest.mark.parametrize("command, args, message", [
+    ("report", ["--nosuchflag"], "error: Unknown command line flag 'nosuchflag'"),
+    ("report", ["--task_type=Z"], "error: flag --task_type=Z: value should be one of <A|B|C|D>"),
+    ("verify", ["--workdir=/tmp", "--metricz"],
+     "error: Unknown command line flag 'metricz'. Did you mean: metrics ?"),
+    ("show_task", ["--nosuchflag"], "error: Unknown command line flag 'nosuchflag'"),
+    ("show_task", ["--dataset=omniglott"],
+     "error: flag --dataset=omniglott: value should be one of "
+     "<synthetic|omniglot|omniglot/full|omniglot/small|slimagenet64>"),
+])
+def test_a_mistaken_flag_is_refused_in_one_line_before_jax_is_imported(command, args, message):
+    process = subprocess.run(
+        [sys.executable, "-c", f"HEAVY = {HEAVY!r}\n" + HARNESS, command, *args], cwd=REPO,
+        capture_output=True, text=True, timeout=120)
+    assert process.stderr.splitlines() == [message]
+    assert process.stdout.splitlines()[-1] == "imported:  status: 2", process.stdout
