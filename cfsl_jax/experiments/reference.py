@@ -28,9 +28,11 @@ Rules:
   ``default``, ``quick``) or ``EPOCHSxSTEPSxBATCH``; ``paper_budget`` says whether it is
   the paper's. ``training_tasks``: tasks the run trained (or pretrained) on, epochs
   done x steps x meta-batch; 0 for a learner that trains nothing (Init+Tune, EWC-Init).
-- ``commit``: the code's commit, from the sweep folder's ``provenance.jsonl`` (written
+- ``commit``: the code's commit, from the sweep folder's ``provenance.jsonl`` (appended to
   by ``benchmarks/reference/run_cpu.sh``): the last invocation covering the run that
-  started before the run's last file was written; ``unknown`` without one.
+  started before the run's last file was written; ``unknown`` without one. Its last line
+  cut short (a kill, a full disk) is dropped; a damaged line before it is refused in one
+  line naming it (``read_provenance``).
 - Exporting into a folder that already holds rows keeps the rows of other runs (another
   sweep folder: a GPU grid at the paper's budget) and replaces those of the same run.
 """
@@ -45,6 +47,7 @@ from cfsl_jax.experiments.cells import cell_of
 from cfsl_jax.experiments.report import _cell_order, _learner_order
 from cfsl_jax.experiments.sweep_plan import safe_name
 from cfsl_jax.runtime import checksums, files
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training import as_published, budgets
 from cfsl_jax.training import results as results_io
 from cfsl_jax.training.config import TrainConfig, from_json, resolved
@@ -85,11 +88,51 @@ def training_tasks(config: TrainConfig, epochs_done: int) -> int:
     return epochs_done * config.iters_per_epoch * config.meta_batch
 
 
-def _provenance(sweep_dir: str) -> list[dict]:
-    path = files.join(sweep_dir, "provenance.jsonl")
+PROVENANCE_FILE = "provenance.jsonl"
+PROVENANCE_KEYS = ("start", "commit", "learners", "cell", "seeds")  # what ``_commit`` reads
+
+
+def read_provenance(sweep_dir: str) -> list[dict]:
+    """The invocations in ``sweep_dir/provenance.jsonl`` ([] without one). Its last line cut
+    short by a kill or a full disk (no newline, not JSON) is dropped; any other line that is
+    not an invocation (damaged, or edited) is a ``UserError`` naming the file and the line."""
+    path = files.join(sweep_dir, PROVENANCE_FILE)
     if not files.exists(path):
         return []
-    return [json.loads(line) for line in files.read_text(path).splitlines() if line.strip()]
+    text = files.read_bytes(path).decode(errors="replace")
+    lines = text.split("\n")
+    entries = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):  # the last, without its newline: an append cut short
+                continue
+            entry = None
+        problem = _provenance_problem(entry)
+        if problem:
+            raise UserError(f"{path} line {number} {problem} (damaged or edited): repair or "
+                            f"delete that line (the runs it covered are then exported with "
+                            f"commit unknown)")
+        entries.append(entry)
+    return entries
+
+
+def _provenance_problem(entry: Any) -> str | None:
+    """What is wrong with a provenance line's JSON (None: an invocation ``_commit`` reads)."""
+    from datetime import datetime
+    if not isinstance(entry, dict):
+        return "is not a JSON object"
+    missing = [key for key in PROVENANCE_KEYS if not isinstance(entry.get(key), str)]
+    if missing:
+        return f"lacks {', '.join(missing)} (strings)"
+    try:
+        datetime.strptime(entry["start"], "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return f"has start {entry['start']!r}, not YYYY-MM-DDTHH:MM:SSZ"
+    return None
 
 
 def _commit(invocations: Sequence[dict], config: TrainConfig, finished: float) -> str:
@@ -200,7 +243,7 @@ def remaining(rows: Iterable[dict[str, str]], budget: str, learners: str, cell: 
 
 def export(sweep_dir: str, out_dir: str) -> list[dict[str, Any]]:
     """Write ``out_dir/results.csv`` and ``out_dir/runs/...`` from ``sweep_dir``; the rows."""
-    invocations = _provenance(sweep_dir)
+    invocations = read_provenance(sweep_dir)
     variants = {}
     for workdir in run_dirs(sweep_dir):
         found = results_io.read_json(files.join(workdir, "results.json"), default={})
