@@ -184,10 +184,10 @@ def test_two_replacements_cut_short_are_no_false_alarm(tmp_path, monkeypatch):
 def test_a_damaged_file_is_refused_by_verify_and_train_naming_it(tmp_path, capsys, finished):
     workdir = copied(finished, tmp_path)
     assert verify.check_files(workdir) == [
-        "config.json", "val_history.json", "results.json", "sessions.json",
+        "config.json", "val_history.json", "results.json", "sessions.json", "metrics.jsonl",
         "checkpoints/latest/10", "checkpoints/latest/12", "checkpoints/best/0",
         "checkpoints/best/1"]
-    assert "[verify] checksums of 8 files and checkpoints match" in capsys.readouterr().out
+    assert "[verify] checksums of 9 files and checkpoints match" in capsys.readouterr().out
     path = data_file(os.path.join(workdir, "checkpoints", "best", "1"))
     open(path, "r+b").write(b"\0" * 8)
     with pytest.raises(checksums.Corrupt, match=f"{path} fails its checksum .*delete the run's "

@@ -9,7 +9,7 @@ import os
 import jax
 
 from cfsl_jax.runtime import checksums, files, progress
-from cfsl_jax.training import checkpoints, pack_eval, results
+from cfsl_jax.training import checkpoints, pack_eval, results, tracking
 from cfsl_jax.training import runs
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.runtime.errors import UserError
@@ -43,8 +43,8 @@ def load(workdir: str, **paths: str | None) -> tuple[TrainConfig, dict]:
 
 
 def check_files(workdir: str) -> list[str]:
-    """Check the SHA-256 of every checked file of ``workdir`` (its JSON files and each
-    checkpoint's files), saying which were checked; ``checksums.Corrupt`` (one line naming the
+    """Check the SHA-256 of every checked file of ``workdir`` (its JSON files, the sealed part
+    of its metrics.jsonl and each checkpoint's files), saying which were checked; ``checksums.Corrupt`` (one line naming the
     file) at the first that fails. Returns the names checked (not the files of a workdir
     written before checksums: said once)."""
     if not checksums.has_manifest(workdir):
@@ -55,6 +55,10 @@ def check_files(workdir: str) -> list[str]:
         if files.isfile(path) and name in checksums.recorded(workdir):
             checksums.read_checked(path)
             checked.append(name)
+    metrics = files.join(workdir, tracking.METRICS_FILE)  # its part sealed at a checkpoint
+    if files.isfile(metrics) and tracking.METRICS_FILE in checksums.recorded(workdir):
+        tracking.read(metrics)
+        checked.append(tracking.METRICS_FILE)
     if files.isdir(files.join(workdir, "checkpoints")):
         ckpt = checkpoints.Checkpoints(workdir, read_only=True)
         try:

@@ -30,12 +30,22 @@ one more key, ``sealed_sha256``, the SHA-256 of the canonical JSON of the rest (
 ``read_sealed(path, advice)`` checks it on every read (``Corrupt``: one line naming the file and
 ``advice``). A file written before seals (no ``sealed_sha256``) is read unchecked, with a note
 once per folder.
+
+Append-only files (``metrics.jsonl``: a run's records, appended as it trains): the manifest
+holds ``{name: [[length, sha256], ...]}``, the SHA-256 of the file's first ``length`` bytes,
+recorded at every checkpoint and when the run ends (``seal_appended``: every complete line so
+far). ``read_appended`` checks that part on every read (``Corrupt``: one line naming the file);
+the lines after it (a kill's, before the next checkpoint) are read as they are, a line cut
+short skipped. A resume that drops records (``replace_appended``) records the new seal beside
+the old one, replaces the file, then keeps the new one. A file with no seal recorded (written
+before seals) is read unchecked.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 from cfsl_jax.runtime import files, progress
 from cfsl_jax.runtime.errors import UserError
@@ -247,3 +257,91 @@ def read_sealed(path: str, advice: str) -> dict:
                       f"{str(recorded)[:12]}): it was changed or damaged after it was written; "
                       f"{advice}", path)
     return payload
+
+
+# -- append-only files -----------------------------------------------------------------------
+def seal_appended(path: str) -> None:
+    """Record in the folder's manifest the length and SHA-256 of ``path``'s complete lines
+    (up to its last newline), flushed to the disk first: readers check that part from then on
+    (``read_appended``). Nothing when ``path`` does not exist."""
+    if not files.isfile(path):
+        return
+    data = files.read_bytes(path)
+    data = data[:data.rfind(b"\n") + 1]
+    if not files.is_url(path):  # never a seal of bytes a power loss takes back
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+    _record_seals(path, [[len(data), sha256(data)]])
+
+
+def _seals(path: str) -> list[list]:
+    """The ``[length, sha256]`` seals recorded for the append-only file ``path`` ([]: none)."""
+    seals = (_manifest(files.dirname(path)) or {}).get(files.basename(path))
+    return [s for s in seals if isinstance(s, list) and len(s) == 2] if isinstance(
+        seals, list) else []
+
+
+def _record_seals(path: str, seals: list[list]) -> None:
+    folder, name = files.dirname(path), files.basename(path)
+    manifest = _manifest(folder) or {}
+    if seals:
+        manifest[name] = seals
+    elif manifest.pop(name, None) is None:
+        return
+    _write_manifest(folder, manifest)
+
+
+def forget_appended(path: str) -> None:
+    """Drop the seal of ``path`` (the file was deleted: what is appended next starts again)."""
+    if _seals(path):
+        _record_seals(path, [])
+
+
+def read_appended(path: str, advice: str) -> tuple[bytes, int]:
+    """(the bytes of the append-only file ``path``, the length of its sealed part: 0 where no
+    seal is recorded, a file written before seals); ``Corrupt`` (one line naming ``path``, then
+    ``advice``) when its start matches none of the recorded seals."""
+    seals = _seals(path)  # the manifest first: the file only grows after a seal
+    data = files.read_bytes(path)
+    if _matched(seals, data) is None and seals and _seals(path) != seals:
+        seals, data = _seals(path), files.read_bytes(path)  # a resume rewound it meanwhile
+    if not seals:
+        return data, 0
+    length = _matched(seals, data)
+    if length is not None:
+        return data, length
+    length, digest = seals[-1]
+    what = (f"is shorter ({len(data)} bytes) than its part sealed at the last checkpoint "
+            f"({length} bytes)" if len(data) < length else
+            f"fails its checksum (SHA-256 of its first {length} bytes "
+            f"{sha256(data[:length])[:12]}, recorded {str(digest)[:12]} in {MANIFEST})")
+    raise Corrupt(f"{path} {what}: it was changed or damaged after it was written; {advice}",
+                  path)
+
+
+def _matched(seals: list[list], data: bytes) -> int | None:
+    """The length of the first seal that ``data``'s start matches, or None."""
+    for length, digest in seals:
+        if isinstance(length, int) and len(data) >= length and sha256(data[:length]) == digest:
+            return length
+    return None
+
+
+def replace_appended(path: str, data: bytes, sealed: int) -> None:
+    """Replace the append-only file ``path`` by ``data``, whose first ``sealed`` bytes are
+    what it keeps of its checked sealed part (a resume dropping records): the new seal is
+    recorded beside the current one, the file replaced atomically, then the new seal kept
+    alone, so a kill at any instant leaves a file that a recorded seal matches."""
+    seals = _seals(path)
+    new = [sealed, sha256(data[:sealed])]
+    if seals and new not in seals:
+        _record_seals(path, seals + [new])
+    files.write_atomic(path, data)
+    if seals and seals != [new]:
+        _record_seals(path, [new])

@@ -226,8 +226,8 @@ class Metrics(Hook):
 
 
 class Checkpoint(Hook):
-    """Saves ``checkpoints/latest`` (and the session's time: ``sessions``) at every checkpoint
-    step, epoch end, and on a stop the last step reached (losses checked finite first)."""
+    """Saves ``checkpoints/latest`` (and the session's time: ``sessions``; and seals
+    metrics.jsonl: ``Tracking.seal``) at every checkpoint step, epoch end, and on a stop the last step reached (losses checked finite first)."""
 
     def __init__(self, phase: Phase, start: int, outputs: Outputs, metrics: Metrics):
         self.phase, self.outputs, self.metrics = phase, outputs, metrics
@@ -238,6 +238,7 @@ class Checkpoint(Hook):
             self.outputs.ckpt.save_latest(state.step, state.params, state.opt_state)
             self.saved = state.step
             sessions.checkpointed(self.outputs.workdir)
+            self.outputs.tracking.seal()  # metrics.jsonl so far: checked when read
 
     def after_step(self, state: TrainState) -> None:
         if self.phase.checkpoint_due(state.step):

@@ -12,6 +12,14 @@ per-group accuracy as ``group_acc_<g>``). A resumed run first drops the records 
 after the one it resumed from (``rewind``: a kill between two checkpoints left them, and they
 are redone), then appends: no step is recorded twice.
 
+The file is sealed (``checksums.seal_appended``: its length and SHA-256 in the workdir's
+``checksums.json``) at every checkpoint (``seal``) and when the run ends (``close``); every
+read checks that part (``read``: ``checksums.Corrupt``, one line naming the file, for a
+changed number), the lines after it (a kill's) are read as they are, a line cut short
+skipped. A rewind checks the file, then replaces it with its new seal
+(``checksums.replace_appended``). A file deleted by hand has its seal dropped when the run
+resumes (its records start again); a file written before seals is read unchecked.
+
 ``tensorboard=True`` also writes TensorBoard event files to ``workdir/tensorboard`` with
 tensorboardX (the ``[tracking]`` extra; no TensorFlow), tag ``<phase>/<name>`` (``epoch``, an
 index rather than a curve, only in the JSON lines), and the run's config: as text (tag
@@ -29,13 +37,15 @@ import numbers
 import time
 from typing import Any, Mapping
 
-from cfsl_jax.runtime import files
+from cfsl_jax.runtime import checksums, files
 from cfsl_jax.training import results
 from cfsl_jax.runtime.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
 NOT_CURVES = ("epoch",)  # indices of a record, not plotted (they stay in the JSON lines)
 HPARAM_METRICS = ("test/acc_mean", "test/ce_mean", "val/acc")  # the HParams tab's columns
+ADVICE = ("restore it, or delete it and run the same command again (its records so far are "
+          "lost; the run's numbers are in its results.json and val_history.json)")
 
 
 def _optional(module: str, flag: str, package: str) -> Any:
@@ -65,6 +75,8 @@ class Tracking:
                 files.absolute(workdir)), config=dict(config or {}))
         if not primary:
             self.path = None
+        if self.path and not files.isfile(self.path):
+            checksums.forget_appended(self.path)  # deleted: its records start again
 
     def scalars(self, phase: str, step: int, values: Mapping[str, Any]) -> None:
         """Record ``values`` (numbers, or lists of numbers: one scalar per entry) at ``step``."""
@@ -94,11 +106,17 @@ class Tracking:
         TensorBoard (``purge_step``); W&B starts a new run per process anyway."""
         if not self.path or not files.isfile(self.path):
             return
-        lines = files.read_text(self.path).splitlines(keepends=True)
-        kept = [line for line in lines if not _after(line, phase, step)]
+        data, sealed = checksums.read_appended(self.path, ADVICE)
+        kept, kept_sealed, at = [], 0, 0
+        lines = _lines(data)
+        for line in lines:
+            at += len(line)
+            if line.endswith(b"\n") and not _after(line, phase, step):
+                kept.append(line)
+                kept_sealed += len(line) if at <= sealed else 0
         if len(kept) == len(lines):
             return
-        files.write_atomic(self.path, "".join(kept))
+        checksums.replace_appended(self.path, b"".join(kept), kept_sealed)
         if self.writer is not None:  # TensorBoard hides the events of the purged steps
             logdir = self.writer.logdir
             self.writer.close()
@@ -112,7 +130,13 @@ class Tracking:
                 found = record[name]
         return found
 
+    def seal(self) -> None:
+        """Seal the records so far (a checkpoint was written): readers check them from now."""
+        if self.path:
+            checksums.seal_appended(self.path)
+
     def close(self) -> None:
+        self.seal()
         if self.writer is not None:
             self.writer.close()
             self.writer = None
@@ -148,24 +172,34 @@ def _write_config(writer: Any, config: Mapping[str, Any]) -> None:
     writer.flush()
 
 
-def _after(line: str, phase: str, step: int) -> bool:
+def _after(line: bytes, phase: str, step: int) -> bool:
     """Whether ``line`` is a record of ``phase`` (or its validation) after ``step``, or a line
     cut short by a kill."""
     try:
         record = json.loads(line)
-    except json.JSONDecodeError:
+    except ValueError:
         return True
-    return record.get("phase") in (phase, "val") and record.get("step", 0) > step
+    return not isinstance(record, dict) or (
+        record.get("phase") in (phase, "val") and record.get("step", 0) > step)
+
+
+def _lines(data: bytes) -> list[bytes]:
+    """``data``'s lines, each with its newline (the last one without, if it has none)."""
+    parts = data.split(b"\n")
+    return [part + b"\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
 def read(path: str) -> list[dict[str, Any]]:
-    """The records of a metrics file; a line cut short by a kill (the last) is skipped."""
+    """The records of a metrics file, its sealed part checked (``checksums.Corrupt``: one line
+    naming it); a line cut short by a kill (after the seal) is skipped."""
     if not files.isfile(path):
         return []
     records = []
-    for line in files.read_text(path).splitlines():
+    for line in _lines(checksums.read_appended(path, ADVICE)[0]):
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+            record = json.loads(line)
+        except ValueError:
             continue
+        if isinstance(record, dict):
+            records.append(record)
     return records
