@@ -43,12 +43,14 @@ if __name__ == "__main__":  # the command: its first line before the imports bel
     raise SystemExit(main("sweep", __package__))
 
 
+import re
+
 from absl import flags
 
 from cfsl_jax.training import as_published, packing
 from cfsl_jax.experiments import report, slurm, sweep, sweep_plan
 from cfsl_jax.learners import LEARNERS, options_class, parse_learner_options
-from cfsl_jax.runtime import locks
+from cfsl_jax.runtime import files, locks
 from cfsl_jax.runtime.options import names as option_names
 from cfsl_jax.protocol.spec import PAPER_GRID
 
@@ -218,7 +220,7 @@ def main(argv) -> None:
         cli.write_flagfile(FLAGS.workdir)
         return
     try:
-        with locks.held(*sweep_lock(FLAGS.workdir, shard)):
+        with sweep_locked(FLAGS.workdir, shard):
             outcomes = sweep.run_sweep(configs, FLAGS.workdir, workers=FLAGS.workers,
                                        pack=pack_size(), pack_options=pack_options())
     except KeyboardInterrupt:
@@ -255,6 +257,21 @@ def sweep_lock(sweep_dir: str, shard: tuple[int, int] | None) -> tuple[str, str]
     suffix = f"-shard-{shard[0]}-of-{shard[1]}" if shard else ""
     return (locks.path_in(sweep_dir, f".sweep{suffix}.lock"),
             f"sweep {sweep_dir}" + (f" shard {shard[0]}/{shard[1]}" if shard else ""))
+
+
+_SHARD_LOCK = re.compile(r"\.sweep-shard-(\d+)-of-(\d+)\.lock")
+
+
+def sweep_locked(sweep_dir: str, shard: tuple[int, int] | None):
+    """The sweep's (shard's) lock, held (``locks.held``): the same shard twice is refused, a
+    whole sweep and any shard of it exclude each other (``Busy`` naming the holder), shards
+    run beside each other (their purpose; each run is claimed by its own workdir's lock)."""
+    def excluded() -> list[tuple[str, str]]:
+        if shard:
+            return [sweep_lock(sweep_dir, None)]
+        return [sweep_lock(sweep_dir, (int(m[1]), int(m[2])))
+                for m in map(_SHARD_LOCK.fullmatch, files.listdir(sweep_dir)) if m]
+    return locks.held(*sweep_lock(sweep_dir, shard), excluded=excluded)
 
 
 def _report() -> None:

@@ -6,7 +6,9 @@ One row per run of the sweep (complete, or partial with its validation curve so 
 each run's results.json, val_history.json and config.json are copied, never a
 checkpoint (``cfsl_jax/experiments/reference.py``); ``table.md`` is the grid at a glance,
 generated from the CSV (``reference_report.write_table``). Rows of other sweeps already in
-``--out_dir`` are kept. Then ``python -m launch.report --reference`` shows them, and
+``--out_dir`` are kept. One export at a time writes into ``--out_dir`` (its lock
+``.export.lock``): a second is refused in one line naming the holder (status 2). Then
+``python -m launch.report --reference`` shows them, and
 ``python -m launch.verify --workdir=W --reference_csv=docs/reference/results.csv``
 recomputes a run and checks its row.
 """
@@ -17,7 +19,7 @@ import os
 
 from absl import flags
 
-from cfsl_jax.experiments import reference, reference_report
+from cfsl_jax.experiments import reference
 from launch import cli
 from launch.checks import check_input_dir, check_output_dir
 
@@ -35,8 +37,9 @@ def check() -> None:
 def main(argv) -> None:
     del argv
     check()
-    rows = reference.export(_SWEEP_DIR.value, _OUT_DIR.value)
-    reference_report.write_table(_OUT_DIR.value)  # the grid at a glance, from the CSV
+    # and the grid at a glance, from the CSV; under the folder's lock (a second export into
+    # it is refused, naming the holder)
+    rows = reference.export(_SWEEP_DIR.value, _OUT_DIR.value, table=True)
     done = sum(row["status"] == "complete" for row in rows)
     print(f"{os.path.join(_OUT_DIR.value, 'results.csv')}: {len(rows)} rows ({done} complete, "
           f"{len(rows) - done} partial)")

@@ -35,6 +35,8 @@ Rules:
   line naming it (``read_provenance``).
 - Exporting into a folder that already holds rows keeps the rows of other runs (another
   sweep folder: a GPU grid at the paper's budget) and replaces those of the same run.
+- One export at a time writes into a folder (its lock, ``EXPORT_LOCK``: a second is refused
+  in one line naming the holder, never interleaved); each file is replaced atomically.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from typing import Any, Iterable, Sequence
 from cfsl_jax.experiments.cells import cell_of
 from cfsl_jax.experiments.report import _cell_order, _learner_order
 from cfsl_jax.experiments.sweep_plan import safe_name
-from cfsl_jax.runtime import checksums, files
+from cfsl_jax.runtime import checksums, files, locks
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training import as_published, budgets
 from cfsl_jax.training import results as results_io
@@ -62,6 +64,7 @@ COLUMNS: tuple[str, ...] = (
 TEST_FIELDS = {"test_acc_mean": "acc_mean", "test_acc_std": "acc_std",
                "test_acc_ci95": "acc_ci95", "test_ce_mean": "ce_mean"}
 RUN_FILES = ("results.json", "val_history.json", "config.json")
+EXPORT_LOCK = ".export.lock"  # an export's lock in its output folder, while it writes
 SKIPPED = ("checkpoints", "xla_cache", "tensorboard", "report", "tensorflow_datasets")
 
 
@@ -241,8 +244,11 @@ def remaining(rows: Iterable[dict[str, str]], budget: str, learners: str, cell: 
             if any((learner, seed) not in done for seed in wanted)]
 
 
-def export(sweep_dir: str, out_dir: str) -> list[dict[str, Any]]:
-    """Write ``out_dir/results.csv`` and ``out_dir/runs/...`` from ``sweep_dir``; the rows."""
+def export(sweep_dir: str, out_dir: str, table: bool = False) -> list[dict[str, Any]]:
+    """Write ``out_dir/results.csv`` and ``out_dir/runs/...`` from ``sweep_dir`` (``table``:
+    and ``table.md``, ``reference_report.write_table``); the rows. Every run file is read and
+    checked first; then the writes, under ``out_dir``'s lock (``EXPORT_LOCK``: a second export
+    into it is refused, ``locks.Busy`` naming the holder), each file replaced atomically."""
     invocations = read_provenance(sweep_dir)
     variants = {}
     for workdir in run_dirs(sweep_dir):
@@ -260,15 +266,19 @@ def export(sweep_dir: str, out_dir: str) -> list[dict[str, Any]]:
                 text = files.read_text(source)
                 checksums.check_text(source, text)
                 copies[files.join(out_dir, row["run"], name)] = text
-    for target, text in copies.items():  # copied with their own checksums
-        files.makedirs(files.dirname(target))
-        checksums.write_text(target, text)
-    csv_path = files.join(out_dir, "results.csv")
-    ours = {row["run"] for row in rows}
-    kept = [_with_columns(row, out_dir) for row in read_rows(csv_path)
-            if row["run"] not in ours] if files.exists(csv_path) else []
-    rows = sorted_rows([*kept, *rows])
-    files.write_atomic(csv_path, results_io.csv_text(rows, COLUMNS))
+    with locks.held(locks.path_in(out_dir, EXPORT_LOCK), f"reference folder {out_dir}"):
+        for target, text in copies.items():  # copied with their own checksums
+            files.makedirs(files.dirname(target))
+            checksums.write_text(target, text)
+        csv_path = files.join(out_dir, "results.csv")
+        ours = {row["run"] for row in rows}
+        kept = [_with_columns(row, out_dir) for row in read_rows(csv_path)
+                if row["run"] not in ours] if files.exists(csv_path) else []
+        rows = sorted_rows([*kept, *rows])
+        files.write_atomic(csv_path, results_io.csv_text(rows, COLUMNS))
+        if table:
+            from cfsl_jax.experiments import reference_report
+            reference_report.write_table(out_dir)
     return rows
 
 

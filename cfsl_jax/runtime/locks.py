@@ -2,6 +2,8 @@
 
     with locks.workdir(workdir):   # locks.held(locks.path_in(workdir), f"workdir {workdir}")
         ...  # train: a second command on the workdir is refused (``Busy``) while this runs
+    with locks.held(lock, what, excluded=lambda: [(other_lock, "the whole sweep")]):
+        ...  # also refused (``Busy``) while a live process holds other_lock
 
 A lock is a file created atomically (``O_CREAT | O_EXCL`` on a local disk or NFS; on an object
 store (``gs://``) written when missing and read back) that holds its holder: host, pid, the
@@ -31,7 +33,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 from cfsl_jax.runtime import files, progress
 from cfsl_jax.runtime.errors import UserError
@@ -207,10 +209,39 @@ def _heartbeat(lock: str, stop: threading.Event) -> None:
             pass  # removed or unreachable for a moment: the holder learns nothing new
 
 
+def live(lock: str) -> dict | None:
+    """The holder of ``lock`` while a live process holds it; None when it is absent or stale."""
+    found = _read(lock)
+    if found is None or stale(*found):
+        return None
+    return found[0]
+
+
+def refuse_if_held(what: str, excluded: Iterable[tuple[str, str]]) -> None:
+    """``Busy`` naming the holder of the first of the ``excluded`` (lock, what it locks) that
+    a live process holds: ``what`` cannot run beside it."""
+    for other, other_what in excluded:
+        holder = live(other)
+        if holder is not None:
+            raise Busy(f"{what} cannot run while {other_what} runs: it is in use by "
+                       f"{describe(holder)} (lock file {other}); wait for it to end or stop "
+                       f"it, then run the command again")
+
+
 @contextlib.contextmanager
-def held(lock: str, what: str) -> Iterator[dict]:
-    """Inside, ``lock`` is this process's (refreshed every ``HEARTBEAT_S``); removed after."""
+def held(lock: str, what: str,
+         excluded: Callable[[], Iterable[tuple[str, str]]] = tuple) -> Iterator[dict]:
+    """Inside, ``lock`` is this process's (refreshed every ``HEARTBEAT_S``); removed after.
+    ``excluded()``: the (lock, what it locks) that must not be held beside it, read once
+    ``lock`` is taken (``refuse_if_held``; ``lock`` is released again then): of two commands
+    excluding each other, each takes its own lock before it looks at the other's, so at most
+    one runs (both are refused if they start in the same instant)."""
     me = acquire(lock, what)
+    try:
+        refuse_if_held(what, excluded())
+    except BaseException:
+        release(lock, me)
+        raise
     stop = threading.Event()
     beat = threading.Thread(target=_heartbeat, args=(lock, stop), daemon=True,
                             name=f"lock heartbeat {lock}")

@@ -1,0 +1,96 @@
+"""Commands that must not run at once on one folder: a whole sweep and a shard of it (shards
+beside each other are the point of sharding), two reference exports into one folder. Each
+refusal is one line naming the holder (exit status 2), as the existing locks' are.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cfsl_jax.experiments import reference
+from cfsl_jax.runtime import locks
+from launch_inprocess import command_module, run_in_process
+from test_integrity import holder
+from test_reference_tables import fake_run
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--learners=protonets", "--cells=B2", "--dataset=synthetic", "--workers=0",
+        "--epochs=1", "--iters_per_epoch=1", "--val_tasks=1", "--test_tasks=1", "--nc=2"]
+
+
+def refused(module, sweep_dir, *args) -> str:
+    code, _, err = run_in_process(module, "sweep", [f"--workdir={sweep_dir}", *TINY, *args])
+    assert code == 2 and len(err.strip().splitlines()) == 1, (code, err)
+    return err
+
+
+def test_a_whole_sweep_and_a_shard_of_it_exclude_each_other(tmp_path):
+    with command_module("sweep") as module:
+        whole = holder(module.sweep_lock(str(tmp_path), None)[0])
+        try:
+            err = refused(module, tmp_path, "--shard=1/2")
+        finally:
+            whole.kill()
+            whole.wait()
+        assert err.startswith(f"error: sweep {tmp_path} shard 1/2 cannot run while sweep "
+                              f"{tmp_path} runs: it is in use by host {socket.gethostname()} "
+                              f"pid {whole.pid} since ")
+        shard = holder(module.sweep_lock(str(tmp_path), (2, 3))[0])
+        try:
+            err = refused(module, tmp_path)
+        finally:
+            shard.kill()
+            shard.wait()
+    assert err.startswith(f"error: sweep {tmp_path} cannot run while sweep {tmp_path} shard "
+                          f"2/3 runs: it is in use by host {socket.gethostname()} pid "
+                          f"{shard.pid} since ")
+    assert not os.path.exists(tmp_path / "synthetic")  # nothing trained
+
+
+def test_shards_run_beside_each_other_but_not_twice_and_a_stale_lock_blocks_nothing(tmp_path):
+    with command_module("sweep") as module:
+        first = holder(module.sweep_lock(str(tmp_path), (1, 2))[0])
+        try:
+            with module.sweep_locked(str(tmp_path), (2, 2)):  # another shard: runs
+                pass
+            with pytest.raises(locks.Busy, match=f"sweep {tmp_path} shard 1/2 is in use by "):
+                with module.sweep_locked(str(tmp_path), (1, 2)):
+                    pass
+        finally:
+            first.kill()  # SIGKILL: its lock stays behind, stale
+            first.wait()
+        assert os.path.exists(module.sweep_lock(str(tmp_path), (1, 2))[0])
+        with module.sweep_locked(str(tmp_path), None):  # the dead shard's lock: no bar
+            assert os.path.exists(module.sweep_lock(str(tmp_path), None)[0])
+        assert not os.path.exists(module.sweep_lock(str(tmp_path), None)[0])
+
+
+def test_a_second_export_into_a_folder_is_refused_naming_the_holder(tmp_path):
+    sweep = tmp_path / "sweep"
+    fake_run(sweep, "init_tune", 0, np.array([0.2, 0.4]))
+    out = tmp_path / "ref"
+    out.mkdir()
+    other = holder(locks.path_in(str(out), reference.EXPORT_LOCK))
+    try:
+        with pytest.raises(locks.Busy, match=f"^reference folder {out} is in use by host "
+                                             f"{socket.gethostname()} pid {other.pid} since "):
+            reference.export(str(sweep), str(out))
+        command = subprocess.run(
+            [sys.executable, "-m", "benchmarks.reference.export", f"--sweep_dir={sweep}",
+             f"--out_dir={out}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    finally:
+        other.kill()
+        other.wait()
+    assert command.returncode == 2, command.stderr
+    assert command.stderr.strip().splitlines()[-1].startswith(
+        f"error: reference folder {out} is in use by host")
+    assert sorted(os.listdir(out)) == [reference.EXPORT_LOCK]  # nothing written
+    rows = reference.export(str(sweep), str(out), table=True)  # once it is free
+    assert [row["learner"] for row in rows] == ["init_tune"]
+    assert sorted(os.listdir(out)) == ["results.csv", "runs", "table.md"]
+    assert json.load(open(out / rows[0]["run"] / "results.json"))["seed"] == 0
