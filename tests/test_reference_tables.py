@@ -51,7 +51,8 @@ def test_a_run_whose_overrides_make_another_task_is_filed_under_its_own_spec_nam
     partial = reference.run_row(str(tmp_path))  # no results.json: from its config.json
     name = cell_of({"config": config.to_json()})
     assert name.startswith("B7(") and partial["cell"] == name and partial["status"] == "partial"
-    assert partial["run"].endswith("/protonets/B3/seed0")  # its folder keeps the config's task
+    # its folder keeps the config's task, and names its overrides (reference_folders)
+    assert partial["run"].endswith("/protonets/B3/seed0-nss=7")
     rows = [row("protonets", "B3", 0.9), row("protonets", name, 0.4, **B7_FROM_B3)]
     beside = {line[2]: line for line in reference_report.beside_table1(
         rows, paper_results.TABLE1)[1:]}

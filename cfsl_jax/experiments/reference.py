@@ -12,7 +12,9 @@ Rules:
 - Each run's ``results.json`` (with its per-task test accuracy and cross-entropy, what
   paired differences need), ``val_history.json`` and ``config.json`` are copied as they
   are to ``runs/<budget>/<dataset as the sweep names it>/<learner>/<cell>/seed<k>/`` (never
-  a checkpoint; a partial run keeps its folder and row when it completes), so
+  a checkpoint; a partial run keeps its folder and row when it completes; a run of another
+  setting than the default, an ``--as_published`` preset or other learner options, has a
+  folder of its own, ``seed<k>-<setting>``: ``reference_folders``), so
   the numbers of a row are the bytes ``launch.verify --workdir=W`` checks:
   ``launch.verify --workdir=W --reference_csv=docs/reference/results.csv`` also checks
   that the row of W equals W's results.json (``row_differences``).
@@ -45,9 +47,9 @@ import json
 import os
 from typing import Any, Iterable, Sequence
 
+from cfsl_jax.experiments import reference_folders
 from cfsl_jax.experiments.cells import cell_of
 from cfsl_jax.experiments.report import _cell_order, _learner_order
-from cfsl_jax.experiments.sweep_plan import safe_name
 from cfsl_jax.runtime import checksums, files, locks
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training import as_published, budgets
@@ -205,9 +207,7 @@ def run_row(workdir: str, invocations: Sequence[dict] = (),
                    device=f"{result['backend']} x{result['devices']}",
                    wall_seconds=round(result["wall_seconds"], 1))
     # the sweep's own layout (config.dataset), so a run keeps its folder when it completes
-    row["run"] = "/".join(["runs", safe_name(budget), safe_name(config.dataset),
-                           safe_name(config.learner), safe_name(config.task),
-                           f"seed{config.seed}"])
+    row["run"] = reference_folders.run_folder(config, budget)  # its setting, where not default
     return {column: row.get(column, "") for column in COLUMNS}
 
 
@@ -258,6 +258,8 @@ def export(sweep_dir: str, out_dir: str, table: bool = False) -> list[dict[str, 
     rows = [run_row(workdir, invocations, variants) for workdir in run_dirs(sweep_dir)]
     if not rows:
         raise FileNotFoundError(f"no run (a folder with config.json) under {sweep_dir!r}")
+    # no run lands in a folder of another run (another setting: reference_folders)
+    reference_folders.check_targets(out_dir, run_dirs(sweep_dir), [row["run"] for row in rows])
     copies = {}  # every run file checked against its checksum before anything is written
     for workdir, row in zip(run_dirs(sweep_dir), rows):
         for name in RUN_FILES:
@@ -316,6 +318,8 @@ def find_row(rows: Sequence[dict[str, str]], result: dict[str, Any]) -> dict[str
     for row in rows:
         if (row["status"] == "complete" and row["learner"] == result["learner"]
                 and row["dataset"] == result["dataset"] and row["cell"] == cell_of(result)
-                and int(row["seed"]) == config.seed and row["budget"] == budget_name(config)):
+                and int(row["seed"]) == config.seed and row["budget"] == budget_name(config)
+                and row.get("run", "") in ("", reference_folders.run_folder(
+                    config, budget_name(config)))):  # its setting's row
             return row
     return None
