@@ -13,7 +13,7 @@ from cfsl_jax.training import checkpoints, pack_eval, results, tracking
 from cfsl_jax.training import runs
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.runtime.errors import UserError
-from cfsl_jax.training.evaluate import dataset_identity, task_fingerprint
+from cfsl_jax.training.evaluate import data_digest, dataset_identity, task_fingerprint
 
 CHECKED_METRICS = ("acc_mean", "acc_std", "acc_ci95", "ce_mean", "ce_std", "ce_ci95")
 CHECKED_LISTS = ("group_acc", "per_task")  # each class group's accuracy; each task's acc and CE
@@ -97,7 +97,8 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
     """Differences between ``workdir/results.json`` and a recomputation (empty list: MATCH).
 
     Checks every checksum first (``check_files``). Recomputes the test tasks' fingerprint
-    from (split, spec, seed) and, when
+    from (split, spec, seed), the test data's digest (``evaluate.data_digest``, where
+    results.json records it: ``test_data_sha256``) and, when
     ``metrics`` and the run has finished, the test metrics from its
     checkpoints (equal bit for bit on the same backend: the summaries, each class group's
     accuracy and each task's accuracy and CE; a run its pack tested is re-tested as
@@ -127,6 +128,12 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
             stored.dataset_identity != dataset_identity(splits["test"]):
         differences.append(f"dataset: recorded {stored.dataset_identity!r}, "
                            f"now {dataset_identity(splits['test'])!r}")
+    if recorded.get("test_data_sha256") is not None:  # (a record from before it: as before)
+        now = data_digest(splits["test"])
+        if now != recorded["test_data_sha256"]:
+            differences.append(f"test data: recorded SHA-256 {recorded['test_data_sha256'][:12]}, "
+                               f"now {now[:12]} (other class names, class order or images, "
+                               f"with the same counts: the fingerprint cannot tell)")
     counted = cost_differences(config, learner, splits, recorded) if costs else []
     if metrics and not differences:
         params = runs.restore_params(config, learner, splits, workdir, ensemble=True)

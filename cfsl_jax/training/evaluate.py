@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import time
 from typing import Any
 
@@ -70,7 +71,7 @@ def task_fingerprint(split: data.Split, spec: TaskSpec, num_tasks: int, seed: in
     Not the class names or the pixels: a dataset option that picks other classes with the same
     counts (Omniglot's ``class_split``) samples the same indices, so it gives the same
     fingerprint; the option is in the run's config, and ``report.per_task_accuracy`` pairs
-    runs on both."""
+    runs on both. The data itself is ``data_digest``'s (results.json's ``test_data_sha256``)."""
     tasks = sample_tasks(task_keys(seed, purpose, num_tasks), split.class_table,
                          split.class_sizes, spec)
     return _digest(split, [np.asarray(getattr(tasks, name)) for name in FINGERPRINTED])
@@ -91,6 +92,19 @@ def dataset_identity(split: data.Split) -> str:
     variant = info.variant or info.source
     return (f"{info.dataset} [{variant}] {info.split} {int(split.class_table.shape[0])} classes "
             f"{int(split.images.shape[0])} images {tuple(split.images.shape[1:])}")
+
+
+def data_digest(split: data.Split) -> str:
+    """SHA-256 of what a split holds, what ``task_fingerprint`` leaves out: its class names in
+    class order, its class table and every image's pixels. Two datasets (or class orders)
+    with the same counts sample the same task indices, so share a fingerprint; never a digest.
+    results.json records the test split's (``test_data_sha256``), ``launch.verify`` checks it."""
+    digest = hashlib.sha256(json.dumps(list(split.info.class_names)).encode())
+    for array in (split.class_table, split.class_sizes, split.images):
+        values = np.ascontiguousarray(jax.device_get(array))
+        digest.update(f"{values.dtype.str}{values.shape}".encode())
+        digest.update(values.tobytes())
+    return digest.hexdigest()
 
 
 def tasks_in_flight(spec: TaskSpec, image_shape: tuple[int, ...]) -> int:

@@ -63,6 +63,7 @@ def record(config, learner, splits, report: EvalRecord, workdir: str,
     statistics are recorded, not the process's); ``run_stats`` (a re-test: the training run's
     compile statistics) replace them; ``retest``: the row is marked a re-test's; ``pack_test``:
     its pack's one program tested the run (``pack_eval.test_pack``: ``test_in_pack``)."""
+    from cfsl_jax.training.evaluate import data_digest
     spec = learner.spec
     out = {
         "learner": learner.name,
@@ -82,6 +83,8 @@ def record(config, learner, splits, report: EvalRecord, workdir: str,
         "config": config.to_json(),
         "test": report.to_json(),
         "task_fingerprint": report.task_fingerprint,
+        # the test data itself (class names, order, images), which the fingerprint is not
+        "test_data_sha256": data_digest(splits["test"]),
     }
     if report.atm is not None:
         out["macs_rule"] = metrics.MACS_RULE  # the rules its costs were counted by

@@ -1,0 +1,60 @@
+"""The test data pinned in results.json (``test_data_sha256``): the task fingerprint covers the
+split's counts and the tasks' indices, not its class names or images, so another dataset (or
+class order) with the same counts has the same fingerprint; launch.verify must not say MATCH
+on it. Records written before the digest (docs/reference) verify as before.
+"""
+
+import dataclasses
+
+import numpy as np
+import jax.numpy as jnp
+
+from cfsl_jax.experiments import verify
+from cfsl_jax.training import results, runs
+from cfsl_jax.training.evaluate import data_digest, evaluate, task_fingerprint
+from test_integrity import CONFIG
+
+
+def reordered(split):
+    """``split`` with its classes in reverse order (names and images), the same counts and
+    class table: the same task indices, other data."""
+    images, table = np.asarray(split.images), np.asarray(split.class_table)
+    moved = images.copy()
+    for c in range(len(table)):
+        moved[table[c]] = images[table[len(table) - 1 - c]]
+    info = dataclasses.replace(split.info, class_names=split.info.class_names[::-1])
+    return split.replace(images=jnp.asarray(moved), info=info)
+
+
+def test_another_class_order_has_the_fingerprint_but_not_the_digest_and_verify_says_so(
+        tmp_path, monkeypatch):
+    learner, splits = runs.build(CONFIG)
+    other = reordered(splits["test"])
+    spec = learner.spec
+    assert task_fingerprint(other, spec, 7, 0) == task_fingerprint(splits["test"], spec, 7, 0)
+    assert data_digest(other) != data_digest(splits["test"])
+    renamed = splits["test"].replace(info=dataclasses.replace(
+        splits["test"].info, class_names=tuple(f"x{n}" for n in splits["test"].info.class_names)))
+    assert data_digest(renamed) != data_digest(splits["test"])
+    # a run's record (its untrained params: verify --nometrics compares no test numbers)
+    workdir = str(tmp_path / "w")
+    runs.check_workdir_config(workdir, CONFIG)
+    params = runs.init_params(learner, splits["train"], CONFIG.seed)
+    report = evaluate(learner, params, splits["test"], num_tasks=CONFIG.test_tasks,
+                      seed=CONFIG.task_seed, batch_size=CONFIG.eval_batch, cost_metrics=False)
+    recorded = results.record(CONFIG, learner, splits, report, workdir, wall_seconds=1.0,
+                              best_epochs=[])
+    assert recorded["test_data_sha256"] == data_digest(splits["test"])
+    assert verify.verify(workdir, metrics=False, costs=False) == []
+    real = runs.load_splits
+    monkeypatch.setattr(runs, "load_splits", lambda config: {
+        **real(config), "test": reordered(real(config)["test"])})
+    differences = verify.verify(workdir, metrics=False, costs=False)
+    assert len(differences) == 1 and differences[0].startswith("test data: recorded SHA-256 "), \
+        differences
+    # a record from before the digest: checked as before (fingerprint and counts)
+    monkeypatch.setattr(runs, "load_splits", real)
+    stored = results.read_json(f"{workdir}/results.json")
+    del stored["test_data_sha256"]
+    results.write_json(f"{workdir}/results.json", stored)
+    assert verify.verify(workdir, metrics=False, costs=False) == []
