@@ -258,8 +258,6 @@ def export(sweep_dir: str, out_dir: str, table: bool = False) -> list[dict[str, 
     rows = [run_row(workdir, invocations, variants) for workdir in run_dirs(sweep_dir)]
     if not rows:
         raise FileNotFoundError(f"no run (a folder with config.json) under {sweep_dir!r}")
-    # no run lands in a folder of another run (another setting: reference_folders)
-    reference_folders.check_targets(out_dir, run_dirs(sweep_dir), [row["run"] for row in rows])
     copies = {}  # every run file checked against its checksum before anything is written
     for workdir, row in zip(run_dirs(sweep_dir), rows):
         for name in RUN_FILES:
@@ -269,6 +267,10 @@ def export(sweep_dir: str, out_dir: str, table: bool = False) -> list[dict[str, 
                 checksums.check_text(source, text)
                 copies[files.join(out_dir, row["run"], name)] = text
     with locks.held(locks.path_in(out_dir, EXPORT_LOCK), f"reference folder {out_dir}"):
+        # no run lands in a folder of another run (another setting: reference_folders); under
+        # the lock, so that no other export fills the folder between the check and the writes
+        reference_folders.check_targets(out_dir, run_dirs(sweep_dir),
+                                        [row["run"] for row in rows])
         for target, text in copies.items():  # copied with their own checksums
             files.makedirs(files.dirname(target))
             checksums.write_text(target, text)
