@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from cfsl_jax.experiments import reference
+from cfsl_jax.experiments import reference, reference_report
 from cfsl_jax.runtime import locks
 from launch_inprocess import command_module, run_in_process
 from test_integrity import holder
@@ -90,7 +90,7 @@ def test_a_second_export_into_a_folder_is_refused_naming_the_holder(tmp_path):
     assert command.stderr.strip().splitlines()[-1].startswith(
         f"error: reference folder {out} is in use by host")
     assert sorted(os.listdir(out)) == [reference.EXPORT_LOCK]  # nothing written
-    rows = reference.export(str(sweep), str(out), table=True)  # once it is free
+    rows = reference.export(str(sweep), str(out), table=reference_report.write_table)  # once it is free
     assert [row["learner"] for row in rows] == ["init_tune"]
     assert sorted(os.listdir(out)) == ["results.csv", "runs", "table.md"]
     assert json.load(open(out / rows[0]["run"] / "results.json"))["seed"] == 0

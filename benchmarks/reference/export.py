@@ -19,7 +19,7 @@ import os
 
 from absl import flags
 
-from cfsl_jax.experiments import reference
+from cfsl_jax.experiments import reference, reference_report
 from launch import cli
 from launch.checks import check_input_dir, check_output_dir
 
@@ -39,7 +39,7 @@ def main(argv) -> None:
     check()
     # and the grid at a glance, from the CSV; under the folder's lock (a second export into
     # it is refused, naming the holder)
-    rows = reference.export(_SWEEP_DIR.value, _OUT_DIR.value, table=True)
+    rows = reference.export(_SWEEP_DIR.value, _OUT_DIR.value, table=reference_report.write_table)
     done = sum(row["status"] == "complete" for row in rows)
     print(f"{os.path.join(_OUT_DIR.value, 'results.csv')}: {len(rows)} rows ({done} complete, "
           f"{len(rows) - done} partial)")

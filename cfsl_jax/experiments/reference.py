@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from cfsl_jax.experiments import reference_folders
 from cfsl_jax.experiments.cells import cell_of
@@ -244,9 +244,11 @@ def remaining(rows: Iterable[dict[str, str]], budget: str, learners: str, cell: 
             if any((learner, seed) not in done for seed in wanted)]
 
 
-def export(sweep_dir: str, out_dir: str, table: bool = False) -> list[dict[str, Any]]:
+def export(sweep_dir: str, out_dir: str,
+           table: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Write ``out_dir/results.csv`` and ``out_dir/runs/...`` from ``sweep_dir`` (``table``:
-    and ``table.md``, ``reference_report.write_table``); the rows. Every run file is read and
+    and what ``table(out_dir)`` writes, e.g. ``reference_report.write_table``'s table.md,
+    under the same lock; passed in, as reference_report imports this module); the rows. Every run file is read and
     checked first; then the writes, under ``out_dir``'s lock (``EXPORT_LOCK``: a second export
     into it is refused, ``locks.Busy`` naming the holder), each file replaced atomically."""
     invocations = read_provenance(sweep_dir)
@@ -280,9 +282,8 @@ def export(sweep_dir: str, out_dir: str, table: bool = False) -> list[dict[str, 
                 if row["run"] not in ours] if files.exists(csv_path) else []
         rows = sorted_rows([*kept, *rows])
         files.write_atomic(csv_path, results_io.csv_text(rows, COLUMNS))
-        if table:
-            from cfsl_jax.experiments import reference_report
-            reference_report.write_table(out_dir)
+        if table is not None:
+            table(out_dir)
     return rows
 
 
