@@ -64,6 +64,7 @@ import pytest
 
 from cfsl_jax.runtime import backend, parallel
 from cfsl_jax import data
+from cfsl_jax.fluid import StreamConfig
 from cfsl_jax.training import train
 
 backend.set_precision(TEST_PRECISION)
@@ -144,6 +145,12 @@ TINY_SWEEP = dict(
     spec_overrides={"nc": 3, "kt": 2}, epochs=2, iters_per_epoch=3, meta_batch=2,
     val_tasks=4, test_tasks=4, eval_batch=4, keep_best=2, log_every=2)
 TINY_SWEEP_LEARNER_OPTIONS = {"init_tune": {"inner_steps": 1}}
+# A FLUID run of seconds (tests/test_fluid_sealed.py, tests/test_verify_fluid.py): one stream
+# of 90 samples and one validation stream, NCM, on a small synthetic set (FluidConfig fields).
+TINY_FLUID_NEW_CLASS = dict(methods=("ncm",), stream=StreamConfig(
+    num_classes=6, length=90, pretrain_fraction=0.25, head_threshold=15, min_pretrain_samples=5,
+    pretrain_classes=6), num_streams=1, validation_streams=1, pretrain_steps=3, filters=8,
+    dataset_options={"num_classes": 20, "samples_per_class": 30, "image_size": 16})
 WORKER_JAX_OPTIONS = {"jax_disable_most_optimizations": True,
                       "jax_persistent_cache_min_compile_time_secs": 0.0}
 

@@ -11,15 +11,12 @@ import types
 import numpy as np
 import pytest
 
-from cfsl_jax import fluid
 from cfsl_jax.fluid import experiment, new_class
 from cfsl_jax.runtime import checksums
 from cfsl_jax.runtime.errors import UserError
+from conftest import TINY_FLUID_NEW_CLASS
 
-TINY = dict(methods=("ncm",), stream=fluid.StreamConfig(
-    num_classes=6, length=90, pretrain_fraction=0.25, head_threshold=15, min_pretrain_samples=5,
-    pretrain_classes=6), num_streams=1, validation_streams=1, pretrain_steps=3, filters=8,
-    dataset_options={"num_classes": 20, "samples_per_class": 30, "image_size": 16})
+TINY = TINY_FLUID_NEW_CLASS
 CONFIG = experiment.FluidConfig(**TINY, method_options={"ncm": {"new_class": True}})
 
 

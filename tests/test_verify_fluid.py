@@ -13,11 +13,9 @@ from cfsl_jax.experiments import verify_fluid
 from cfsl_jax.fluid import experiment
 from cfsl_jax.runtime import checksums, json_files
 from launch_inprocess import command_module, run_in_process
+from conftest import TINY_FLUID_NEW_CLASS
 
-TINY = dict(methods=("ncm",), stream=fluid.StreamConfig(
-    num_classes=6, length=90, pretrain_fraction=0.25, head_threshold=15, min_pretrain_samples=5,
-    pretrain_classes=6), num_streams=1, validation_streams=1, pretrain_steps=3, filters=8,
-    dataset_options={"num_classes": 20, "samples_per_class": 30, "image_size": 16})
+TINY = TINY_FLUID_NEW_CLASS
 CONFIG = experiment.FluidConfig(**TINY, method_options={"ncm": {"new_class": True}})
 
 
