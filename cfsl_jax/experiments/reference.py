@@ -246,11 +246,12 @@ def remaining(rows: Iterable[dict[str, str]], budget: str, learners: str, cell: 
 
 def export(sweep_dir: str, out_dir: str,
            table: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Write ``out_dir/results.csv`` and ``out_dir/runs/...`` from ``sweep_dir`` (``table``:
-    and what ``table(out_dir)`` writes, e.g. ``reference_report.write_table``'s table.md,
-    under the same lock; passed in, as reference_report imports this module); the rows. Every run file is read and
-    checked first; then the writes, under ``out_dir``'s lock (``EXPORT_LOCK``: a second export
-    into it is refused, ``locks.Busy`` naming the holder), each file replaced atomically."""
+    """Write ``out_dir/results.csv`` and ``out_dir/runs/...`` from ``sweep_dir`` (``table``: and
+    what ``table(out_dir)`` writes, e.g. ``reference_report.write_table``'s table.md, under the
+    same lock; passed in, as reference_report imports this module); the rows. Every run file is
+    read and checked first; then the writes, under ``out_dir``'s lock (``EXPORT_LOCK``: a second
+    export into it is refused, ``locks.Busy`` naming the holder), each file replaced
+    atomically."""
     invocations = read_provenance(sweep_dir)
     variants = {}
     for workdir in run_dirs(sweep_dir):

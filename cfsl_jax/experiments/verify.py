@@ -44,9 +44,9 @@ def load(workdir: str, **paths: str | None) -> tuple[TrainConfig, dict]:
 
 def check_files(workdir: str) -> list[str]:
     """Check the SHA-256 of every checked file of ``workdir`` (its JSON files, the sealed part
-    of its metrics.jsonl and each checkpoint's files), saying which were checked; ``checksums.Corrupt`` (one line naming the
-    file) at the first that fails. Returns the names checked (not the files of a workdir
-    written before checksums: said once)."""
+    of its metrics.jsonl and each checkpoint's files), saying which were checked;
+    ``checksums.Corrupt`` (one line naming the file) at the first that fails. Returns the names
+    checked (not the files of a workdir written before checksums: said once)."""
     if not checksums.has_manifest(workdir):
         checksums.legacy(workdir)
     checked = []

@@ -19,9 +19,10 @@ A command that finds a live lock is refused (``Busy``, a ``UserError``: one line
 holder, exit status 2). A stale lock is taken over (renamed aside atomically, so of two
 commands taking it over at once one wins; on an object store, where a rename is a copy and a
 delete, the one that creates the marker ``.lock.taken-<token>`` first; a file renamed aside that
-is not the one judged stale, but the winner's new lock, is put back) with a line saying so. On an object store the lock is
-created only if absent (``mode="create"``: GCS's generation precondition). A lock is removed when its
-holder ends, also by an exception or a stop signal; a SIGKILL leaves it behind, stale.
+is not the one judged stale, but the winner's new lock, is put back) with a line saying so. On
+an object store the lock is created only if absent (``mode="create"``: GCS's generation
+precondition). A lock is removed when its holder ends, also by an exception or a stop signal; a
+SIGKILL leaves it behind, stale.
 """
 
 from __future__ import annotations

@@ -227,7 +227,8 @@ class Metrics(Hook):
 
 class Checkpoint(Hook):
     """Saves ``checkpoints/latest`` (and the session's time: ``sessions``; and seals
-    metrics.jsonl: ``Tracking.seal``) at every checkpoint step, epoch end, and on a stop the last step reached (losses checked finite first)."""
+    metrics.jsonl: ``Tracking.seal``) at every checkpoint step, epoch end, and on a stop the
+    last step reached (losses checked finite first)."""
 
     def __init__(self, phase: Phase, start: int, outputs: Outputs, metrics: Metrics):
         self.phase, self.outputs, self.metrics = phase, outputs, metrics
