@@ -149,3 +149,39 @@ def test_lines_after_the_seal_may_be_cut_and_an_unsealed_file_still_reads(tmp_pa
     edit_first_loss(path)
     assert tracking.read(path)[0]["loss"] == before[0]["loss"] + 1.0
     assert tracking.METRICS_FILE not in verify.check_files(workdir)
+
+
+def test_a_seal_extends_the_lines_this_run_appended_without_reading_the_file(tmp_path,
+                                                                             monkeypatch):
+    path = tmp_path / tracking.METRICS_FILE
+    path.write_bytes(b'{"phase": "train", "step": 0}\n{"phase": "tr')  # a kill mid-line
+    reads = []
+    read_bytes = checksums.files.read_bytes
+    monkeypatch.setattr(checksums.files, "read_bytes",
+                        lambda name: reads.append(name) or read_bytes(name))
+
+    def sealed() -> list:
+        return json.loads((tmp_path / checksums.MANIFEST).read_text())[tracking.METRICS_FILE]
+
+    run = tracking.Tracking(str(tmp_path))
+    run.seal()  # the file ends in a line cut short: its complete lines sealed, no digest kept
+    assert sealed() == [[30, checksums.sha256(path.read_bytes()[:30])]] and reads
+    run.scalars("train", 1, {"loss": 0.5})  # completes the cut line (a line read skips)
+    run.seal()  # read again, then extended with each appended line
+    for step in range(2, 40):
+        run.scalars("train", step, {"loss": 1.0 / step, "acc": [0.5, 0.25]})
+        if step % 7 == 0:
+            run.seal()
+    run.close()
+    data = path.read_bytes()
+    assert len(reads) == 2 and sealed() == [[len(data), checksums.sha256(data)]]
+    assert [r["step"] for r in tracking.read(str(path))] == [0] + list(range(2, 40))
+    reads.clear()
+    run = tracking.Tracking(str(tmp_path))
+    run.seal()
+    run.scalars("train", 40, {"loss": 0.0})
+    path.write_bytes(data[:data.rfind(b"\n", 0, -1) + 1])  # another hand drops a line
+    run.scalars("train", 41, {"loss": 0.0})
+    run.seal()  # the file is not what its digest says: read again, and sealed as it is
+    data = path.read_bytes()
+    assert len(reads) == 2 and sealed() == [[len(data), checksums.sha256(data)]]

@@ -34,7 +34,8 @@ once per folder.
 Append-only files (``metrics.jsonl``: a run's records, appended as it trains): the manifest
 holds ``{name: [[length, sha256], ...]}``, the SHA-256 of the file's first ``length`` bytes,
 recorded at every checkpoint and when the run ends (``seal_appended``: every complete line so
-far). ``read_appended`` checks that part on every read (``Corrupt``: one line naming the file);
+far; its writer keeps a ``RunningDigest`` of what it appended, so a seal costs what was
+appended since the last, not the file). ``read_appended`` checks that part on every read (``Corrupt``: one line naming the file);
 the lines after it (a kill's, before the next checkpoint) are read as they are, a line cut
 short skipped. A resume that drops records (``replace_appended``) records the new seal beside
 the old one, replaces the file, then keeps the new one. A file with no seal recorded (written
@@ -260,14 +261,39 @@ def read_sealed(path: str, advice: str) -> dict:
 
 
 # -- append-only files -----------------------------------------------------------------------
-def seal_appended(path: str) -> None:
+class RunningDigest:
+    """The length and SHA-256 of an append-only file's complete lines, kept up to date by its
+    one writer as it appends (``update``), so that a seal need not read the file again."""
+
+    def __init__(self, data: bytes = b""):
+        self.length, self._hash = len(data), hashlib.sha256(data)
+
+    def update(self, data: bytes) -> None:
+        self.length += len(data)
+        self._hash.update(data)
+
+    def seal(self) -> list:
+        return [self.length, self._hash.hexdigest()]
+
+
+def seal_appended(path: str, digest: RunningDigest | None = None) -> RunningDigest | None:
     """Record in the folder's manifest the length and SHA-256 of ``path``'s complete lines
     (up to its last newline), flushed to the disk first: readers check that part from then on
-    (``read_appended``). Nothing when ``path`` does not exist."""
+    (``read_appended``). ``digest``: those lines' running digest, kept by the file's writer
+    (the file is not read again); None: the file is read. Returns the digest for the next
+    seal to extend (None when the file ends in a line cut short, whose completion the writer
+    cannot know, or does not exist: nothing is sealed then)."""
     if not files.isfile(path):
-        return
-    data = files.read_bytes(path)
-    data = data[:data.rfind(b"\n") + 1]
+        return None
+    if digest is not None and (files.is_url(path) or os.path.getsize(path) != digest.length):
+        digest = None  # changed by another hand since (or remote, rewritten whole): read it
+    if digest is None:
+        data = files.read_bytes(path)
+        complete = data[:data.rfind(b"\n") + 1]
+        digest = RunningDigest(complete) if len(complete) == len(data) else None
+        seal = digest.seal() if digest else [len(complete), sha256(complete)]
+    else:
+        seal = digest.seal()
     if not files.is_url(path):  # never a seal of bytes a power loss takes back
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -277,7 +303,8 @@ def seal_appended(path: str) -> None:
                 os.close(fd)
         except OSError:
             pass
-    _record_seals(path, [[len(data), sha256(data)]])
+    _record_seals(path, [seal])
+    return digest
 
 
 def _seals(path: str) -> list[list]:

@@ -13,7 +13,8 @@ after the one it resumed from (``rewind``: a kill between two checkpoints left t
 are redone), then appends: no step is recorded twice.
 
 The file is sealed (``checksums.seal_appended``: its length and SHA-256 in the workdir's
-``checksums.json``) at every checkpoint (``seal``) and when the run ends (``close``); every
+``checksums.json``) at every checkpoint (``seal``: the first reads the file, later ones
+extend a running digest of the lines this run appended) and when the run ends (``close``); every
 read checks that part (``read``: ``checksums.Corrupt``, one line naming the file, for a
 changed number), the lines after it (a kill's) are read as they are, a line cut short
 skipped. A rewind checks the file, then replaces it with its new seal
@@ -63,6 +64,7 @@ class Tracking:
                  wandb_project: str | None = None, config: Mapping[str, Any] | None = None):
         self.path = files.join(workdir, METRICS_FILE) if workdir else None
         self.writer = self.wandb_run = None
+        self._digest: checksums.RunningDigest | None = None  # of the lines this run appended
         primary = results.is_primary()
         if workdir and tensorboard and primary:
             writer = _optional("tensorboardX", "--tensorboard", "tensorboardX")
@@ -90,7 +92,10 @@ class Tracking:
             line = {"phase": phase, "step": int(step), "time": round(time.time(), 3), **{
                 k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
                 for k, v in flat.items()}}
-            files.append_text(self.path, json.dumps(line, sort_keys=True) + "\n")
+            text = json.dumps(line, sort_keys=True) + "\n"
+            files.append_text(self.path, text)
+            if self._digest is not None:
+                self._digest.update(text.encode())
         if self.writer is not None:
             for name, value in flat.items():
                 if name in NOT_CURVES:
@@ -117,6 +122,7 @@ class Tracking:
         if len(kept) == len(lines):
             return
         checksums.replace_appended(self.path, b"".join(kept), kept_sealed)
+        self._digest = None  # the next seal reads the file again
         if self.writer is not None:  # TensorBoard hides the events of the purged steps
             logdir = self.writer.logdir
             self.writer.close()
@@ -133,7 +139,7 @@ class Tracking:
     def seal(self) -> None:
         """Seal the records so far (a checkpoint was written): readers check them from now."""
         if self.path:
-            checksums.seal_appended(self.path)
+            self._digest = checksums.seal_appended(self.path, self._digest)
 
     def close(self) -> None:
         self.seal()
