@@ -66,7 +66,7 @@ def breakdown(log_path: str, total: float, workdir: str) -> dict[str, float]:
     run's metrics.jsonl (every logged window's steps over its ``steps_per_s``), a window that a
     pack of K computed counted 1/K for each of its runs (``packs.json``: the pack of each phase
     from its first step on); a run whose training logs no windows (pretraining on uniform
-    images, ``loop.run_steps``) from its own "done in" lines."""
+    images, ``plain_loop.run_steps``) from its own "done in" lines."""
     spent = dict.fromkeys(("compile", "train", "val", "test"), 0.0)
     logged = set()  # the runs (learner/cell/seed, as the log names them) with windows
     for root, _, names in os.walk(workdir):

@@ -159,7 +159,7 @@ def test_a_reference_with_two_settings_of_a_learner_cell_pairs_each_setting_on_i
     """Runs of one learner and cell with other learner options share a budget group (one
     preset, dataset options, spec overrides): the paired differences and "what each part
     adds" keep the settings apart, named by their options, instead of refusing the reference
-    (report.per_task_accuracy's same-experiment check)."""
+    (paired.per_task_accuracy's same-experiment check)."""
     tune = np.array([0.2, 0.4, 0.6, 0.8])
     sweep = tmp_path / "sweep"
     fake_run(sweep, "init_tune", 0, tune)

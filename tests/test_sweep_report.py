@@ -502,7 +502,7 @@ def test_figure4_says_which_learners_lines_coincide(tmp_path):
 
 
 def test_paired_differences_compare_learners_task_by_task_on_shared_tasks():
-    from cfsl_jax.experiments.report import paired_rows
+    from cfsl_jax.experiments.paired import paired_rows
 
     def run(learner, seed, acc, fingerprint="f", cell="B3", **data):
         return {"dataset": "d", "learner": learner, "seed": seed, "config": {"task": cell, **data},

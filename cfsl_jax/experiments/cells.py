@@ -6,14 +6,16 @@ overrides make another cell of the paper's grid (``B3`` with ``--overwrite --nss
 reported under that cell, and one whose overrides make a task outside the grid under its own
 spec name, which no Table 1 cell has (``cell_of``). The runs of one cell are averaged across
 seeds only when they differ in nothing else that changes their numbers
-(``check_same_experiment``).
+(``check_same_experiment``). Tables list cells and learners in the paper's order
+(``cell_order``, ``learner_order``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Iterable
 
+from cfsl_jax.learners import LEARNERS
 from cfsl_jax.protocol.spec import PAPER_GRID, TaskSpec
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training.config import COMPUTATION_OPTIONS, from_json
@@ -89,3 +91,15 @@ def check_same_experiment(key: tuple[str, ...], first: dict[str, Any], result: d
             f"{'/'.join(key)}: the runs of seeds {first['seed']} and {result['seed']} differ "
             f"in {', '.join(differs)}, not only in their seed; report each experiment from "
             f"its own sweep directory")
+
+
+def cell_order(cells: Iterable[str]) -> list[str]:
+    """``cells`` in the paper's grid order, then any others sorted."""
+    cells = set(cells)
+    return [c for c in PAPER_GRID if c in cells] + sorted(cells - set(PAPER_GRID))
+
+
+def learner_order(learners: Iterable[str]) -> list[str]:
+    """``learners`` in the registry's order, then any others sorted."""
+    learners = set(learners)
+    return [name for name in LEARNERS if name in learners] + sorted(learners - set(LEARNERS))

@@ -49,7 +49,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from cfsl_jax.experiments import reference_folders
 from cfsl_jax.experiments.cells import cell_of
-from cfsl_jax.experiments.report import _cell_order, _learner_order
+from cfsl_jax.experiments.cells import cell_order, learner_order
 from cfsl_jax.runtime import checksums, files, locks
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training import as_published, budgets
@@ -219,8 +219,8 @@ def _sort_key(row: dict, cells: list[str], learners: list[str]) -> tuple:
 def sorted_rows(rows: Iterable[dict]) -> list[dict]:
     """Rows by dataset, budget, cell (the paper's grid order), learner (registry order), seed."""
     rows = list(rows)
-    cells = _cell_order(row["cell"] for row in rows)
-    learners = _learner_order(row["learner"] for row in rows)
+    cells = cell_order(row["cell"] for row in rows)
+    learners = learner_order(row["learner"] for row in rows)
     return sorted(rows, key=lambda row: _sort_key(row, cells, learners))
 
 

@@ -18,7 +18,7 @@
 - ``components``: paired differences over the shared test tasks between learners that
   differ in one part (``PAIRS``): what pretraining adds to fine-tuning, what EWC adds, what
   SCA's critic adds to MAML++ H, each within one dataset, budget and cell
-  (``report.per_task_accuracy``). A learner with runs of more than one setting there (other
+  (``paired.per_task_accuracy``). A learner with runs of more than one setting there (other
   learner options) has a row per setting, named ``learner [setting]``
   (``by_learner_setting``): its settings are never averaged together.
 """
@@ -30,7 +30,8 @@ from typing import Hashable, Iterable, Sequence
 
 import numpy as np
 
-from cfsl_jax.experiments import reference, report
+from cfsl_jax.experiments import paired, reference, report
+from cfsl_jax.experiments.cells import cell_order, learner_order
 from cfsl_jax.training import as_published
 from cfsl_jax.training.config import COMPUTATION_OPTIONS, from_json
 
@@ -129,7 +130,7 @@ def by_budget(found: Sequence[dict]) -> list[tuple[str, str, list[dict]]]:
 def by_learner_setting(subset: Sequence[dict]) -> list[dict]:
     """``subset`` (the runs of one ``by_budget`` group), a learner's runs of a cell renamed
     ``learner [setting]`` (``setting_labels``) where that learner holds more than one setting
-    there (other learner options): ``report.per_task_accuracy`` then averages and pairs each
+    there (other learner options): ``paired.per_task_accuracy`` then averages and pairs each
     setting's runs on their own, and never refuses two settings as one experiment."""
     keyed = [((r["learner"], report.cell_of(r)), result_setting(r)) for r in subset]
     labels = setting_labels(keyed)
@@ -150,8 +151,8 @@ def _groups(found: Sequence[dict]) -> dict[tuple, list[dict]]:
         key = (result["dataset"], result["_budget"], result_setting(result), result["learner"],
                report.cell_of(result))
         groups.setdefault(key, []).append(result)
-    cells = report._cell_order(key[4] for key in groups)
-    learners = report._learner_order(key[3] for key in groups)
+    cells = cell_order(key[4] for key in groups)
+    learners = learner_order(key[3] for key in groups)
     return dict(sorted(groups.items(), key=lambda item: (
         item[0][0], item[0][1], item[0][2], learners.index(item[0][3]),
         cells.index(item[0][4]))))
@@ -204,12 +205,12 @@ def components(found: Sequence[dict]) -> list[list[str]]:
             "difference (points)", "95 % CI", "tasks"]]
     for dataset, budget, subset in by_budget(found):
         renamed = by_learner_setting(subset)
-        for cell, accuracy in report.per_task_accuracy(renamed, dataset).items():
-            names = report._learner_order(accuracy)
+        for cell, accuracy in paired.per_task_accuracy(renamed, dataset).items():
+            names = learner_order(accuracy)
             for learner, against, part in PAIRS:  # each setting of one beside each of the other
                 for mine in (n for n in names if base_learner(n) == learner):
                     for theirs in (n for n in names if base_learner(n) == against):
                         out.append([dataset, budget, cell, part, mine, theirs,
-                                    *report.difference_columns(accuracy[mine],
+                                    *paired.difference_columns(accuracy[mine],
                                                                accuracy[theirs])])
     return out

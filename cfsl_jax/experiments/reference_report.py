@@ -21,7 +21,7 @@ a fresh clone without training anything. Writes ``reference.md`` and
   there the difference, with the preset, and what it leaves out where it reproduces only
   part (``paper_era.as_published``: an EWC row's re-copy, a D cell under ``feb2020``).
 - **Paired differences**: within each (dataset, budget), each learner against its cell's
-  most accurate one over the shared test tasks (``report.paired_rows``); a learner's runs of
+  most accurate one over the shared test tasks (``paired.paired_rows``); a learner's runs of
   two settings (other learner options) are two learners there, each named with its setting.
 - **Does every learner learn, and what each part adds** (``reference_checks``): each
   learner's test accuracy beside chance with its validation curve and a verdict, and paired
@@ -46,6 +46,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from cfsl_jax.experiments import paper_era, paper_results, reference, reference_checks, report
+from cfsl_jax.experiments.cells import cell_order, learner_order
+from cfsl_jax.experiments.paired import paired_rows
 # your runs beside the reference: also read as reference_report.X (launch.report, tests)
 from cfsl_jax.experiments.reference_yours import beside_yours, other_data  # noqa: F401
 from cfsl_jax.runtime import files, plotting
@@ -145,10 +147,10 @@ def grid(rows: Sequence[dict], paper: dict) -> list[tuple[str, list[list[str]]]]
                                            for r in ordered):
         subset = [r for r in ordered
                   if (r["dataset"], r["paper_budget"] == "True") == (dataset, at_paper)]
-        cells = report._cell_order(r["cell"] for r in subset)
+        cells = cell_order(r["cell"] for r in subset)
         table = [["learner", "budget", "training tasks",
                   *(f"{c} {who}" for c in cells for who in ("ours", "Table 1"))]]
-        for learner in report._learner_order(r["learner"] for r in subset):
+        for learner in learner_order(r["learner"] for r in subset):
             for budget, kind in dict.fromkeys((r["budget"], reference_checks.row_setting(r))
                                               for r in subset if r["learner"] == learner):
                 mine = [r for r in subset if (r["learner"], r["budget"]) == (learner, budget)
@@ -273,13 +275,13 @@ def write_table(reference_dir: str) -> str:
 
 
 def paired(found: Sequence[dict]) -> list[list[str]]:
-    """``report.paired_rows`` within each (dataset, budget), with those two columns first; a
+    """``paired.paired_rows`` within each (dataset, budget), with those two columns first; a
     learner with runs of more than one setting of a cell there is a learner per setting,
     ``learner [setting]`` (``reference_checks.by_learner_setting``), never averaged together."""
-    out = [["dataset", "budget", *report.paired_rows([], "")[0]]]
+    out = [["dataset", "budget", *paired_rows([], "")[0]]]
     for dataset, budget, subset in reference_checks.by_budget(found):
         renamed = reference_checks.by_learner_setting(subset)
-        out += [[dataset, budget, *row] for row in report.paired_rows(renamed, dataset)[1:]]
+        out += [[dataset, budget, *row] for row in paired_rows(renamed, dataset)[1:]]
     return out
 
 
@@ -313,7 +315,7 @@ def plot_convergence(data: dict[str, dict[str, tuple]], path: str) -> str | None
     """Validation accuracy against training tasks, a panel per cell; None with no curve."""
     if not data:
         return None
-    cells = report._cell_order(data)
+    cells = cell_order(data)
     figure, axes = plotting.subplots(1, len(cells), figsize=(4.5 * len(cells), 4),
                                      squeeze=False)
     for axis, cell in zip(axes[0], cells):

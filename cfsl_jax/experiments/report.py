@@ -34,7 +34,7 @@ Rules:
 - Files: the sweep directory and the report folder may be local or ``gs://``; every file is
   written atomically (``files.write_atomic``), so shards finishing at once each leave whole
   files (the last one's report).
-- Paired differences (``paired_rows``): runs record each test task's accuracy;
+- Paired differences (``paired.paired_rows``): runs record each test task's accuracy;
   learners tested on the same tasks (the same task fingerprint: a fixed
   ``--eval_seed``) are compared task by task with the cell's most accurate one.
 """
@@ -45,20 +45,17 @@ import functools
 import json
 from typing import Any, Iterable, NamedTuple, Sequence
 
-import numpy as np
-
-
 from cfsl_jax.experiments import figures, paper_results
 # cell_of, PROTOCOL_FIELDS, SEED_FIELDS: also read as report.X (reference_report, tests)
 from cfsl_jax.experiments.cells import (PROTOCOL_FIELDS, SEED_FIELDS,  # noqa: F401
-                                        _resolved_spec, cell_of, check_same_experiment)
+                                        _resolved_spec, cell_of, cell_order,
+                                        check_same_experiment, learner_order)
+from cfsl_jax.experiments.paired import paired_rows
 from cfsl_jax.protocol import metrics
 from cfsl_jax.runtime import files
 from cfsl_jax.training import results as results_io
-from cfsl_jax.learners import LEARNERS
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training.records import EvalRecord
-from cfsl_jax.protocol.spec import PAPER_GRID, TaskSpec
 from cfsl_jax.experiments.sweep_plan import safe_name
 from cfsl_jax.training.config import from_json
 
@@ -128,16 +125,6 @@ def aggregate(results: Iterable[dict[str, Any]], metric: str) -> dict[Key, Aggre
     return out
 
 
-def _cell_order(cells: Iterable[str]) -> list[str]:
-    cells = set(cells)
-    return [c for c in PAPER_GRID if c in cells] + sorted(cells - set(PAPER_GRID))
-
-
-def _learner_order(learners: Iterable[str]) -> list[str]:
-    learners = set(learners)
-    return [name for name in LEARNERS if name in learners] + sorted(learners - set(LEARNERS))
-
-
 def _pretraining(budget: dict) -> str:
     """How the run's config (read by ``config.from_json``) pretrains."""
     if budget["pretrain_data"] == "tasks":
@@ -172,9 +159,9 @@ def format_value(metric: str, mean: float, std: float | None = None) -> str:
 def table(aggregates: dict[Key, Aggregate], dataset: str, metric: str) -> list[list[str]]:
     """Table 1 of one dataset: a header row, then one row per learner (cells as columns)."""
     keys = [key for key in aggregates if key[0] == dataset]
-    cells = _cell_order(key[2] for key in keys)
+    cells = cell_order(key[2] for key in keys)
     rows = [["learner", *cells]]
-    for learner in _learner_order(key[1] for key in keys):
+    for learner in learner_order(key[1] for key in keys):
         row = [learner]
         for cell in cells:
             found = aggregates.get((dataset, learner, cell))
@@ -222,8 +209,8 @@ def paper_comparison(accuracy: dict[Key, Aggregate], dataset: str, paper: dict,
     other_classes = set(other_classes)
     rows = [["learner", "cell", "ours (%)", "paper (%)", "difference (points)"]]
     keys = [key for key in accuracy if key[0] == dataset]
-    for learner in _learner_order(key[1] for key in keys):
-        for cell in _cell_order(key[2] for key in keys if key[1] == learner):
+    for learner in learner_order(key[1] for key in keys):
+        for cell in cell_order(key[2] for key in keys if key[1] == learner):
             ours = accuracy[(dataset, learner, cell)]
             theirs = paper_value(paper, dataset, learner, cell)
             if theirs is None:
@@ -244,8 +231,8 @@ def long_rows(aggregates: dict[Key, Aggregate], dataset: str, metric: str,
     paper's mean/std and the difference (percent) where the paper has them."""
     rows = []
     keys = [key for key in aggregates if key[0] == dataset]
-    for learner in _learner_order(key[1] for key in keys):
-        for cell in _cell_order(key[2] for key in keys if key[1] == learner):
+    for learner in learner_order(key[1] for key in keys):
+        for cell in cell_order(key[2] for key in keys if key[1] == learner):
             found = aggregates[(dataset, learner, cell)]
             row = {"dataset": dataset, "learner": learner, "cell": cell,
                    "nss": found.spec["nss"], "cci": found.spec["cci"],
@@ -264,57 +251,6 @@ def write_csv(path: str, rows: Sequence[dict[str, Any]]) -> None:
     if not rows:
         raise ValueError(f"no rows to write to {path}")
     files.write_atomic(path, results_io.csv_text(rows))
-
-
-def per_task_accuracy(results: Iterable[dict[str, Any]],
-                      dataset: str) -> dict[str, dict[str, np.ndarray]]:
-    """{cell: {learner: accuracy per test task}} of ``dataset``'s runs on each cell's most
-    common test tasks (task fingerprint and dataset options), a learner's seeds averaged task
-    by task (with a fixed ``--eval_seed`` every seed tests the same tasks); runs without
-    per-task accuracies are left out; a cell whose runs differ in more than their seed is
-    refused (ValueError)."""
-    cells: dict[str, dict[str, dict[str, list]]] = {}  # cell -> fingerprint -> learner -> runs
-    first: dict[Key, dict] = {}
-    for result in results:
-        per_task = result["test"].get("per_task")
-        if result["dataset"] != dataset or per_task is None:
-            continue
-        key = (dataset, result["learner"], cell_of(result))
-        check_same_experiment(key, first.setdefault(key, result), result)
-        cell = cells.setdefault(key[2], {})
-        # the fingerprint hashes the tasks' indices in a split named by its variant, which a
-        # dataset option such as Omniglot's class_split does not change: the options too
-        same_tasks = (result["task_fingerprint"], json.dumps(
-            from_json(result["config"]).dataset_options, sort_keys=True))
-        cell.setdefault(same_tasks, {}).setdefault(
-            result["learner"], []).append(np.asarray(per_task["acc"], np.float64))
-    return {cell: {name: np.mean(runs, axis=0)
-                   for name, runs in max(cells[cell].values(), key=len).items()}
-            for cell in _cell_order(cells)}
-
-
-def difference_columns(mine: np.ndarray, theirs: np.ndarray) -> list[str]:
-    """[mean per-task difference (points, signed), ±its 95 % CI half-width
-    (``metrics.summarize``), tasks] of two per-task accuracy arrays on the same tasks."""
-    stats = metrics.summarize(np.asarray(mine, np.float64) - np.asarray(theirs, np.float64))
-    return [f"{100 * stats['mean']:+.2f}", f"±{100 * stats['ci95']:.2f}", str(np.size(mine))]
-
-
-def paired_rows(results: Iterable[dict[str, Any]], dataset: str) -> list[list[str]]:
-    """Each learner against its cell's most accurate learner on the same test tasks.
-
-    Tasks and seeds as ``per_task_accuracy``. Entry: the mean of the per-task differences
-    (learner - best, points) and its 95 % CI half-width (``metrics.summarize``), over the
-    shared tasks.
-    """
-    rows = [["cell", "learner", "against", "difference (points)", "95 % CI", "tasks"]]
-    for cell, accuracy in per_task_accuracy(results, dataset).items():
-        best = max(accuracy, key=lambda name: accuracy[name].mean())
-        for name in _learner_order(accuracy):
-            if name != best:
-                rows.append([cell, name, best, *difference_columns(accuracy[name],
-                                                                   accuracy[best])])
-    return rows
 
 
 def dataset_markdown(results: Sequence[dict], dataset: str, paper: dict) -> str:

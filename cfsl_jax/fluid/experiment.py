@@ -36,7 +36,7 @@ import numpy as np
 import cfsl_jax
 from cfsl_jax import data
 from cfsl_jax.protocol import metrics
-from cfsl_jax.runtime import checksums, files, progress, seeding
+from cfsl_jax.runtime import files, progress, seeding
 from cfsl_jax.runtime import json_files
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import methods as fluid_methods
@@ -49,6 +49,8 @@ from cfsl_jax.fluid.pretraining import phase_macs, pretrain_model, prepare_param
 from cfsl_jax.fluid.protocol import Schedule, run_stream
 from cfsl_jax.fluid.sequences import (Stream, StreamClasses, StreamConfig, describe,
                                       make_stream)
+# stream_file, read_stream_file: also read as experiment.X (SLURM jobs, verify, tests)
+from cfsl_jax.fluid.stream_files import read_stream_file, stream_file  # noqa: F401
 
 FISHER = 10_000  # key offset of EWC's Fisher samples
 CLASSES = 2000  # key offset of the class permutation every stream of a seed draws from
@@ -335,30 +337,6 @@ def build_methods(config: FluidConfig, split: data.Split) -> dict:
             progress.say(f"[FLUID] {name}: the paper's schedule ({method.schedule.describe()}) "
                          f"scaled to {config.stream.length} samples: {schedule.describe()}")
     return built
-
-
-def stream_file(workdir: str, index: int) -> str:
-    """Where stream ``index`` run alone (``run_stream_alone``) stores its results."""
-    return files.join(workdir, "streams", f"{index}.json")
-
-
-def read_stream_file(config: FluidConfig, workdir: str, index: int) -> dict | None:
-    """Stream ``index``'s stored results (None if not run alone; sealed: ``checksums.Corrupt``
-    for a file changed since it was written); UserError for another config's."""
-    path = stream_file(workdir, index)
-    if not files.exists(path):
-        return None
-    stored = checksums.read_sealed(path, f"delete it and run the same command again: stream "
-                                         f"{index} is run again")
-    if not {"config", "dataset", "stream", "methods"} <= set(stored):
-        raise checksums.Corrupt(f"{path} lacks a stream's results (damaged): delete it and run "
-                                f"the same command again: stream {index} is run again", path)
-    ours = json.loads(json.dumps(config.to_json()))
-    if {**fluid_config.comparable(stored["config"]), "num_streams": 0} != {**ours,
-                                                                         "num_streams": 0}:
-        raise UserError(f"{path} holds a stream of a different configuration: use a new "
-                        f"--workdir (or delete it) to run this one")
-    return stored
 
 
 def compute_stream(config: FluidConfig, workdir: str, split: data.Split, built: dict,

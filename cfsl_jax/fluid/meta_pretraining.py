@@ -33,7 +33,7 @@ import optax
 
 from cfsl_jax import data
 from cfsl_jax.protocol import metrics
-from cfsl_jax.training import loop
+from cfsl_jax.training import plain_loop
 from cfsl_jax.data import Split
 from cfsl_jax.fluid import classifiers as cls
 from cfsl_jax.fluid.protocol import Method, Params
@@ -110,6 +110,6 @@ def meta_train(method: Method, params: Params, split: Split, key: jax.Array, str
         trainable, opt_state, loss = step(*state, episode_key)
         return (trainable, opt_state), {"loss": loss}
 
-    trainable, _ = loop.run_steps(f"FLUID {strategy} meta-training", "episodes", steps,
+    trainable, _ = plain_loop.run_steps(f"FLUID {strategy} meta-training", "episodes", steps,
                                   (trainable, opt.init(trainable)), one, key)
     return {**params, **trainable}

@@ -41,7 +41,8 @@ import jax
 
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.protocol.learner import Learner
-from cfsl_jax.learners.inner_loop import InnerLoop, InnerLoopOptions, assemble, make_inner_loop
+from cfsl_jax.learners.assemble import assemble
+from cfsl_jax.learners.inner_loop import InnerLoop, InnerLoopOptions, make_inner_loop
 from cfsl_jax.models.conv import CONV_IMPLS, Conv
 from cfsl_jax.models.densenet import AdaptableHead, SEDenseNet, max_pool
 from cfsl_jax.models.init import WEIGHT_INITS

@@ -50,7 +50,8 @@ import jax.numpy as jnp
 
 from cfsl_jax.protocol import metrics
 from cfsl_jax.protocol.learner import Learner
-from cfsl_jax.learners.inner_loop import InnerLoop, InnerState, assemble
+from cfsl_jax.learners.assemble import assemble
+from cfsl_jax.learners.inner_loop import InnerLoop, InnerState
 from cfsl_jax.learners.maml import MamlHighOptions, maml_high_loop
 from cfsl_jax.runtime.options import option
 from cfsl_jax.models.init import reinitialize

@@ -70,7 +70,7 @@ def task_fingerprint(split: data.Split, spec: TaskSpec, num_tasks: int, seed: in
 
     Not the class names or the pixels: a dataset option that picks other classes with the same
     counts (Omniglot's ``class_split``) samples the same indices, so it gives the same
-    fingerprint; the option is in the run's config, and ``report.per_task_accuracy`` pairs
+    fingerprint; the option is in the run's config, and ``paired.per_task_accuracy`` pairs
     runs on both. The data itself is ``data_digest``'s (results.json's ``test_data_sha256``)."""
     tasks = sample_tasks(task_keys(seed, purpose, num_tasks), split.class_table,
                          split.class_sizes, spec)

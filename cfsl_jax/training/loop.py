@@ -38,7 +38,6 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
-from absl import logging
 
 from cfsl_jax.runtime import files, progress, stops
 from cfsl_jax.runtime.errors import NonFiniteLoss
@@ -375,30 +374,3 @@ def resumed_from(start: int, workdir: str) -> str:
 def _alive(state: TrainState) -> bool:
     """Whether no buffer of ``state`` was donated to a step that did not return."""
     return not any(getattr(leaf, "is_deleted", lambda: False)() for leaf in jax.tree.leaves(state))
-
-
-def run_steps(what: str, unit: str, steps: int, state: Any,
-              step: Callable[[Any, jax.Array], tuple[Any, dict[str, jax.Array]]],
-              key: jax.Array, log_every: int | None = None) -> Any:
-    """The plain loop (no epochs, validation or checkpoints): ``state, metrics = step(state,
-    fold_in(key, s))`` for ``s < steps``, with progress lines (the device's metrics are read
-    only for a line) and, every ``log_every`` steps, an absl line of the metrics' mean since the
-    last one (one host read each)."""
-    window: list[dict[str, jax.Array]] = []
-    started = time.perf_counter()
-    bar = progress.tracker(what, steps, unit)
-    for s in range(steps):
-        state, out = step(state, jax.random.fold_in(key, s))
-        if bar.due() or s + 1 == steps:
-            bar.update(s + 1, **{name: float(value) for name, value in out.items()})
-        if log_every:
-            window.append(out)
-            if (s + 1) % log_every == 0 or s + 1 == steps:
-                means = {name: float(np.mean([v[name] for v in jax.device_get(window)]))
-                         for name in out}
-                logging.info("%s step %d/%d: %s (%.1f steps/s)", what, s + 1, steps,
-                             " ".join(f"{name} {value:.4f}" for name, value in means.items()),
-                             (s + 1) / (time.perf_counter() - started))
-                window.clear()
-    return state
-

@@ -65,7 +65,7 @@ from cfsl_jax.training import optimizers
 from cfsl_jax.protocol import metrics, sampler
 from cfsl_jax.runtime import parallel, seeding
 from cfsl_jax.training.evaluate import evaluate
-from cfsl_jax.training import checkpoints, loop, steps
+from cfsl_jax.training import checkpoints, loop, plain_loop, steps
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.tracking import Tracking
 from cfsl_jax.protocol.learner import Learner, Params
@@ -207,7 +207,7 @@ def pretrained_state(learner: Learner, params: Params, split: data.Split, key: j
         state, loss, accuracy = train_step(state, split, pool, key, **hyper)
         return state, {"loss": loss, "acc": accuracy}
 
-    return loop.run_steps(what, "steps", steps, state, one, data_key, log_every)
+    return plain_loop.run_steps(what, "steps", steps, state, one, data_key, log_every)
 
 
 # ---- pretraining on the images of sampled training tasks (the authors' way) ----------------
