@@ -69,9 +69,11 @@ def check() -> bool:
             verify_fluid.stream_indices(_STREAMS.value, len(recorded["streams"]))
         return True
     given = [f"--{name}" for name in FLUID_FLAGS if flags.FLAGS[name].present]
-    if given:
+    if given and files.isdir(_WORKDIR.value):  # a missing folder: named as such by load
+        what = ("a CFSL run" if files.exists(files.join(_WORKDIR.value, "config.json")) else
+                f"not one (no {', '.join(verify_fluid.MARKERS)} or results.json of streams)")
         raise UserError(f"{', '.join(given)} is for a FLUID workdir; --workdir="
-                        f"{_WORKDIR.value} is a CFSL run")
+                        f"{_WORKDIR.value} is {what}")
     load(_WORKDIR.value, **paths)
     if _REFERENCE_CSV.value:
         check_input_file("reference_csv", _REFERENCE_CSV.value)

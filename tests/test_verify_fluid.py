@@ -132,3 +132,8 @@ def test_mistakes_are_one_line(finished, tmp_path):
     code, _, err = verify(f"--workdir={cfsl}", "--streams=all")
     assert code == 2 and err.strip() == f"error: --streams is for a FLUID workdir; " \
                                         f"--workdir={cfsl} is a CFSL run"
+    (tmp_path / "empty").mkdir()
+    code, _, err = verify(f"--workdir={tmp_path / 'empty'}", "--streams=0")  # neither
+    assert code == 2 and err.strip() == (
+        f"error: --streams is for a FLUID workdir; --workdir={tmp_path / 'empty'} is not one "
+        f"(no streams, new_class.json or results.json of streams)"), err
