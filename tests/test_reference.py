@@ -390,7 +390,7 @@ def test_run_cpu_names_each_budget_as_the_csv_does_and_gives_each_budget_its_own
     names = dict(re.findall(r"^(cheap|costly)=(\S+)", script, re.M))
     names["cell"] = re.search(r"^for cell in ([\w ]+); do", script, re.M).group(1).split()
     calls = re.findall(r"^ *sweep (\S+) (\S+) (\S+) (\S+) ?(\S*)", script, re.M)
-    assert len(calls) == 5
+    assert len(calls) == 6
     folders: dict[tuple, set] = {}
     for flagfile, learners, cells, seeds, folder in calls:
         learners = names[learners.strip('"$')] if learners.startswith('"$') else learners

@@ -14,7 +14,8 @@
 # Runs the cfsl_jax of the active Python environment (python -m cfsl_jax.launch.sweep).
 # Budgets: cpu_3200.flags (ProtoNets, MAML++ L,
 # the fine-tuners) and cpu_800.flags (SCA, MAML++ H); then, with the CPU time left,
-# cpu_1600.flags (SCA, MAML++ H on B3); README.md beside this file.
+# cpu_1600.flags (SCA, MAML++ H on B3), then cpu_3200.flags for them on B3 (all eight learners
+# at one budget); README.md beside this file.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -80,4 +81,6 @@ sweep cpu_3200.flags init_tune,ewc_init,pretrain_tune,ewc_pretrain B3 1,2
 # the costly learners further along, CPU time allowing; in a folder of its own, as a run's folder
 # names no budget (sweep_plan.run_dir) and the 800-task runs of the same cell and seed hold theirs
 sweep cpu_1600.flags maml_high,sca B3 0 cpu_1600
+# and at the budget of the other six, so that all eight learners are paired on B3's test tasks
+sweep cpu_3200.flags maml_high,sca B3 0 cpu_3200
 echo "=== $(date -u +%FT%TZ) the CPU reference grid is complete"
