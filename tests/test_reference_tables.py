@@ -263,3 +263,30 @@ def test_a_hand_made_record_without_spec_is_reported_from_its_config(tmp_path):
     paths = report.write_report(str(tmp_path / "sweep"), str(tmp_path / "report"))
     text = open(paths["markdown"]["omniglot/full"]).read()
     assert "Table 1's D cells come from code that labelled each support set" in text
+
+
+def test_a_row_out_of_step_with_its_copied_results_is_refused_naming_both(tmp_path):
+    """An export killed after copying a run's new files but before writing results.csv leaves
+    the row of the run's earlier export beside its new results.json: the tables refuse them in
+    one line (a number never shown from the wrong file), and exporting again brings them in step."""
+    import pytest
+    from cfsl_jax.runtime import checksums
+    from cfsl_jax.runtime.errors import UserError
+    sweep = tmp_path / "sweep"
+    fake_run(sweep, "init_tune", 0, [0.2, 0.4, 0.6, 0.8])
+    reference.export(str(sweep), str(tmp_path / "ref"))
+    run = reference.read_rows(str(tmp_path / "ref" / "results.csv"))[0]["run"]
+    copied = str(tmp_path / "ref" / run / "results.json")
+    newer = {**json.load(open(copied))}
+    newer["test"] = {**newer["test"], "acc_mean": 0.55}  # the run tested again, say
+    checksums.write_text(copied, json.dumps(newer))  # copied, then the export was killed
+    with pytest.raises(UserError) as refused:
+        reference_report.load(str(tmp_path / "ref"))
+    message = str(refused.value)
+    assert message.startswith(f"{tmp_path / 'ref' / 'results.csv'}: the row of {run} is not "
+                              f"its {copied} (test_acc_mean: row '0.5', results.json 0.55)")
+    assert "\n" not in message and "export the sweep again" in message
+    (sweep / "init_tune_A3_0" / "results.json").write_text(json.dumps(newer))
+    reference.export(str(sweep), str(tmp_path / "ref"))
+    rows, found = reference_report.load(str(tmp_path / "ref"))
+    assert rows[0]["test_acc_mean"] == "0.55" and found[0]["test"]["acc_mean"] == 0.55

@@ -51,6 +51,7 @@ from cfsl_jax.experiments.paired import paired_rows
 # your runs beside the reference: also read as reference_report.X (launch.report, tests)
 from cfsl_jax.experiments.reference_yours import beside_yours, other_data  # noqa: F401
 from cfsl_jax.runtime import files, plotting
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training import results as results_io
 
 
@@ -64,7 +65,9 @@ def default_dir() -> str:
 def load(reference_dir: str) -> tuple[list[dict], list[dict]]:
     """(rows of results.csv, the results.json of every complete row, with its row's budget
     as ``"_budget"`` and its preset and options as ``"_setting"``,
-    ``reference_checks.row_setting``)."""
+    ``reference_checks.row_setting``). A complete row whose numbers are not its results.json's
+    (``reference.row_differences``: an export killed between the run files and results.csv)
+    is refused in one line naming both."""
     csv_path = files.join(reference_dir, "results.csv")
     if not files.exists(csv_path):
         raise FileNotFoundError(f"no reference results at {csv_path} (reference.export "
@@ -73,7 +76,13 @@ def load(reference_dir: str) -> tuple[list[dict], list[dict]]:
     found = []
     for row in rows:
         if row["status"] == "complete":
-            result = results_io.read_json(files.join(reference_dir, row["run"], "results.json"))
+            path = files.join(reference_dir, row["run"], "results.json")
+            result = results_io.read_json(path)
+            differences = reference.row_differences(row, result)
+            if differences:  # an export cut short between the run files and results.csv
+                raise UserError(f"{csv_path}: the row of {row['run']} is not its {path} "
+                                f"({differences[0]}): export the sweep again (python -m "
+                                f"benchmarks.reference.export) to bring them in step")
             found.append({**result, "_budget": row["budget"],
                           "_setting": reference_checks.row_setting(row)})
     return rows, found
