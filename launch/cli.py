@@ -173,15 +173,19 @@ def user_input() -> Iterator[None]:
 
 
 def run(main: Callable[[list[str]], None], interrupted: str = "interrupted: re-run the same "
-        "command to continue where it stopped", check: Callable[[], object] | None = None) -> None:
+        "command to continue where it stopped", check: Callable[[], object] | None = None,
+        library: Callable[[], None] | None = None) -> None:
     """``app.run(main)`` inside the error boundary, with the teaching ``--help``; ``check``
     (the command's validation, which ``main`` runs first too) is all ``--validate_only``
-    runs."""
+    runs. ``library`` imports the command's modules (JAX) once absl has parsed its flags --
+    a mistaken flag is refused before -- and before anything else (``starting.importing``)."""
     doc = sys.modules[main.__module__].__doc__
 
     def guarded(argv):
         from cfsl_jax.runtime import stops
         with boundary(interrupted):
+            if library is not None:
+                library()  # under starting's stop handlers, as a module-level import was
             stops.install()  # stop signals end the command cleanly, never lost in a callback
             quiet_logs()
             from .options import apply_backend_flags, apply_deprecated_flags

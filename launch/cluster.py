@@ -3,13 +3,15 @@ flags (cfsl_jax.experiments.slurm), and the SLURM side of a command: submit, wai
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from absl import flags
 
-from cfsl_jax.experiments import slurm, slurm_preview, sweep_plan
 from cfsl_jax.runtime import files
 from cfsl_jax.runtime.errors import UserError
+
+if TYPE_CHECKING:  # imported where used: these flags are defined, and checked, without JAX
+    from cfsl_jax.experiments import slurm
 
 flags.DEFINE_enum("launcher", "local", ["local", "slurm"], "local: worker processes on this "
                   "machine; slurm: one SLURM job array of the runs not done (pip install "
@@ -46,6 +48,7 @@ def shard_from_flags() -> tuple[int, int] | None:
     """(K, N) of --shard, or None; UserError for a malformed value or with --launcher=slurm."""
     if FLAGS.shard is None:
         return None
+    from cfsl_jax.experiments import sweep_plan
     shard = sweep_plan.parse_shard(FLAGS.shard)
     if FLAGS.launcher != "local":
         raise UserError(f"--shard={FLAGS.shard} is for --launcher=local (machines without "
@@ -69,6 +72,7 @@ def options_from_flags() -> slurm.SlurmOptions | None:
         if given:
             raise UserError(f"{', '.join(given)}: only with --launcher=slurm")
         return None
+    from cfsl_jax.experiments import slurm
     options = slurm.SlurmOptions(
         partition=FLAGS.slurm_partition, max_parallel=FLAGS.slurm_max_parallel,
         timeout_min=FLAGS.slurm_timeout_min, max_timeouts=FLAGS.slurm_max_timeouts,
@@ -84,6 +88,7 @@ def dry_run(works: Sequence[slurm.Work], workdir: str, options: slurm.SlurmOptio
             list_items: bool = True) -> None:
     """--dry_run --launcher=slurm: print each item's state (``list_items``) and the sbatch
     script a submission would send (nothing submitted, nothing created)."""
+    from cfsl_jax.experiments import slurm_preview
     print(slurm_preview.preview(works, workdir, options, list_items=list_items))
 
 
@@ -93,6 +98,7 @@ def run_on_slurm(works: Sequence[slurm.Work], workdir: str, options: slurm.Slurm
     """Submit (or --cancel) ``works`` as ``job``s, then wait printing progress and call
     ``report`` with the final states -- unless --nowait; exits non-zero when one failed.
     ``command`` names the command in messages."""
+    from cfsl_jax.experiments import slurm
     if FLAGS.cancel:
         slurm.cancel(works, workdir)
         return

@@ -20,10 +20,10 @@ if __name__ == "__main__":  # the command: its first line before the imports bel
 from absl import flags
 
 from cfsl_jax.runtime import files
-from cfsl_jax.training import runs, train
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.learners import get_learner
 
+# The library (JAX) is imported once the flags are parsed (``train_cli.import_library``).
 from . import cli
 from .checks import check_data_flags
 from . import train as train_cli  # noqa: F401  (defines the shared flags)
@@ -34,6 +34,7 @@ FLAGS = flags.FLAGS
 def check() -> TrainConfig | None:
     """None for a workdir holding a run, else the config of a learner that needs no training
     (checked; nothing is created)."""
+    from cfsl_jax.training import runs
     train_cli.require_workdir()
     workdir = FLAGS.workdir
     check_data_flags()
@@ -80,6 +81,7 @@ def check_same_run(workdir: str, stored: TrainConfig) -> None:
 
 
 def main(argv) -> None:
+    from cfsl_jax.training import runs, train
     del argv
     if train_cli.listed_options():
         return
@@ -94,4 +96,4 @@ def main(argv) -> None:
 
 
 def run() -> None:
-    cli.run(main, check=check)
+    cli.run(main, check=check, library=lambda: train_cli.import_library("evaluate"))

@@ -47,14 +47,15 @@ import re
 
 from absl import flags
 
-from cfsl_jax.training import as_published, packing
-from cfsl_jax.experiments import report, slurm, sweep, sweep_plan
+from cfsl_jax.training import as_published
+from cfsl_jax.training.pack_runs import PackOptions
 from cfsl_jax.learners import LEARNERS, options_class, parse_learner_options
 from cfsl_jax.runtime import files, locks
 from cfsl_jax.runtime.options import names as option_names
 from cfsl_jax.protocol.spec import PAPER_GRID
 
-from . import cli, cluster
+# The library (JAX) is imported once the flags are parsed (``import_library``).
+from . import cli, cluster, starting
 from .checks import check_data_flags, check_output_dir
 from .flag_types import define_list
 from . import train as train_cli  # noqa: F401  (defines the per-run flags; --workdir)
@@ -84,6 +85,14 @@ flags.DEFINE_bool("report", True, "Write the report into WORKDIR/report at the e
 
 FLAGS = flags.FLAGS
 _SINGULAR = {"learner": "learners", "task": "cells", "seed": "seeds"}
+
+
+def import_library() -> None:
+    """The modules a sweep runs (JAX, orbax, TFDS, matplotlib), imported once absl has parsed
+    its flags, inside ``starting.importing`` (as ``train_cli.import_library``)."""
+    with starting.importing("sweep"):
+        from cfsl_jax.experiments import (report, slurm, slurm_preview, sweep,  # noqa: F401
+                                          sweep_plan)
 
 
 def pack_size() -> int:
@@ -151,6 +160,7 @@ def check_lists() -> None:
 def check():
     """(the run configs of this shard, the learners skipped with their reasons, the shard, the
     SLURM options or None), every flag checked; nothing is created or submitted."""
+    from cfsl_jax.experiments import sweep_plan
     for singular, plural in _SINGULAR.items():
         if FLAGS[singular].present:
             raise cli.UserError(f"--{singular} is one run's flag; a sweep takes --{plural}")
@@ -190,6 +200,7 @@ def check():
 
 
 def main(argv) -> None:
+    from cfsl_jax.experiments import slurm, sweep, sweep_plan
     del argv
     configs, skipped, shard, slurm_options = check()
     for name, reason in skipped.items():
@@ -238,15 +249,16 @@ def main(argv) -> None:
                          + ", ".join(f"{o.run.name} ({o.status})" for o in bad))
 
 
-def pack_options() -> packing.PackOptions:
+def pack_options() -> PackOptions:
     """How this sweep's packs meta-train: --steps_per_dispatch, --pack=auto's shrinking,
     --pack_axis."""
-    return packing.PackOptions(FLAGS.steps_per_dispatch, FLAGS.pack == "auto", FLAGS.pack_axis)
+    return PackOptions(FLAGS.steps_per_dispatch, FLAGS.pack == "auto", FLAGS.pack_axis)
 
 
 def slurm_job(jax_options):
     """What each array task of this sweep runs: a whole pack (``--pack``; shrinking to the job's
     device with ``--pack=auto``), or one run."""
+    from cfsl_jax.experiments import slurm
     if pack_size() > 1:
         return slurm.PackJob(jax_options, pack_options())
     return slurm.RunJob(jax_options)
@@ -278,6 +290,7 @@ def _report() -> None:
     """Write the report of every finished run in --workdir (all shards) and print Table 1."""
     if not FLAGS.report:
         return
+    from cfsl_jax.experiments import report
     try:
         paths = report.write_report(FLAGS.workdir)
         accuracy = report.aggregate(report.load_results(FLAGS.workdir), "acc")
@@ -292,4 +305,4 @@ def _report() -> None:
 
 def run() -> None:
     cli.run(main, interrupted="sweep interrupted: re-run the same command to continue",
-            check=check)
+            check=check, library=import_library)

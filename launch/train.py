@@ -23,12 +23,15 @@ import math
 from absl import flags
 
 from cfsl_jax.protocol.spec import TaskSpec
-from cfsl_jax.runtime import files, naming, parallel
-from cfsl_jax.training import as_published, budgets, packing, runs, steps, train
+from cfsl_jax.runtime import files, naming
+from cfsl_jax.training import as_published, budgets
 from cfsl_jax.learners import options_class
 from cfsl_jax.training.config import TrainConfig
+from cfsl_jax.training.pack_runs import (PACK_AXES, check_seeds, check_steps_per_dispatch,
+                                         pack_configs)
 
-from . import cli, config_flags
+# The library (JAX) is imported once the flags are parsed (``import_library``).
+from . import cli, config_flags, starting
 from .checks import check_data_flags, check_output_dir, parse_task
 from .flag_types import define_list
 from .options import (define_backend_flags, define_data_flags, define_deprecated_flag,
@@ -61,11 +64,21 @@ define_list("learning_rates", [], "Learning rates (launch.train): train each wit
             "(README, \"Packing runs\"); not with --learning_rate.", module=__name__)
 flags.DEFINE_integer("steps_per_dispatch", 1, "Meta-steps per host call in a pack (it divides "
                      "--iters_per_epoch, --log_every and --checkpoint_every).", lower_bound=1)
-flags.DEFINE_enum("pack_axis", "auto", steps.PACK_AXES, "How a pack computes its runs: vmap "
+flags.DEFINE_enum("pack_axis", "auto", PACK_AXES, "How a pack computes its runs: vmap "
                   "(batched), map (one after another in one program), auto (map on CPU, vmap "
                   "on GPU/TPU). Not part of a run's config.")
 define_backend_flags()
 FLAGS = flags.FLAGS
+
+
+def import_library(command: str = "train") -> None:
+    """The modules ``command`` runs (JAX, orbax, TFDS), imported once absl has parsed its flags
+    (a mistaken flag is refused in a fraction of a second), inside ``starting.importing``:
+    ``cli.run``'s ``library``. The functions below import them where they use them (at no
+    cost by then; also when a test calls them without ``cli.run``)."""
+    with starting.importing(command):
+        from cfsl_jax.runtime import backend, parallel  # noqa: F401
+        from cfsl_jax.training import packing, runs, train  # noqa: F401
 
 
 def parse_eval_seed(text: str) -> int | None:
@@ -125,6 +138,7 @@ def require_workdir() -> None:
 
 def mesh_from_flags():
     """The device mesh of --num_devices (after --multihost's distributed initialisation)."""
+    from cfsl_jax.runtime import parallel
     parallel.initialize(FLAGS.multihost)
     with cli.user_input():
         return parallel.make_mesh(FLAGS.num_devices)
@@ -132,12 +146,13 @@ def mesh_from_flags():
 
 def check() -> TrainConfig:
     """The run's config, its paths and its workdir checked (nothing is created)."""
+    from cfsl_jax.training import runs
     require_workdir()
     check_data_flags()
     check_output_dir("workdir", FLAGS.workdir)
     config = config_from_flags()
     seeds, rates, workdirs = pack_runs()
-    configs = packing.pack_configs(config, seeds, rates)  # as the pack builds them
+    configs = pack_configs(config, seeds, rates)  # as the pack builds them
     check_pack_flags([config], len(configs) > 1, "applies to a pack (--seeds or "
                      "--learning_rates with two or more runs); this command trains one run")
     for c, workdir in zip(configs, workdirs):
@@ -153,7 +168,7 @@ def check_pack_flags(configs: list[TrainConfig], packed: bool, why_not: str) -> 
     if given and not packed:
         raise cli.UserError(f"{' '.join(given)}: {why_not}")
     for config in configs:
-        packing.check_steps_per_dispatch(config, FLAGS.steps_per_dispatch)
+        check_steps_per_dispatch(config, FLAGS.steps_per_dispatch)
 
 
 def pack_runs() -> tuple[list[int], list[float] | None, list[str]]:
@@ -168,7 +183,7 @@ def pack_runs() -> tuple[list[int], list[float] | None, list[str]]:
         if FLAGS["seed"].present:
             raise cli.UserError(f"--seeds={given} and --seed={FLAGS.seed}: give one of them")
         try:
-            seeds = list(packing.check_seeds([int(seed) for seed in FLAGS.seeds]))
+            seeds = list(check_seeds([int(seed) for seed in FLAGS.seeds]))
         except cli.UserError:
             raise
         except ValueError:
@@ -203,6 +218,7 @@ def learning_rates() -> list[float]:
 
 
 def main(argv) -> None:
+    from cfsl_jax.training import packing, train
     del argv  # cli.run refuses extra arguments
     if listed_options():
         return
@@ -218,4 +234,4 @@ def main(argv) -> None:
 
 
 def run() -> None:
-    cli.run(main, check=check)
+    cli.run(main, check=check, library=import_library)

@@ -1,6 +1,7 @@
-"""A mistaken flag is refused before JAX is imported: ``launch.report``, ``launch.verify`` and
-``launch.show_task`` define their flags without JAX and import their library only once absl
-has parsed them (``launch.starting.importing``). Checked on ``sys.modules``, not timed."""
+"""A mistaken flag is refused before JAX is imported: ``launch.report``, ``launch.verify``,
+``launch.show_task``, ``launch.train``, ``launch.evaluate`` and ``launch.sweep`` define their
+flags without JAX and import their library only once absl has parsed them
+(``launch.starting.importing``). Checked on ``sys.modules``, not timed."""
 
 import pathlib
 import subprocess
@@ -36,6 +37,19 @@ print("imported:", ",".join(m for m in HEAVY if m in sys.modules), "status:", st
     ("show_task", ["--dataset=omniglott"],
      "error: flag --dataset=omniglott: value should be one of "
      "<synthetic|omniglot|omniglot/full|omniglot/small|slimagenet64>"),
+    ("train", ["--nosuchflag"], "error: Unknown command line flag 'nosuchflag'"),
+    ("train", ["--budget=x"], "error: flag --budget=x: value should be one of "
+     "<default|quick|paper>"),
+    ("train", ["--pack_axis=x"], "error: flag --pack_axis=x: value should be one of "
+     "<auto|vmap|map>"),
+    ("evaluate", ["--nosuchflag"], "error: Unknown command line flag 'nosuchflag'"),
+    ("evaluate", ["--learner=x"], "error: flag --learner=x: value should be one of "
+     "<protonets|init_tune|pretrain_tune|ewc_init|ewc_pretrain|maml_low|maml_high|sca>"),
+    ("sweep", ["--nosuchflag"], "error: Unknown command line flag 'nosuchflag'"),
+    ("sweep", ["--launcher=x"], "error: flag --launcher=x: value should be one of "
+     "<local|slurm>"),
+    ("sweep", ["--budget=x"], "error: flag --budget=x: value should be one of "
+     "<default|quick|paper>"),
 ])
 def test_a_mistaken_flag_is_refused_in_one_line_before_jax_is_imported(command, args, message):
     process = subprocess.run(

@@ -1,6 +1,7 @@
 """Which runs a pack holds, and how: the config fields its runs may differ in (``PACKABLE``),
 their configs (``pack_configs``), their per-run optimiser scalars (``hyper_parameters``), and
-the settings of how a pack computes (``PackOptions``, ``check_steps_per_dispatch``).
+the settings of how a pack computes (``PackOptions``, ``PACK_AXES``,
+``check_steps_per_dispatch``).
 
     configs = pack_configs(config, seeds=(0, 0), learning_rates=(1e-3, 3e-4))
     hyper = hyper_parameters(configs)  # {"learning_rate": f32[2], "weight_decay": f32[2]}
@@ -11,12 +12,17 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-from typing import NamedTuple, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training.config import TrainConfig
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# How a pack computes its runs (--pack_axis; ``steps.resolve_pack_axis``). This module imports
+# no JAX (nor numpy until ``hyper_parameters``): a command defines its flags from it.
+PACK_AXES: tuple[str, ...] = ("auto", "vmap", "map")
 
 
 class PackOptions(NamedTuple):
@@ -24,7 +30,7 @@ class PackOptions(NamedTuple):
     config: they change how its runs are computed, not what)."""
     steps_per_dispatch: int = 1  # S: meta-steps per host call
     shrink: bool = False  # --pack=auto: a pack too large for the device trains as smaller ones
-    pack_axis: str = "auto"  # steps.resolve_pack_axis: vmap | map | auto
+    pack_axis: str = "auto"  # PACK_AXES (steps.resolve_pack_axis): vmap | map | auto
 
 
 def check_steps_per_dispatch(config: TrainConfig, steps_per_dispatch: int) -> None:
@@ -102,8 +108,9 @@ def hyper_parameters(configs: Sequence[TrainConfig]) -> dict[str, np.ndarray] | 
     names = ("learning_rate", "weight_decay")
     if len({tuple(getattr(c, name) for name in names) for c in configs}) == 1:
         return None
+    import numpy as np  # here: the flags read this module's constants before numpy is needed
     return {name: np.asarray([getattr(c, name) for c in configs], np.float32) for name in names}
 
 
-__all__ = ["PACKABLE", "PackOptions", "check_seeds", "check_steps_per_dispatch", "hyper_parameters",
-           "pack_configs", "pack_key"]
+__all__ = ["PACKABLE", "PACK_AXES", "PackOptions", "check_seeds", "check_steps_per_dispatch",
+           "hyper_parameters", "pack_configs", "pack_key"]

@@ -26,6 +26,7 @@ from cfsl_jax.protocol import episode, metrics
 from cfsl_jax.protocol.learner import Learner
 from cfsl_jax.protocol.sampler import sample_task
 from cfsl_jax.runtime import parallel
+from cfsl_jax.training.pack_runs import PACK_AXES  # defined there, without JAX (the flags')
 
 
 def make_train_step(learner: Learner, optimizer: optax.GradientTransformation, meta_batch: int,
@@ -86,9 +87,6 @@ def train_step_fn(learner: Learner, optimizer: optax.GradientTransformation, met
         return new_params, opt_state, {"loss": loss, "acc": acc}
 
     return step
-
-
-PACK_AXES = ("auto", "vmap", "map")
 
 
 def resolve_pack_axis(pack_axis: str, platform: str | None = None) -> str:
