@@ -35,9 +35,9 @@ Append-only files (``metrics.jsonl``: a run's records, appended as it trains): t
 holds ``{name: [[length, sha256], ...]}``, the SHA-256 of the file's first ``length`` bytes,
 recorded at every checkpoint and when the run ends (``seal_appended``: every complete line so
 far; its writer keeps a ``RunningDigest`` of what it appended, so a seal costs what was
-appended since the last, not the file). ``read_appended`` checks that part on every read (``Corrupt``: one line naming the file);
-the lines after it (a kill's, before the next checkpoint) are read as they are, a line cut
-short skipped. A resume that drops records (``replace_appended``) records the new seal beside
+appended since the last, not the file). ``read_appended`` checks that part on every read
+(``Corrupt``: one line naming the file); the lines after it (a kill's, before the next
+checkpoint) are read as they are, a line cut short skipped. A resume that drops records (``replace_appended``) records the new seal beside
 the old one, replaces the file, then keeps the new one. A file with no seal recorded (written
 before seals) is read unchecked.
 """
@@ -281,19 +281,17 @@ def seal_appended(path: str, digest: RunningDigest | None = None) -> RunningDige
     (up to its last newline), flushed to the disk first: readers check that part from then on
     (``read_appended``). ``digest``: those lines' running digest, kept by the file's writer
     (the file is not read again); None: the file is read. Returns the digest for the next
-    seal to extend (None when the file ends in a line cut short, whose completion the writer
-    cannot know, or does not exist: nothing is sealed then)."""
+    seal to extend; None when the file does not exist (nothing is sealed) or ends in a line
+    cut short (its complete lines are sealed; how the cut line ends, the writer cannot know)."""
     if not files.isfile(path):
         return None
     if digest is not None and (files.is_url(path) or os.path.getsize(path) != digest.length):
         digest = None  # changed by another hand since (or remote, rewritten whole): read it
+    extendable = digest is not None
     if digest is None:
         data = files.read_bytes(path)
         complete = data[:data.rfind(b"\n") + 1]
-        digest = RunningDigest(complete) if len(complete) == len(data) else None
-        seal = digest.seal() if digest else [len(complete), sha256(complete)]
-    else:
-        seal = digest.seal()
+        digest, extendable = RunningDigest(complete), len(complete) == len(data)
     if not files.is_url(path):  # never a seal of bytes a power loss takes back
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -303,8 +301,8 @@ def seal_appended(path: str, digest: RunningDigest | None = None) -> RunningDige
                 os.close(fd)
         except OSError:
             pass
-    _record_seals(path, [seal])
-    return digest
+    _record_seals(path, [digest.seal()])
+    return digest if extendable else None
 
 
 def _seals(path: str) -> list[list]:
