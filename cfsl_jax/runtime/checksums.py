@@ -37,9 +37,9 @@ recorded at every checkpoint and when the run ends (``seal_appended``: every com
 far; its writer keeps a ``RunningDigest`` of what it appended, so a seal costs what was
 appended since the last, not the file). ``read_appended`` checks that part on every read
 (``Corrupt``: one line naming the file); the lines after it (a kill's, before the next
-checkpoint) are read as they are, a line cut short skipped. A resume that drops records (``replace_appended``) records the new seal beside
-the old one, replaces the file, then keeps the new one. A file with no seal recorded (written
-before seals) is read unchecked.
+checkpoint) are read as they are, a line cut short skipped. A resume that drops records
+(``replace_appended``) records the new seal beside the old one, replaces the file, then keeps
+the new one. A file with no seal recorded (written before seals) is read unchecked.
 """
 
 from __future__ import annotations
