@@ -277,13 +277,13 @@ def test_maml_high_embeds_each_support_set_and_the_target_set_on_its_own():
     jax.effects_barrier()
     sets = [np.asarray(x) for x in support_x] + [np.asarray(target_x)]
     assert len(calls) == len(sets)  # once per support set, once for the target set
-    embed = SEDenseNet(4, 4)
+    embed = jax.jit(lambda x: SEDenseNet(4, 4).apply({"params": params["embed"]}, x))
     for inputs, features in calls:
         matches = [i for i, s in enumerate(sets) if s.shape == inputs.shape
                    and np.array_equal(s, inputs)]
         assert len(matches) == 1
         sets.pop(matches[0])
-        alone = embed.apply({"params": params["embed"]}, inputs)  # its own batch statistics
+        alone = embed(inputs)  # its own batch statistics
         np.testing.assert_allclose(features, alone, rtol=1e-5, atol=1e-5)
     assert not sets
     assert set(norm_batches) == {spec.support_size, spec.target_size}
@@ -509,7 +509,8 @@ def test_sca_loss_weights_follow_the_authors_per_epoch_schedule_when_asked():
     epochs, iters = 250, 500  # the paper's schedule; every step of it
     steps = np.arange(epochs * iters)
     progress = np.asarray(steps / (epochs * iters), np.float32)  # as training.loop passes it
-    w_pre, w_post = jax.jit(critic_loss_weights, static_argnums=1)(progress, epochs)
+    weights = jax.jit(critic_loss_weights, static_argnums=1)  # one program per shape, T
+    w_pre, w_post = weights(progress, epochs)
     authors = 0.5 - 0.5 * (steps // iters + 1) / epochs
     np.testing.assert_allclose(w_pre, authors, atol=1e-6)
     np.testing.assert_allclose(w_post, 1.0 - authors, atol=1e-6)
@@ -517,10 +518,10 @@ def test_sca_loss_weights_follow_the_authors_per_epoch_schedule_when_asked():
                              (1, 0, 0.5 - 1.0 / 250), (124, 250, 0.25), (249, 0, 0.0),
                              (249, 499, 0.0)]:
         at = np.float32((epoch * iters + step) / (epochs * iters))
-        assert float(critic_loss_weights(at, epochs)[0]) == pytest.approx(pre, abs=1e-6)
+        assert float(weights(at, epochs)[0]) == pytest.approx(pre, abs=1e-6)
     for epochs, iters in [(3, 7), (10, 100), (50, 17)]:  # other schedules, every step
         steps = np.arange(epochs * iters)
-        got = critic_loss_weights(np.asarray(steps / (epochs * iters), np.float32), epochs)[0]
+        got = weights(np.asarray(steps / (epochs * iters), np.float32), epochs)[0]
         np.testing.assert_allclose(got, 0.5 - 0.5 * (steps // iters + 1) / epochs, atol=1e-6)
     per_step = critic_loss_weights(jnp.float32(0.3))  # the default: annealed every step
     assert [float(w) for w in per_step] == pytest.approx([0.35, 0.65])
@@ -528,15 +529,16 @@ def test_sca_loss_weights_follow_the_authors_per_epoch_schedule_when_asked():
     # per-step learner's at progress (1 + 1) / 4
     task = random_task(TINY_SPEC, SMALL)
 
-    def loss(learner, progress):
+    def losses(learner, *progresses):  # one program per learner, progress traced as in training
         params = init(learner, SMALL)
-        return float(jax.jit(lambda p: episode.meta_loss(
-            learner, p, *task, jax.random.key(0), progress)[0])(params))
+        meta_loss = jax.jit(lambda p, progress: episode.meta_loss(
+            learner, p, *task, jax.random.key(0), progress)[0])
+        return [float(meta_loss(params, jnp.float32(progress))) for progress in progresses]
 
-    epochs4 = loss(get_learner("sca", TINY_SPEC, critic_weight_epochs=4, **TINY_HIGH), 0.3)
-    per_step_learner = get_learner("sca", TINY_SPEC, **TINY_HIGH)
-    assert epochs4 == pytest.approx(loss(per_step_learner, 0.5), rel=1e-5)
-    assert epochs4 != pytest.approx(loss(per_step_learner, 0.3), rel=1e-5)
+    epochs4, = losses(get_learner("sca", TINY_SPEC, critic_weight_epochs=4, **TINY_HIGH), 0.3)
+    at_half, at_03 = losses(get_learner("sca", TINY_SPEC, **TINY_HIGH), 0.5, 0.3)
+    assert epochs4 == pytest.approx(at_half, rel=1e-5)
+    assert epochs4 != pytest.approx(at_03, rel=1e-5)
 
 
 def test_the_authors_critic_weight_schedule_must_span_the_runs_epochs():
