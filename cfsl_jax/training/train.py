@@ -51,6 +51,7 @@ from cfsl_jax.training import checkpoints, loop, runs, sessions
 from cfsl_jax.training.runs import per_task_meta_step_macs  # noqa: F401 (its home was here)
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.pretrain import pretrain, pretrain_on_tasks
+from cfsl_jax.training.records import EvalRecord
 from cfsl_jax.training.runs import (build, check_workdir_config, evaluate_run, finished_results,
                                     init_params, selects_epochs, validated)
 from cfsl_jax.training.steps import make_train_step, train_step_fn  # noqa: F401 (API)
