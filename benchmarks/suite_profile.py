@@ -57,7 +57,8 @@ def summarise(path: str, top: int) -> dict:
     the modules by wall time; return the totals."""
     with open(path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    for row in rows:
+    for row in rows:  # a record from before CPU seconds were recorded has none
+        row.setdefault("cpu", 0.0)
         row["jit"] = sum(row.get(k, 0.0) for k in (COMPILE, TRACE, LOWER))
     totals = {"tests": len(rows), **{k: round(sum(r.get(k, 0.0) for r in rows), 1) for k in (
         "wall", "cpu", "jit", COMPILE, TRACE, LOWER, CACHE_HIT)},
