@@ -36,17 +36,13 @@ import json
 
 from absl import app, flags
 
-from cfsl_jax.experiments import slurm, sweep
 from cfsl_jax.runtime import files, locks, naming
 from cfsl_jax.runtime.errors import UserError
-from cfsl_jax.fluid import study
-from cfsl_jax.fluid.config import PRESETS, FluidConfig, preset
-from cfsl_jax.fluid.experiment import run_experiment
-from cfsl_jax.fluid.methods import METHODS, options_class, parse_method_options
-from cfsl_jax.fluid.protocol import Schedule
-from cfsl_jax.fluid.sequences import StreamConfig
+from cfsl_jax.fluid.config import (METHODS, PRESETS, STUDY_EPOCHS, STUDY_FREQUENCIES,
+                                   FluidConfig, Schedule, StreamConfig, preset)
 
-from . import cluster, config_flags
+# The library (JAX) is imported once the flags are parsed (``import_library``).
+from . import cluster, config_flags, starting
 from .checks import check_data_flags, check_output_dir
 from .cli import flags_recorded, user_input
 from .flag_types import define_list
@@ -55,9 +51,9 @@ from .options import define_backend_flags, define_data_flags, list_options, pars
 flags.DEFINE_enum("preset", "paper", sorted(PRESETS), "Stream scale preset.")
 flags.DEFINE_enum("study", None, ["update_strategy"], "Run a study instead of the table.")
 flags.DEFINE_string("study_method", "finetune", "Method of the update-strategy study.")
-define_list("study_frequencies", [str(u) for u in study.FREQUENCIES],
+define_list("study_frequencies", [str(u) for u in STUDY_FREQUENCIES],
             "U values (samples of a 90,000-sample sequence) of the study.", module=__name__)
-define_list("study_epochs", [str(e) for e in study.EPOCHS], "E values of the study.",
+define_list("study_epochs", [str(e) for e in STUDY_EPOCHS], "E values of the study.",
             module=__name__)
 flags.DEFINE_bool("dry_run", False, "Print the resolved config and what would run (each "
                   "stream's state; with --launcher=slurm the sbatch script); run and create "
@@ -102,6 +98,15 @@ NOT_CONFIG = ("preset", "study", "study_method", "study_frequencies", "study_epo
               "dry_run", "list_options", "workdir", "download", "precision", "compilation_cache_dir")
 
 
+def import_library() -> None:
+    """The modules a FLUID run uses (JAX, flax, optax, matplotlib), imported once absl has
+    parsed its flags, inside ``starting.importing`` (as ``launch.train``'s): a mistaken flag is
+    refused in a fraction of a second. The functions below import them where they use them."""
+    with starting.importing("fluid"):
+        from cfsl_jax.experiments import slurm, sweep  # noqa: F401
+        from cfsl_jax.fluid import experiment, methods, study  # noqa: F401
+
+
 def flag_words():
     """Inside: a FluidConfig, StreamConfig or Schedule mistake names its flag."""
     return naming.field_names({**FLUID.names(), **STREAM.names(), **SCHEDULE.names()})
@@ -109,6 +114,7 @@ def flag_words():
 
 def method_options(pairs: list[str]) -> dict[str, dict]:
     """--method_option METHOD:NAME=VALUE strings -> {method: {name: typed value}}, checked."""
+    from cfsl_jax.fluid.methods import parse_method_options
     per_method: dict[str, list[str]] = {}
     for pair in pairs:
         method, sep, rest = pair.partition(":")
@@ -221,6 +227,9 @@ def check():
 
 
 def main(argv) -> None:
+    from cfsl_jax.experiments import slurm, sweep
+    from cfsl_jax.fluid import study
+    from cfsl_jax.fluid.methods import options_class
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if FLAGS.list_options:
@@ -263,6 +272,7 @@ def dry_run(config: FluidConfig, slurm_options) -> None:
               f"{', '.join(FLAGS.study_frequencies)} samples x {', '.join(FLAGS.study_epochs)} "
               f"epochs, into {FLAGS.workdir}; nothing created")
         return
+    from cfsl_jax.experiments import slurm
     works = slurm.fluid_work(config, FLAGS.workdir)
     if slurm_options is not None:
         cluster.dry_run(works, FLAGS.workdir, slurm_options)
@@ -286,6 +296,7 @@ def workdir_locked():
 def _report(config) -> None:
     """Run the streams not stored yet (none after a SLURM run) and print Table 3 (the workdir
     locked: the table printed is this run's)."""
+    from cfsl_jax.fluid.experiment import run_experiment
     with workdir_locked():
         results = run_experiment(config, FLAGS.workdir)
         table = files.read_text(files.join(FLAGS.workdir, "results.txt"))
@@ -296,4 +307,4 @@ def _report(config) -> None:
 
 def run() -> None:
     from .cli import run as run_guarded  # the shared error boundary and --help (launch/cli.py)
-    run_guarded(main, check=check)
+    run_guarded(main, check=check, library=import_library)

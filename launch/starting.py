@@ -9,8 +9,8 @@ with ``CFSL_PROGRESS=0``), imports the command's module inside ``starting`` -- w
 ``  still [NAME] starting (Ns: ...)`` every ``STARTING_HEARTBEAT_S`` seconds from a thread
 it owns, until its block ends (importing JAX takes seconds, more on a loaded machine) -- and
 runs the command. The ``cfsl-NAME`` scripts call ``main`` the same way (``script``).
-Importing this module (or any command's) prints nothing and starts no thread. A command whose
-flags need no JAX (all but ``launch.fluid``) imports its library only once absl has parsed
+Importing this module (or any command's) prints nothing and starts no thread. Every command
+defines its flags without JAX and imports its library only once absl has parsed
 them, inside ``importing`` (the same lines): a mistaken flag is refused within a second.
 
 A command's stop signals (SIGINT, SIGTERM, SIGUSR1, SIGUSR2) are handled from ``main``'s first

@@ -1,7 +1,7 @@
 """A mistaken flag is refused before JAX is imported: ``launch.report``, ``launch.verify``,
-``launch.show_task``, ``launch.train``, ``launch.evaluate`` and ``launch.sweep`` define their
-flags without JAX and import their library only once absl has parsed them
-(``launch.starting.importing``). Checked on ``sys.modules``, not timed."""
+``launch.show_task``, ``launch.train``, ``launch.evaluate``, ``launch.sweep`` and
+``launch.fluid`` define their flags without JAX and import their library only once absl has
+parsed them (``launch.starting.importing``). Checked on ``sys.modules``, not timed."""
 
 import pathlib
 import subprocess
@@ -50,6 +50,12 @@ print("imported:", ",".join(m for m in HEAVY if m in sys.modules), "status:", st
      "<local|slurm>"),
     ("sweep", ["--budget=x"], "error: flag --budget=x: value should be one of "
      "<default|quick|paper>"),
+    ("fluid", ["--nosuchflag"], "error: Unknown command line flag 'nosuchflag'"),
+    ("fluid", ["--preset=x"], "error: flag --preset=x: value should be one of <paper|small>"),
+    ("fluid", ["--class_draw=x"], "error: flag --class_draw=x: value should be one of "
+     "<disjoint|independent>"),
+    ("fluid", ["--order=x"], "error: flag --order=x: value should be one of "
+     "<uniform|staggered>"),
 ])
 def test_a_mistaken_flag_is_refused_in_one_line_before_jax_is_imported(command, args, message):
     process = subprocess.run(

@@ -25,19 +25,39 @@ uses), ``protocol`` (``Method``, ``run_stream``, MACs),
 ``heads`` (each method's classifier), ``methods`` (the eleven methods of the
 paper's Table 3, one factory), ``pretraining`` / ``meta_pretraining`` (backbone
 and head on the pretrain classes), ``metrics``,
-``report`` (table and plot), ``config`` (``FluidConfig`` and its presets),
+``report`` (table and plot), ``config`` (``FluidConfig``, ``StreamConfig``, ``Schedule``,
+the methods' names and the presets; no JAX),
 ``experiment`` (what ``launch.fluid`` runs).
 """
 
-from cfsl_jax.fluid.methods import METHODS, FluidState, get_method
-from cfsl_jax.fluid.metrics import auroc, rolling_accuracy, stream_metrics
-from cfsl_jax.fluid.pretraining import pretrain_model, pretrain_split, prepare_params
-from cfsl_jax.fluid.protocol import PAPER_LENGTH, Method, Schedule, StreamRecord, run_stream
-from cfsl_jax.fluid.sequences import Stream, StreamClasses, StreamConfig, describe, make_stream
+from __future__ import annotations
 
-__all__ = [
-    "METHODS", "FluidState", "get_method", "auroc", "rolling_accuracy", "stream_metrics",
-    "pretrain_model", "pretrain_split", "prepare_params", "PAPER_LENGTH", "Method", "Schedule",
-    "StreamRecord", "run_stream",
-    "Stream", "StreamClasses", "StreamConfig", "describe", "make_stream",
-]
+import importlib
+from typing import Any
+
+# Imported on first use (``__getattr__``): ``fluid.config`` needs no JAX, so ``launch.fluid``
+# checks its flags before JAX is imported. name -> the module that defines it.
+_LAZY = {
+    "METHODS": "config", "Schedule": "config", "StreamConfig": "config", "PAPER_LENGTH": "config",
+    "FluidState": "methods", "get_method": "methods",
+    "auroc": "metrics", "rolling_accuracy": "metrics", "stream_metrics": "metrics",
+    "pretrain_model": "pretraining", "pretrain_split": "pretraining",
+    "prepare_params": "pretraining",
+    "Method": "protocol", "StreamRecord": "protocol", "run_stream": "protocol",
+    "Stream": "sequences", "StreamClasses": "sequences", "describe": "sequences",
+    "make_stream": "sequences",
+}
+_MODULES = ("backbone", "class_draw", "classifiers", "config", "experiment", "heads",
+            "meta_pretraining", "methods", "metrics", "new_class", "pretraining", "protocol",
+            "report", "run_progress", "sequences", "stream_files", "study")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    if name in _MODULES:  # ``fluid.sequences`` without importing it first
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = sorted(_LAZY)

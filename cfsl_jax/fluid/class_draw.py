@@ -48,8 +48,6 @@ import numpy as np
 
 from cfsl_jax.runtime.errors import UserError
 
-CLASS_DRAWS = ("disjoint", "independent")
-
 
 class ClassDraw(NamedTuple):
     """The split classes of one stream (class-table rows)."""

@@ -26,7 +26,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from cfsl_jax.runtime.errors import UserError
 
 DETECTORS = ("mdt", "softmax")
 MDT_METRICS = ("euclidean", "cosine", "dot")

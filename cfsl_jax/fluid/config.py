@@ -1,4 +1,8 @@
-"""A FLUID experiment's configuration (``FluidConfig``) and its presets (``PRESETS``).
+"""A FLUID experiment's configuration (``FluidConfig``), its parts (``StreamConfig``: what
+stream; ``Schedule``: when gradient-based methods train), the methods' names and the presets
+(``PRESETS``). No JAX: ``launch.fluid`` defines its flags from these and checks them before it
+imports JAX (``fluid.sequences`` and ``fluid.protocol`` import ``StreamConfig`` and
+``Schedule`` from here).
 
 Presets (``PRESETS``): ``paper`` -- 1,000 classes (250 pretrain, 750 novel),
 90,000 samples, Zipf s=1, at most 961 samples per class, head > 50, 3 test
@@ -20,16 +24,141 @@ method's schedule is the paper's, scaled to the stream length
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
+import numpy as np
+
 from cfsl_jax.dataset_options import DATASETS, normalised_options
-from cfsl_jax.fluid import methods as fluid_methods
-from cfsl_jax.fluid.class_draw import CLASS_DRAWS
-from cfsl_jax.fluid.protocol import Schedule
-from cfsl_jax.fluid.sequences import StreamConfig
 from cfsl_jax.runtime import naming
 from cfsl_jax.runtime.errors import UserError
-from cfsl_jax.runtime.options import check_limits, option
+from cfsl_jax.runtime.options import check_limits, option, positive_int
+
+# The methods of the paper's Table 3, in its order (``fluid.methods.SPECS`` builds each).
+METHODS: tuple[str, ...] = ("ncm", "exemplar_tuning", "imprinting", "finetune", "standard",
+                            "lwf", "ewc", "protonets", "meta_baseline", "maml", "oltr")
+CLASS_DRAWS = ("disjoint", "independent")  # FluidConfig.class_draw (fluid.class_draw)
+PAPER_LENGTH = 90_000  # samples in one of the paper's sequences (Table 4: 86,988-90,133)
+# The update-strategy study's grid (fluid.study): U, in samples of a 90,000-sample sequence,
+# and E, epochs per phase.
+STUDY_FREQUENCIES = (1000, 2500, 5000, 10000, 20000)
+STUDY_EPOCHS = (2, 4, 8, 16)
+
+ORDERS = ("uniform", "staggered")
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamConfig:
+    """What stream to build (validated on construction)."""
+
+    # Each field's help is its flag's (launch.fluid; ``flag`` where it is spelled otherwise).
+    num_classes: int = option(50, "K: classes in the stream.", flag="stream_classes")
+    length: int = option(2000, "L: samples in the stream.", flag="stream_length")
+    # P = round(K * pretrain_fraction) pretrain classes
+    pretrain_fraction: float = option(0.5, "Fraction of the stream classes that pretrain.")
+    zipf_s: float = option(1.0, "Zipf exponent of the class shares.")  # 0 = uniform
+    head_threshold: int = option(50, "A class with more samples is a head class.")
+    # "uniform" | "staggered" (classes first appear over time)
+    order: str = option("uniform", "Sample order.", choices=ORDERS)
+    min_pretrain_samples: int = option(10, "Samples per pretrain class kept out.")
+    max_per_class: int = option(0, "Cap on a class's stream samples (0: none).")  # paper: 961
+    # N > 0: pretraining set of N classes, the P stream ones included
+    pretrain_classes: int = option(
+        0, "Classes of the pretraining set, the stream's pretrain classes included (the paper: "
+        "ImageNet-1K's 1,000), or 'stream': the stream's pretrain classes only (default: the "
+        "preset's).")
+
+    def __post_init__(self):
+        def check(name, ok, limit):
+            if not ok:
+                raise ValueError(f"{naming.name('StreamConfig', name, qualified=False)}="
+                                 f"{getattr(self, name)!r} is invalid: must be {limit}")
+
+        check("num_classes", _is_int(self.num_classes) and self.num_classes >= 1, "an int >= 1")
+        check("length", _is_int(self.length) and self.length >= self.num_classes,
+              f"an int >= num_classes ({self.num_classes}): every class appears at least once")
+        check("pretrain_fraction", 0.0 <= self.pretrain_fraction <= 1.0, "in [0, 1]")
+        check("zipf_s", 0.0 <= self.zipf_s < 100, "in [0, 100)")
+        check("head_threshold", _is_int(self.head_threshold) and self.head_threshold >= 0,
+              "an int >= 0")
+        check("order", self.order in ORDERS, f"one of {ORDERS}")
+        check("max_per_class", _is_int(self.max_per_class) and self.max_per_class >= 0,
+              "an int >= 0 (0: no cap)")
+        check("min_pretrain_samples",
+              _is_int(self.min_pretrain_samples) and self.min_pretrain_samples >= 0, "an int >= 0")
+        check("pretrain_classes", _is_int(self.pretrain_classes) and (
+            self.pretrain_classes == 0 or self.pretrain_classes >= self.num_pretrain),
+            f"0 (the stream's pretrain classes only) or an int >= the stream's "
+            f"{self.num_pretrain} pretrain classes")
+
+    @property
+    def num_pretrain(self) -> int:
+        """P: pretrain classes (round half to even, as Python's round)."""
+        return int(round(self.num_classes * self.pretrain_fraction))
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """When and how gradient-based methods train, in samples (ignored by instance-based ones).
+
+    Defaults: the paper's offline training (Appendix E): 4 epochs every 5,000
+    samples, minibatches of 256 (the authors' ``offline_batch_size``).
+    """
+
+    # U: a phase after every U samples (from ``start`` on); the flags are launch.fluid's
+    update_every: int = option(5000, "U for every method (default: each one's, scaled).")
+    # E: epochs over the samples seen so far per phase
+    epochs_per_update: int = option(4, "E, with --update_every.")
+    batch_size: int = option(256, "Training minibatch, with --update_every.")
+    # no regular phase before this many samples (Weight Imprinting: 10,000)
+    start: int = option(0, flag=None)
+    warmup_every: int = option(0, flag=None)  # > 0: also a phase every this many samples ...
+    # ... up to this many samples (OLTR: every 200 up to 10,000)
+    warmup_until: int = option(0, flag=None)
+
+    def __post_init__(self):
+        for name in ("update_every", "epochs_per_update", "batch_size"):
+            positive_int(naming.name("Schedule", name, qualified=False), getattr(self, name), 1)
+        for name in ("start", "warmup_every", "warmup_until"):
+            positive_int(name, getattr(self, name), 0)
+
+    def steps(self, seen: int) -> int:
+        """Training steps of one phase after ``seen`` samples: E * ceil(seen / batch_size)."""
+        return self.epochs_per_update * math.ceil(seen / self.batch_size)
+
+    def phase_ends(self, length: int) -> list[int]:
+        """Sample counts t < ``length`` after which a phase runs, ascending."""
+        ends = {t for t in range(self.update_every, length, self.update_every) if t >= self.start}
+        if self.warmup_every:
+            ends |= set(range(self.warmup_every, min(self.warmup_until, length - 1) + 1,
+                              self.warmup_every))
+        return sorted(t for t in ends if 0 < t < length)
+
+    def scaled(self, length: int, reference: int = PAPER_LENGTH) -> "Schedule":
+        """Every sample count times ``length / reference`` (rounded; intervals >= 1)."""
+        factor = length / reference
+
+        def scale(value: int, low: int) -> int:
+            return max(low, int(round(value * factor))) if value else 0
+
+        return dataclasses.replace(
+            self, update_every=scale(self.update_every, 1), start=scale(self.start, 0),
+            warmup_every=scale(self.warmup_every, 1), warmup_until=scale(self.warmup_until, 0))
+
+    def describe(self) -> str:
+        text = f"{self.epochs_per_update} epochs every {self.update_every} samples"
+        if self.start:
+            text += f" from {self.start}"
+        if self.warmup_every:
+            text += f" (and every {self.warmup_every} up to {self.warmup_until})"
+        return text + f", batch {self.batch_size}"
+
+
 
 PAPER_STREAM = StreamConfig(num_classes=1000, length=90_000, pretrain_fraction=0.25, zipf_s=1.0,
                             head_threshold=50, min_pretrain_samples=100, max_per_class=961,
@@ -57,8 +186,8 @@ class FluidConfig:
 
     dataset: str = option("synthetic", "Dataset.", choices=DATASETS)
     split: str = option("train", "Split the stream and pretraining data come from.")
-    methods: tuple[str, ...] = option(fluid_methods.METHODS, "Methods to run: "
-                                      f"{list(fluid_methods.METHODS)}.", flag="method")
+    methods: tuple[str, ...] = option(METHODS, "Methods to run: "
+                                      f"{list(METHODS)}.", flag="method")
     stream: StreamConfig = option(PAPER_STREAM, flag=None)
     # None: each method's paper schedule, scaled to the stream
     schedule: Schedule | None = option(None, flag=None)
@@ -91,10 +220,10 @@ class FluidConfig:
     def __post_init__(self):
         def name(field: str) -> str:
             return naming.name("FluidConfig", field, qualified=False)
-        unknown = [m for m in self.methods if m not in fluid_methods.METHODS]
+        unknown = [m for m in self.methods if m not in METHODS]
         if not self.methods or unknown:
             raise UserError(f"{name('methods')}={','.join(self.methods)}: unknown "
-                            f"{', '.join(unknown)}; valid: {', '.join(fluid_methods.METHODS)}")
+                            f"{', '.join(unknown)}; valid: {', '.join(METHODS)}")
         extra = sorted(set(self.method_options) - set(self.methods))
         if extra:
             raise UserError(f"{name('method_options')} for methods not run: {extra}")

@@ -61,7 +61,6 @@ from typing import Any, Callable, Iterable, NamedTuple
 
 import chex
 import jax
-import jax.numpy as jnp
 import optax
 
 from cfsl_jax.protocol import metrics
@@ -69,6 +68,7 @@ from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import classifiers as cls
 from cfsl_jax.fluid import heads
 from cfsl_jax.fluid.backbone import conv4_backbone, feature_dim
+from cfsl_jax.fluid.config import METHODS
 from cfsl_jax.fluid.protocol import Method, Schedule
 from cfsl_jax.models.conv4 import ACTIVATIONS
 from cfsl_jax.training.optimizers import optimizer as make_optimizer
@@ -275,7 +275,8 @@ SPECS: dict[str, Spec] = {
     "maml": Spec(_linear(False), LinearOptions, PAPER_SCHEDULE, pretraining="maml"),
     "oltr": Spec(lambda k, e, o: heads.oltr(k, o.scale), OltrOptions, OLTR_SCHEDULE),
 }
-METHODS = tuple(SPECS)
+if tuple(SPECS) != METHODS:  # the names launch.fluid's flags check, without JAX
+    raise ImportError(f"fluid.config.METHODS {METHODS} is not SPECS' {tuple(SPECS)}")
 
 
 def _check_name(name: str) -> None:

@@ -58,7 +58,6 @@ scan changes none of its numbers).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import time
@@ -73,72 +72,14 @@ from cfsl_jax import data
 from cfsl_jax.protocol import metrics
 from cfsl_jax.runtime import progress
 from cfsl_jax.runtime.errors import UserError
+# Schedule (and PAPER_LENGTH) live in fluid.config, without JAX; imported here as before
+from cfsl_jax.fluid.config import PAPER_LENGTH, Schedule  # noqa: F401
 from cfsl_jax.fluid.sequences import Stream
-from cfsl_jax.runtime import naming
-from cfsl_jax.runtime.options import option, positive_int
 
 Params = Any
 State = Any
 TRAIN_INPUTS = ("features", "images")
-PAPER_LENGTH = 90_000  # samples in one of the paper's sequences (Table 4: 86,988-90,133)
 PROGRESS_SAMPLES = 5_000  # chunk of a method that never trains (a progress line between chunks)
-
-
-@dataclasses.dataclass(frozen=True)
-class Schedule:
-    """When and how gradient-based methods train, in samples (ignored by instance-based ones).
-
-    Defaults: the paper's offline training (Appendix E): 4 epochs every 5,000
-    samples, minibatches of 256 (the authors' ``offline_batch_size``).
-    """
-
-    # U: a phase after every U samples (from ``start`` on); the flags are launch.fluid's
-    update_every: int = option(5000, "U for every method (default: each one's, scaled).")
-    # E: epochs over the samples seen so far per phase
-    epochs_per_update: int = option(4, "E, with --update_every.")
-    batch_size: int = option(256, "Training minibatch, with --update_every.")
-    # no regular phase before this many samples (Weight Imprinting: 10,000)
-    start: int = option(0, flag=None)
-    warmup_every: int = option(0, flag=None)  # > 0: also a phase every this many samples ...
-    # ... up to this many samples (OLTR: every 200 up to 10,000)
-    warmup_until: int = option(0, flag=None)
-
-    def __post_init__(self):
-        for name in ("update_every", "epochs_per_update", "batch_size"):
-            positive_int(naming.name("Schedule", name, qualified=False), getattr(self, name), 1)
-        for name in ("start", "warmup_every", "warmup_until"):
-            positive_int(name, getattr(self, name), 0)
-
-    def steps(self, seen: int) -> int:
-        """Training steps of one phase after ``seen`` samples: E * ceil(seen / batch_size)."""
-        return self.epochs_per_update * math.ceil(seen / self.batch_size)
-
-    def phase_ends(self, length: int) -> list[int]:
-        """Sample counts t < ``length`` after which a phase runs, ascending."""
-        ends = {t for t in range(self.update_every, length, self.update_every) if t >= self.start}
-        if self.warmup_every:
-            ends |= set(range(self.warmup_every, min(self.warmup_until, length - 1) + 1,
-                              self.warmup_every))
-        return sorted(t for t in ends if 0 < t < length)
-
-    def scaled(self, length: int, reference: int = PAPER_LENGTH) -> "Schedule":
-        """Every sample count times ``length / reference`` (rounded; intervals >= 1)."""
-        factor = length / reference
-
-        def scale(value: int, low: int) -> int:
-            return max(low, int(round(value * factor))) if value else 0
-
-        return dataclasses.replace(
-            self, update_every=scale(self.update_every, 1), start=scale(self.start, 0),
-            warmup_every=scale(self.warmup_every, 1), warmup_until=scale(self.warmup_until, 0))
-
-    def describe(self) -> str:
-        text = f"{self.epochs_per_update} epochs every {self.update_every} samples"
-        if self.start:
-            text += f" from {self.start}"
-        if self.warmup_every:
-            text += f" (and every {self.warmup_every} up to {self.warmup_until})"
-        return text + f", batch {self.batch_size}"
 
 
 class Method(NamedTuple):

@@ -51,7 +51,6 @@ stream, bit for bit.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -59,65 +58,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from cfsl_jax.fluid.class_draw import ClassDraw
-from cfsl_jax.runtime import naming
-from cfsl_jax.runtime.options import option
-
-ORDERS = ("uniform", "staggered")
-
-
-@dataclasses.dataclass(frozen=True)
-class StreamConfig:
-    """What stream to build (validated on construction)."""
-
-    # Each field's help is its flag's (launch.fluid; ``flag`` where it is spelled otherwise).
-    num_classes: int = option(50, "K: classes in the stream.", flag="stream_classes")
-    length: int = option(2000, "L: samples in the stream.", flag="stream_length")
-    # P = round(K * pretrain_fraction) pretrain classes
-    pretrain_fraction: float = option(0.5, "Fraction of the stream classes that pretrain.")
-    zipf_s: float = option(1.0, "Zipf exponent of the class shares.")  # 0 = uniform
-    head_threshold: int = option(50, "A class with more samples is a head class.")
-    # "uniform" | "staggered" (classes first appear over time)
-    order: str = option("uniform", "Sample order.", choices=ORDERS)
-    min_pretrain_samples: int = option(10, "Samples per pretrain class kept out.")
-    max_per_class: int = option(0, "Cap on a class's stream samples (0: none).")  # paper: 961
-    # N > 0: pretraining set of N classes, the P stream ones included
-    pretrain_classes: int = option(
-        0, "Classes of the pretraining set, the stream's pretrain classes included (the paper: "
-        "ImageNet-1K's 1,000), or 'stream': the stream's pretrain classes only (default: the "
-        "preset's).")
-
-    def __post_init__(self):
-        def check(name, ok, limit):
-            if not ok:
-                raise ValueError(f"{naming.name('StreamConfig', name, qualified=False)}="
-                                 f"{getattr(self, name)!r} is invalid: must be {limit}")
-
-        check("num_classes", _is_int(self.num_classes) and self.num_classes >= 1, "an int >= 1")
-        check("length", _is_int(self.length) and self.length >= self.num_classes,
-              f"an int >= num_classes ({self.num_classes}): every class appears at least once")
-        check("pretrain_fraction", 0.0 <= self.pretrain_fraction <= 1.0, "in [0, 1]")
-        check("zipf_s", 0.0 <= self.zipf_s < 100, "in [0, 100)")
-        check("head_threshold", _is_int(self.head_threshold) and self.head_threshold >= 0,
-              "an int >= 0")
-        check("order", self.order in ORDERS, f"one of {ORDERS}")
-        check("max_per_class", _is_int(self.max_per_class) and self.max_per_class >= 0,
-              "an int >= 0 (0: no cap)")
-        check("min_pretrain_samples",
-              _is_int(self.min_pretrain_samples) and self.min_pretrain_samples >= 0, "an int >= 0")
-        check("pretrain_classes", _is_int(self.pretrain_classes) and (
-            self.pretrain_classes == 0 or self.pretrain_classes >= self.num_pretrain),
-            f"0 (the stream's pretrain classes only) or an int >= the stream's "
-            f"{self.num_pretrain} pretrain classes")
-
-    @property
-    def num_pretrain(self) -> int:
-        """P: pretrain classes (round half to even, as Python's round)."""
-        return int(round(self.num_classes * self.pretrain_fraction))
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
+# StreamConfig (and ORDERS) live in fluid.config, without JAX; imported here as before
+from cfsl_jax.fluid.config import ORDERS, StreamConfig  # noqa: F401
 
 class Stream(NamedTuple):
     """One FLUID stream of L samples, in stream order (device arrays)."""

@@ -19,14 +19,13 @@ from cfsl_jax.runtime import json_files
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import methods as fluid_methods
 from cfsl_jax.fluid import report
+from cfsl_jax.fluid.config import STUDY_EPOCHS as EPOCHS
+from cfsl_jax.fluid.config import STUDY_FREQUENCIES as FREQUENCIES
 from cfsl_jax.fluid.experiment import (FluidConfig, init_params, load, method_options,
                                        prepare_stream, stream_keys)
 from cfsl_jax.fluid.metrics import stream_metrics
 from cfsl_jax.fluid.pretraining import phase_macs, pretrain_model, prepare_params
 from cfsl_jax.fluid.protocol import run_stream
-
-FREQUENCIES = (1000, 2500, 5000, 10000, 20000)  # U, in samples of a 90,000-sample sequence
-EPOCHS = (2, 4, 8, 16)
 
 
 def run_update_strategy(config: FluidConfig, workdir: str, method_name: str = "finetune",
