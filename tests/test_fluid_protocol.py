@@ -222,3 +222,19 @@ def test_schedule_phases_and_scaling_follow_the_paper():
     assert paper.steps(5000) == 4 * math.ceil(5000 / 256)
     with pytest.raises(ValueError, match="update_every must be a positive integer, got 0"):
         fluid.Schedule(update_every=0)
+
+
+def test_the_package_names_are_their_modules_objects_and_the_method_names_are_the_registry():
+    """``cfsl_jax.fluid`` imports lazily (``fluid.config`` needs no JAX, so ``launch.fluid``
+    checks its flags first): each exported name is its defining module's object, and the
+    method names the flags check are the methods ``fluid.methods`` builds, in order."""
+    import importlib
+    for name in fluid.__all__:
+        module = importlib.import_module(f"cfsl_jax.fluid.{fluid._LAZY[name]}")
+        assert getattr(fluid, name) is getattr(module, name), name
+    assert {"make_stream", "sequences", "Schedule"} <= set(dir(fluid))
+    assert fluid.sequences.StreamConfig is fluid.config.StreamConfig
+    assert protocol.Schedule is fluid.config.Schedule
+    assert fluid.METHODS == tuple(fluid.methods.SPECS) and len(fluid.METHODS) == 11
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        fluid.nope

@@ -60,4 +60,8 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:  # the lazy names too (completion in a notebook)
+    return sorted({*globals(), *_LAZY, *_MODULES})
+
+
 __all__ = sorted(_LAZY)
