@@ -209,6 +209,48 @@ def test_states_come_from_squeue_and_the_files(local_sweep, tmp_path):
     assert cancelled == [["scancel", "8_0", "8_1"]]
 
 
+def test_a_submission_while_another_is_under_way_is_refused_before_submitting(tmp_path):
+    """Two commands submitting one sweep at once would both find its runs new and queue each
+    twice: while one holds the submission lock, a second submission (or --cancel) is refused
+    naming it, and submits, cancels and records nothing; once it is over, one goes through."""
+    from cfsl_jax.runtime import locks
+    sweep_dir = str(tmp_path)
+    works = slurm.sweep_work(tiny_grid(base=SHORT), sweep_dir)
+    lock = locks.path_in(slurm.slurm_dir(sweep_dir), slurm.SUBMIT_LOCK)
+    os.makedirs(slurm.slurm_dir(sweep_dir))
+    code = ("import time; from cfsl_jax.runtime import locks\n"
+            f"with locks.held({lock!r}, 'x'):\n    print('held', flush=True); time.sleep(600)")
+    other = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+    class Recorder:
+        calls = []
+
+        def map_array(self, fn, config_jsons, workdirs):
+            self.calls.append(workdirs)
+            return [type("Job", (), {"job_id": f"8_{i}"})() for i in range(len(workdirs))]
+
+    recorder, cancelled = Recorder(), []
+    try:
+        assert other.stdout.readline().strip() == "held"
+        busy = (f"the SLURM submission from {re.escape(sweep_dir)} is in use by host .* pid "
+                f"{other.pid} since ")
+        with pytest.raises(locks.Busy, match=busy):
+            slurm.submit(works, sweep_dir, slurm.SlurmOptions(), slurm.RunJob({}),
+                         executor=recorder, queued={}, log=lambda line: None)
+        with pytest.raises(locks.Busy, match=busy):
+            slurm.cancel(works, sweep_dir, queued={}, command=cancelled.append)
+        assert recorder.calls == [] and cancelled == []
+        assert os.listdir(slurm.slurm_dir(sweep_dir)) == [slurm.SUBMIT_LOCK]  # no jobs.json
+    finally:
+        other.kill()
+        other.wait()
+    submitted = slurm.submit(works, sweep_dir, slurm.SlurmOptions(), slurm.RunJob({}),
+                             executor=recorder, queued={}, log=lambda line: None)
+    assert len(submitted.jobs) == len(works) == 4 and len(recorder.calls) == 1
+    assert sorted(slurm.read_jobs(sweep_dir).values()) == [f"8_{i}" for i in range(4)]
+    assert not os.path.exists(lock)  # released
+
+
 def test_a_run_through_submitits_debug_executor_equals_the_local_run(local_sweep, tmp_path):
     """The job a SLURM array element runs (slurm.RunJob), run by submitit in this process."""
     done_dir, configs, *_ = local_sweep

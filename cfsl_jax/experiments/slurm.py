@@ -21,7 +21,10 @@ Rules:
   **new** (never submitted). States come from ``squeue`` and the files, never
   from ``sacct``, which clusters without accounting lack.
 - ``submit`` submits the items that are new or failed, never one that is queued
-  or running: the same command twice submits nothing the second time.
+  or running: the same command twice submits nothing the second time. Two at the
+  same moment would both find an item new: a submission (and ``cancel``) holds
+  ``<workdir>/slurm/.submit.lock``, and a second one meanwhile is refused
+  (``locks.Busy``, naming the first) before it submits anything.
 - Up to ``max_timeouts`` requeues after a time limit (preemptions are not counted).
 """
 
@@ -37,7 +40,7 @@ import subprocess
 import time
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
-from cfsl_jax.runtime import progress
+from cfsl_jax.runtime import locks, progress
 from cfsl_jax.training import results
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.runtime.errors import UserError
@@ -47,6 +50,7 @@ from cfsl_jax.experiments.sweep_plan import Run, pack_groups, run_dir, status
 
 SLURM_DIR = "slurm"
 JOBS_FILE = "jobs.json"
+SUBMIT_LOCK = ".submit.lock"  # in SLURM_DIR, held while submitting or cancelling
 RUN_STATES: tuple[str, ...] = ("done", "running", "queued", "failed", "new", "conflict")
 QUEUED = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "SPECIAL_EXIT")
 # sbatch options the launcher sets itself (a dedicated flag, or submitit's own).
@@ -308,7 +312,20 @@ def submit(works: Sequence[Work], workdir: str, options: SlurmOptions, job: _Job
            prepare: Callable[[list[Work]], None] | None = None,
            log: Callable[[str], None] = print) -> Submitted:
     """Submit the items that are new or failed as one job array of ``job`` (``prepare`` runs
-    first, with them); returns what it did."""
+    first, with them); returns what it did. Holds the submission lock (``submitting``)."""
+    with submitting(workdir):
+        return _submit(works, workdir, options, job, executor, queued, prepare, log)
+
+
+def submitting(workdir: str):
+    """``workdir``'s submission lock, held (``locks.held``): a second submission or
+    ``cancel`` meanwhile is refused (``locks.Busy``), never queues an item twice."""
+    os.makedirs(slurm_dir(workdir), exist_ok=True)
+    return locks.held(locks.path_in(slurm_dir(workdir), SUBMIT_LOCK),
+                      f"the SLURM submission from {workdir}")
+
+
+def _submit(works, workdir, options, job, executor, queued, prepare, log) -> Submitted:
     before = states(works, workdir, queue() if queued is None else queued)
     todo = [item for item in before if item.state in ("new", "failed")]
     for item in before:
@@ -390,10 +407,11 @@ def cancel(works: Sequence[Work], workdir: str, queued: Mapping[str, str] | None
            command: Callable[[Sequence[str]], str] = _command,
            log: Callable[[str], None] = print) -> list[str]:
     """``scancel`` the jobs of ``works`` that are queued or running; returns their ids."""
-    current = states(works, workdir, queue() if queued is None else queued)
-    ids = [item.job for item in current if item.state in ("queued", "running")]
-    if ids:
-        command(["scancel", *ids])
+    with submitting(workdir):  # not while a submission is recording its jobs
+        current = states(works, workdir, queue() if queued is None else queued)
+        ids = [item.job for item in current if item.state in ("queued", "running")]
+        if ids:
+            command(["scancel", *ids])
     log(f"slurm: cancelled {len(ids)} job(s)" + (f": {' '.join(ids)}" if ids else "")
         + "; the same command without --cancel submits them again (runs resume)")
     return ids
