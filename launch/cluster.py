@@ -94,15 +94,16 @@ def dry_run(works: Sequence[slurm.Work], workdir: str, options: slurm.SlurmOptio
 
 def run_on_slurm(works: Sequence[slurm.Work], workdir: str, options: slurm.SlurmOptions,
                  job, command: str, report: Callable[[list], None],
-                 prepare: Callable[[list], None] | None = None) -> None:
+                 prepare: Callable[[list], None] | None = None, excluded=tuple) -> None:
     """Submit (or --cancel) ``works`` as ``job``s, then wait printing progress and call
     ``report`` with the final states -- unless --nowait; exits non-zero when one failed.
-    ``command`` names the command in messages."""
+    ``command`` names the command in messages; ``excluded``: the locks of local commands
+    that refuse the submission while held (``slurm.submitting``)."""
     from cfsl_jax.experiments import slurm
     if FLAGS.cancel:
         slurm.cancel(works, workdir)
         return
-    submitted = slurm.submit(works, workdir, options, job, prepare=prepare)
+    submitted = slurm.submit(works, workdir, options, job, prepare=prepare, excluded=excluded)
     if submitted.jobs:
         print("jobs: " + ", ".join(f"{name}={job_id}" for name, job_id in submitted.jobs.items()))
     if FLAGS.nowait:
@@ -111,11 +112,14 @@ def run_on_slurm(works: Sequence[slurm.Work], workdir: str, options: slurm.Slurm
         return
     try:
         final = slurm.wait(works, workdir)
+    except slurm.SlurmError as error:  # squeue failed while watching: the jobs are not touched
+        raise slurm.SlurmError(f"{error}; its jobs may still be queued or running: re-run the "
+                               "same command to watch them") from None
     except KeyboardInterrupt:
         raise KeyboardInterrupt(
-            f"stopped waiting; the SLURM jobs keep running: re-run the same command to watch "
-            f"them (it submits nothing that is queued or running), add --cancel to cancel "
-            f"them") from None
+            "stopped waiting; the SLURM jobs keep running: re-run the same command to watch "
+            "them (it submits nothing that is queued or running), add --cancel to cancel "
+            "them") from None
     report(final)
     failed = [item for item in final if item.state in ("failed", "conflict")]
     if failed:

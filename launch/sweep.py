@@ -227,7 +227,8 @@ def main(argv) -> None:
             slurm.sweep_work(configs, FLAGS.workdir, pack=pack_size()), FLAGS.workdir,
             slurm_options, slurm_job(sweep.worker_jax_options(FLAGS.workdir)),
             "python -m launch.sweep",
-            report=lambda final: _report(), prepare=slurm.prepare_datasets)
+            report=lambda final: _report(), prepare=slurm.prepare_datasets,
+            excluded=lambda: local_sweep_locks(FLAGS.workdir))
         cli.write_flagfile(FLAGS.workdir)
         return
     try:
@@ -274,15 +275,24 @@ def sweep_lock(sweep_dir: str, shard: tuple[int, int] | None) -> tuple[str, str]
 _SHARD_LOCK = re.compile(r"\.sweep-shard-(\d+)-of-(\d+)\.lock")
 
 
+def shard_locks(sweep_dir: str) -> list[tuple[str, str]]:
+    """(lock file, what it locks) of each shard of ``sweep_dir`` that has one."""
+    return [sweep_lock(sweep_dir, (int(m[1]), int(m[2])))
+            for m in map(_SHARD_LOCK.fullmatch, files.listdir(sweep_dir)) if m]
+
+
+def local_sweep_locks(sweep_dir: str) -> list[tuple[str, str]]:
+    """The locks of a local sweep of ``sweep_dir`` (whole or a shard): a SLURM submission into
+    it is refused while one is held (its jobs would find the runs the sweep trains busy)."""
+    return [sweep_lock(sweep_dir, None), *shard_locks(sweep_dir)]
+
+
 def sweep_locked(sweep_dir: str, shard: tuple[int, int] | None):
     """The sweep's (shard's) lock, held (``locks.held``): the same shard twice is refused, a
     whole sweep and any shard of it exclude each other (``Busy`` naming the holder), shards
     run beside each other (their purpose; each run is claimed by its own workdir's lock)."""
     def excluded() -> list[tuple[str, str]]:
-        if shard:
-            return [sweep_lock(sweep_dir, None)]
-        return [sweep_lock(sweep_dir, (int(m[1]), int(m[2])))
-                for m in map(_SHARD_LOCK.fullmatch, files.listdir(sweep_dir)) if m]
+        return [sweep_lock(sweep_dir, None)] if shard else shard_locks(sweep_dir)
     return locks.held(*sweep_lock(sweep_dir, shard), excluded=excluded)
 
 

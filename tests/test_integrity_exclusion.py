@@ -1,5 +1,6 @@
 """Commands that must not run at once on one folder: a whole sweep and a shard of it (shards
-beside each other are the point of sharding), two reference exports into one folder. Each
+beside each other are the point of sharding), two SLURM submissions, a SLURM submission and a
+local sweep, two reference exports into one folder. Each
 refusal is one line naming the holder (exit status 2), as the existing locks' are.
 """
 
@@ -12,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from cfsl_jax.experiments import reference, reference_report
+from cfsl_jax.experiments import reference, reference_report, slurm
 from cfsl_jax.runtime import locks
 from launch_inprocess import command_module, run_in_process
 from test_integrity import holder
@@ -68,6 +69,64 @@ def test_shards_run_beside_each_other_but_not_twice_and_a_stale_lock_blocks_noth
         with module.sweep_locked(str(tmp_path), None):  # the dead shard's lock: no bar
             assert os.path.exists(module.sweep_lock(str(tmp_path), None)[0])
         assert not os.path.exists(module.sweep_lock(str(tmp_path), None)[0])
+
+
+def test_a_slurm_submission_beside_another_or_a_local_sweep_is_refused(tmp_path):
+    """Two commands submitting one sweep at once would both find its runs new and queue each
+    twice: while one holds the submission lock, a second submission (or --cancel) is refused
+    naming it, having submitted, cancelled and recorded nothing; so is a submission while a
+    local sweep (or a shard) of the folder runs; once they are over, one goes through."""
+    from cfsl_jax.training.config import TrainConfig
+    sweep_dir = str(tmp_path)
+    configs = [TrainConfig(dataset="synthetic", learner="protonets", task="B2", seed=s)
+               for s in range(3)]
+    works = slurm.sweep_work(configs, sweep_dir)
+
+    class Recorder:
+        calls = []
+
+        def map_array(self, fn, config_jsons, workdirs):
+            self.calls.append(workdirs)
+            return [type("Job", (), {"job_id": f"8_{i}"})() for i in range(len(workdirs))]
+
+    recorder, cancelled = Recorder(), []
+
+    def submit(**kwargs):
+        return slurm.submit(works, sweep_dir, slurm.SlurmOptions(), slurm.RunJob({}),
+                            executor=recorder, queued={}, log=lambda line: None, **kwargs)
+
+    what = f"the SLURM submission from {sweep_dir}"
+    os.makedirs(slurm.slurm_dir(sweep_dir))
+    other = holder(locks.path_in(slurm.slurm_dir(sweep_dir), slurm.SUBMIT_LOCK))
+    try:
+        for attempt in (submit, lambda: slurm.cancel(works, sweep_dir, queued={},
+                                                     command=cancelled.append)):
+            with pytest.raises(locks.Busy) as refusal:
+                attempt()
+            assert str(refusal.value).startswith(
+                f"{what} is in use by host {socket.gethostname()} pid {other.pid} since ")
+    finally:
+        other.kill()
+        other.wait()
+    with command_module("sweep") as module:
+        local = lambda: module.local_sweep_locks(sweep_dir)  # noqa: E731  (launch.sweep's)
+        for shard, named in ((None, ""), ((2, 3), " shard 2/3")):
+            other = holder(module.sweep_lock(sweep_dir, shard)[0])
+            try:
+                with pytest.raises(locks.Busy) as refusal:
+                    submit(excluded=local)
+            finally:
+                other.kill()
+                other.wait()
+            assert str(refusal.value).startswith(
+                f"{what} cannot run while sweep {sweep_dir}{named} runs: it is in use by host "
+                f"{socket.gethostname()} pid {other.pid} since ")
+        assert recorder.calls == [] and cancelled == []
+        assert os.listdir(slurm.slurm_dir(sweep_dir)) == []  # no jobs.json, no lock left
+        submitted = submit(excluded=local)  # the local sweep's locks left behind are stale
+    assert len(submitted.jobs) == len(works) == 3 and len(recorder.calls) == 1
+    assert sorted(slurm.read_jobs(sweep_dir).values()) == ["8_0", "8_1", "8_2"]
+    assert os.listdir(slurm.slurm_dir(sweep_dir)) == [slurm.JOBS_FILE]  # the lock released
 
 
 def test_a_second_export_into_a_folder_is_refused_naming_the_holder(tmp_path):

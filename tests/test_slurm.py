@@ -14,6 +14,7 @@ fails them.
 """
 
 import dataclasses
+import getpass
 import os
 import re
 import shutil
@@ -209,48 +210,6 @@ def test_states_come_from_squeue_and_the_files(local_sweep, tmp_path):
     assert cancelled == [["scancel", "8_0", "8_1"]]
 
 
-def test_a_submission_while_another_is_under_way_is_refused_before_submitting(tmp_path):
-    """Two commands submitting one sweep at once would both find its runs new and queue each
-    twice: while one holds the submission lock, a second submission (or --cancel) is refused
-    naming it, and submits, cancels and records nothing; once it is over, one goes through."""
-    from cfsl_jax.runtime import locks
-    sweep_dir = str(tmp_path)
-    works = slurm.sweep_work(tiny_grid(base=SHORT), sweep_dir)
-    lock = locks.path_in(slurm.slurm_dir(sweep_dir), slurm.SUBMIT_LOCK)
-    os.makedirs(slurm.slurm_dir(sweep_dir))
-    code = ("import time; from cfsl_jax.runtime import locks\n"
-            f"with locks.held({lock!r}, 'x'):\n    print('held', flush=True); time.sleep(600)")
-    other = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-
-    class Recorder:
-        calls = []
-
-        def map_array(self, fn, config_jsons, workdirs):
-            self.calls.append(workdirs)
-            return [type("Job", (), {"job_id": f"8_{i}"})() for i in range(len(workdirs))]
-
-    recorder, cancelled = Recorder(), []
-    try:
-        assert other.stdout.readline().strip() == "held"
-        busy = (f"the SLURM submission from {re.escape(sweep_dir)} is in use by host .* pid "
-                f"{other.pid} since ")
-        with pytest.raises(locks.Busy, match=busy):
-            slurm.submit(works, sweep_dir, slurm.SlurmOptions(), slurm.RunJob({}),
-                         executor=recorder, queued={}, log=lambda line: None)
-        with pytest.raises(locks.Busy, match=busy):
-            slurm.cancel(works, sweep_dir, queued={}, command=cancelled.append)
-        assert recorder.calls == [] and cancelled == []
-        assert os.listdir(slurm.slurm_dir(sweep_dir)) == [slurm.SUBMIT_LOCK]  # no jobs.json
-    finally:
-        other.kill()
-        other.wait()
-    submitted = slurm.submit(works, sweep_dir, slurm.SlurmOptions(), slurm.RunJob({}),
-                             executor=recorder, queued={}, log=lambda line: None)
-    assert len(submitted.jobs) == len(works) == 4 and len(recorder.calls) == 1
-    assert sorted(slurm.read_jobs(sweep_dir).values()) == [f"8_{i}" for i in range(4)]
-    assert not os.path.exists(lock)  # released
-
-
 def test_a_run_through_submitits_debug_executor_equals_the_local_run(local_sweep, tmp_path):
     """The job a SLURM array element runs (slurm.RunJob), run by submitit in this process."""
     done_dir, configs, *_ = local_sweep
@@ -346,6 +305,30 @@ def test_bad_input_is_one_line_before_anything_is_submitted(tmp_path):
     assert_error(no_submitit, "--launcher=slurm needs submitit: pip install 'cfsl_jax[slurm]'")
     assert not os.path.exists(workdir)
     assert not list(tmp_path.glob("called_*"))
+    # a local sweep of the folder runs: its runs would be busy for the jobs (library-level:
+    # tests/test_integrity_exclusion.py)
+    from test_integrity import holder
+    os.makedirs(workdir)
+    local = holder(os.path.join(workdir, ".sweep.lock"))
+    try:
+        (beside,) = run_cases("sweep", [slurm_flags], env={"PATH": path})
+    finally:
+        local.kill()
+        local.wait()
+    assert_error(beside, f"the SLURM submission from {workdir} cannot run while sweep "
+                         f"{workdir} runs: it is in use by host ")
+    assert not list(tmp_path.glob("called_*"))  # nothing asked of SLURM, not even squeue
+    # SLURM itself refuses: squeue fails (its controller down), then sbatch (a bad account)
+    (down,) = run_cases("sweep", [slurm_flags], env={"PATH": path})
+    assert_error(down, f"squeue -h -r -u {getpass.getuser()} -o %i|%T (exit 1) failed: no "
+                       f"output (is SLURM up? sinfo, squeue)")
+    (bin_dir / "squeue").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission "
+                                    "failed: Invalid account' >&2\nexit 1\n")
+    (refused,) = run_cases("sweep", [slurm_flags], env={"PATH": path})
+    assert_error(refused, "sbatch of 1 run(s) (nothing was submitted) failed: sbatch: error: "
+                          "Batch job submission failed: Invalid account")
+    assert os.listdir(os.path.join(workdir, "slurm")) == []  # no job file left, no jobs.json
 
 
 # -- on a real SLURM cluster --------------------------------------------------------------------

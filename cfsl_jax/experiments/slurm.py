@@ -30,20 +30,21 @@ Rules:
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import functools
-import getpass
+import io
 import os
-import re
 import shutil
-import subprocess
 import time
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 from cfsl_jax.runtime import locks, progress
 from cfsl_jax.training import results
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.runtime.errors import UserError
+from cfsl_jax.experiments.slurm_cluster import (  # noqa: F401 (slurm.SlurmOptions, ...)
+    OWNED_OPTIONS, QUEUED, SlurmError, SlurmOptions, _command, _failed, check_cluster,
+    parse_option, queue)
 from cfsl_jax.experiments.slurm_jobs import (PackJob, RunJob, StreamJob, _Job,  # noqa: F401
                                               handle_sigterm)
 from cfsl_jax.experiments.sweep_plan import Run, pack_groups, run_dir, status
@@ -52,118 +53,6 @@ SLURM_DIR = "slurm"
 JOBS_FILE = "jobs.json"
 SUBMIT_LOCK = ".submit.lock"  # in SLURM_DIR, held while submitting or cancelling
 RUN_STATES: tuple[str, ...] = ("done", "running", "queued", "failed", "new", "conflict")
-QUEUED = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "SPECIAL_EXIT")
-# sbatch options the launcher sets itself (a dedicated flag, or submitit's own).
-OWNED_OPTIONS: dict[str, str] = {
-    "partition": "--slurm_partition", "time": "--slurm_timeout_min",
-    "cpus-per-task": "--slurm_cpus_per_job", "gpus-per-node": "--slurm_gpus_per_job",
-    "mem": "--slurm_mem_gb", "account": "--slurm_account", "qos": "--slurm_qos",
-    "array": "--slurm_max_parallel", "job-name": "", "output": "", "error": "", "signal": "",
-    "open-mode": "", "wckey": ""}
-
-
-@dataclasses.dataclass(frozen=True)
-class SlurmOptions:
-    """The sbatch settings of every job of a sweep."""
-
-    partition: str | None = None  # None: the cluster's default partition
-    max_parallel: int = 256  # jobs of the array running at once (--array=0-N%P)
-    timeout_min: int = 240
-    max_timeouts: int = 10  # requeues after reaching timeout_min
-    cpus_per_job: int = 1
-    gpus_per_job: int = 0
-    mem_gb: float | None = None
-    account: str | None = None
-    qos: str | None = None
-    setup: tuple[str, ...] = ()  # shell lines run before each job
-    options: tuple[tuple[str, str], ...] = ()  # other sbatch options (key without dashes, value)
-    job_name: str = "cfsl"
-
-    def check(self) -> None:
-        for name in ("max_parallel", "timeout_min", "cpus_per_job"):
-            if getattr(self, name) < 1:
-                raise UserError(f"--slurm_{name}={getattr(self, name)}: must be >= 1")
-        for name in ("max_timeouts", "gpus_per_job"):
-            if getattr(self, name) < 0:
-                raise UserError(f"--slurm_{name}={getattr(self, name)}: must be >= 0")
-        if self.mem_gb is not None and not self.mem_gb > 0:
-            raise UserError(f"--slurm_mem_gb={self.mem_gb}: must be > 0")
-        for key, _ in self.options:
-            owner = OWNED_OPTIONS.get(key)
-            if owner is not None:
-                raise UserError(f"--slurm_option={key}=...: the launcher sets --{key} itself"
-                                + (f"; use {owner}" if owner else ""))
-
-    def executor_parameters(self) -> dict[str, Any]:
-        """``submitit.AutoExecutor.update_parameters`` keyword arguments."""
-        parameters: dict[str, Any] = dict(
-            name=self.job_name, timeout_min=self.timeout_min, cpus_per_task=self.cpus_per_job,
-            slurm_array_parallelism=self.max_parallel, stderr_to_stdout=True)
-        if self.gpus_per_job:
-            parameters["gpus_per_node"] = self.gpus_per_job
-        if self.mem_gb is not None:
-            parameters["mem_gb"] = self.mem_gb
-        for name in ("partition", "account", "qos"):
-            if getattr(self, name) is not None:
-                parameters[f"slurm_{name}"] = getattr(self, name)
-        if self.setup:
-            parameters["slurm_setup"] = list(self.setup)
-        if self.options:
-            parameters["slurm_additional_parameters"] = dict(self.options)
-        return parameters
-
-
-def parse_option(text: str) -> tuple[str, str]:
-    """``"constraint=a100"`` -> ``("constraint", "a100")``: an sbatch option without its dashes
-    (``_`` and ``-`` alike) and its value; UserError for anything else."""
-    key, sep, value = text.partition("=")
-    key = key.strip().lstrip("-").replace("_", "-")
-    if not sep or not re.fullmatch(r"[a-z][a-z0-9-]*", key) or not value.strip():
-        raise UserError(f"--slurm_option={text!r} is not KEY=VALUE with an sbatch option as KEY "
-                        f"(e.g. --slurm_option=constraint=a100)")
-    return key, value.strip()
-
-
-def _command(args: Sequence[str]) -> str:
-    """The stdout of a SLURM command; RuntimeError with its stderr if it fails."""
-    result = subprocess.run(list(args), capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)} failed: {result.stderr.strip() or result.stdout}")
-    return result.stdout
-
-
-def check_cluster(options: SlurmOptions, which: Callable[[str], str | None] = shutil.which,
-                  command: Callable[[Sequence[str]], str] = _command) -> None:
-    """UserError, before anything is submitted, when submitit or SLURM's commands are missing or
-    the partition is not one ``sinfo`` lists."""
-    options.check()
-    try:
-        import submitit  # noqa: F401
-    except ImportError:
-        raise UserError("--launcher=slurm needs submitit: pip install 'cfsl_jax[slurm]'") from None
-    missing = [tool for tool in ("sbatch", "squeue", "scancel", "sinfo", "srun")
-               if which(tool) is None]
-    if missing:
-        raise UserError(f"--launcher=slurm: {', '.join(missing)} not found on PATH (run it on a "
-                        f"machine that submits SLURM jobs, e.g. a login node)")
-    if options.partition is not None:
-        partitions = sorted({line.strip().rstrip("*")
-                             for line in command(["sinfo", "-h", "-o", "%P"]).split()})
-        if options.partition not in partitions:
-            raise UserError(f"--slurm_partition={options.partition}: no such partition; sinfo "
-                            f"lists {', '.join(partitions) or 'none'}")
-
-
-def queue(command: Callable[[Sequence[str]], str] = _command) -> dict[str, str]:
-    """``{job id: state}`` of this user's jobs in ``squeue``, one entry per array element
-    (``"123_4": "RUNNING"``)."""
-    out = command(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i|%T"])
-    jobs = {}
-    for line in out.splitlines():
-        job, sep, state = line.strip().partition("|")
-        if sep:
-            jobs[job] = state
-    return jobs
 
 
 # -- work items and their records ----------------------------------------------------------------
@@ -310,19 +199,20 @@ class Submitted(NamedTuple):
 def submit(works: Sequence[Work], workdir: str, options: SlurmOptions, job: _Job,
            executor=None, queued: Mapping[str, str] | None = None,
            prepare: Callable[[list[Work]], None] | None = None,
-           log: Callable[[str], None] = print) -> Submitted:
+           log: Callable[[str], None] = print, excluded=tuple) -> Submitted:
     """Submit the items that are new or failed as one job array of ``job`` (``prepare`` runs
     first, with them); returns what it did. Holds the submission lock (``submitting``)."""
-    with submitting(workdir):
+    with submitting(workdir, excluded):
         return _submit(works, workdir, options, job, executor, queued, prepare, log)
 
 
-def submitting(workdir: str):
+def submitting(workdir: str, excluded=tuple):
     """``workdir``'s submission lock, held (``locks.held``): a second submission or
-    ``cancel`` meanwhile is refused (``locks.Busy``), never queues an item twice."""
+    ``cancel`` meanwhile is refused (``locks.Busy``), never queues an item twice; so is this
+    one while a lock of ``excluded()`` is held (a local sweep of the same folder)."""
     os.makedirs(slurm_dir(workdir), exist_ok=True)
     return locks.held(locks.path_in(slurm_dir(workdir), SUBMIT_LOCK),
-                      f"the SLURM submission from {workdir}")
+                      f"the SLURM submission from {workdir}", excluded=excluded)
 
 
 def _submit(works, workdir, options, job, executor, queued, prepare, log) -> Submitted:
@@ -344,7 +234,18 @@ def _submit(works, workdir, options, job, executor, queued, prepare, log) -> Sub
     if prepare is not None:
         prepare([item.work for item in todo])
     executor = executor or make_executor(workdir, options)
-    jobs = executor.map_array(job, *zip(*[item.work.args for item in todo]))
+    said, before_files = io.StringIO(), set(os.listdir(slurm_dir(workdir)))
+    try:  # submitit prints a failed sbatch's stderr: into the one error line instead
+        with contextlib.redirect_stderr(said):
+            jobs = executor.map_array(job, *zip(*[item.work.args for item in todo]))
+    except Exception as error:  # submitit's FailedJobError, FailedSubmissionError
+        if not type(error).__module__.startswith("submitit"):
+            raise
+        for name in set(os.listdir(slurm_dir(workdir))) - before_files:  # its job files
+            path = os.path.join(slurm_dir(workdir), name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+        raise _failed(f"sbatch of {len(todo)} run(s) (nothing was submitted)",
+                      said.getvalue() or str(error)) from None
     recorded = read_jobs(workdir)
     recorded.update({item.work.key: j.job_id for item, j in zip(todo, jobs)})
     results.write_json(os.path.join(slurm_dir(workdir), JOBS_FILE), recorded)

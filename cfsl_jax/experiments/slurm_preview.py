@@ -35,7 +35,7 @@ def preview(works: Sequence[slurm.Work], workdir: str, options: slurm.SlurmOptio
     if queued is None:
         try:
             queued = slurm.queue()
-        except RuntimeError as error:  # a dry run goes on without the queue
+        except slurm.SlurmError as error:  # a dry run goes on without the queue
             lines.append(f"({error}; states from the files only)")
             queued = {}
     before = slurm.states(works, workdir, queued)
