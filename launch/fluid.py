@@ -247,7 +247,8 @@ def main(argv) -> None:
             slurm.fluid_work(config, FLAGS.workdir), FLAGS.workdir, slurm_options,
             slurm.StreamJob(sweep.worker_jax_options(FLAGS.workdir)), "python -m launch.fluid",
             report=lambda final: _report(config) if all(
-                item.state == "done" for item in final) else None)
+                item.state == "done" for item in final) else None,
+            excluded=lambda: [(locks.path_in(FLAGS.workdir), f"workdir {FLAGS.workdir}")])
         return
     if FLAGS.study == "update_strategy":
         if FLAGS.study_method not in config.method_options and FLAGS.study_method in METHODS:

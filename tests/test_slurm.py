@@ -331,6 +331,23 @@ def test_bad_input_is_one_line_before_anything_is_submitted(tmp_path):
     assert os.listdir(os.path.join(workdir, "slurm")) == []  # no job file left, no jobs.json
 
 
+def test_a_fluid_submission_while_a_local_fluid_run_writes_the_workdir_is_refused(tmp_path):
+    from test_integrity import holder
+    bin_dir, workdir = _fake_slurm_bin(tmp_path), tmp_path / "fluid"
+    workdir.mkdir()
+    local = holder(str(workdir / ".lock"))  # launch.fluid's workdir lock (locks.workdir)
+    try:
+        (beside,) = run_cases("fluid", [[f"--workdir={workdir}", "--preset=small",
+                                         "--method=ncm", "--launcher=slurm"]],
+                              env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    finally:
+        local.kill()
+        local.wait()
+    assert_error(beside, f"the SLURM submission from {workdir} cannot run while workdir "
+                         f"{workdir} runs: it is in use by host ")
+    assert not list(tmp_path.glob("called_*"))
+
+
 # -- on a real SLURM cluster --------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
