@@ -204,6 +204,32 @@ def test_states_come_from_squeue_and_the_files(local_sweep, tmp_path):
     assert lines[1].startswith(f"failed: {runs[1].name} (job 7_1, log ")
     assert lines[-1] == "slurm: 1 done, 0 running, 0 queued, 3 failed of 4; ETA 0s"
 
+    # A failing squeue while waiting is asked again, never read as an empty queue (which would
+    # count the running runs failed); QUEUE_RETRIES failures in a row end the wait.
+    def flaky(answers):
+        def ask():
+            answer = next(answers)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+        return ask
+
+    down = slurm.SlurmError("squeue (exit 1) failed: slurm_load_jobs error")
+    lines.clear()
+    final = slurm.wait(works, sweep_dir, interval=0, queue_fn=flaky(iter(
+        [down, down, {"8_0": "RUNNING", "8_1": "PENDING"}, down, {}])), log=lines.append,
+        sleep=lambda s: None)
+    lines = [line for line in lines if line.startswith("slurm: ")]  # not the failed runs' logs
+    assert [line.split(";")[0] for line in lines] == [
+        "slurm: squeue (exit 1) failed: slurm_load_jobs error"] * 2 + [
+        "slurm: 1 done, 1 running, 1 queued, 1 failed of 4"] + [
+        "slurm: squeue (exit 1) failed: slurm_load_jobs error"] + [
+        "slurm: 1 done, 0 running, 0 queued, 3 failed of 4"]
+    assert lines[0].endswith("asking again in 0 s (1/6)") and lines[3].endswith("(1/6)")
+    with pytest.raises(slurm.SlurmError, match="slurm_load_jobs error"):
+        slurm.wait(works, sweep_dir, interval=0, queue_fn=flaky(iter([down] * 7)),
+                   log=lines.append, sleep=lambda s: None)
+
     cancelled = []
     assert slurm.cancel(works, sweep_dir, queued={"8_0": "RUNNING", "8_1": "PENDING"},
                         command=cancelled.append, log=lines.append) == ["8_0", "8_1"]

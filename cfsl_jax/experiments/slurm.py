@@ -52,6 +52,7 @@ from cfsl_jax.experiments.sweep_plan import Run, pack_groups, run_dir, status
 SLURM_DIR = "slurm"
 JOBS_FILE = "jobs.json"
 SUBMIT_LOCK = ".submit.lock"  # in SLURM_DIR, held while submitting or cancelling
+QUEUE_RETRIES = 6  # squeue failures in a row that ``wait`` rides out (a minute at 10 s)
 RUN_STATES: tuple[str, ...] = ("done", "running", "queued", "failed", "new", "conflict")
 
 
@@ -283,12 +284,25 @@ def wait(works: Sequence[Work], workdir: str, interval: float = 10.0,
          clock: Callable[[], float] = time.monotonic,
          sleep: Callable[[float], None] = time.sleep) -> list[WorkState]:
     """Poll until nothing is queued or running, printing a progress line each ``interval``
-    seconds and a failed item's name with its last log lines; returns the states."""
+    seconds and a failed item's name with its last log lines; returns the states. A failing
+    ``squeue`` (a controller restarting) is asked again, up to ``QUEUE_RETRIES`` times in a
+    row: never read as an empty queue, which would count every running item failed."""
     started = clock()
     done_before = None
     reported: set[str] = set()
+    misses = 0
     while True:
-        current = states(works, workdir, queue_fn())
+        try:
+            queued = queue_fn()
+        except SlurmError as error:
+            misses += 1
+            if misses > QUEUE_RETRIES:
+                raise
+            log(f"slurm: {error}; asking again in {interval:.0f} s ({misses}/{QUEUE_RETRIES})")
+            sleep(interval)
+            continue
+        misses = 0
+        current = states(works, workdir, queued)
         done = counts(current)["done"]
         done_before = done if done_before is None else done_before
         for item in current:
