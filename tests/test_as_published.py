@@ -15,6 +15,7 @@ from cfsl_jax.models.conv4 import Conv4
 from cfsl_jax.training import runs
 from cfsl_jax.training.runs import TrainConfig
 from cfsl_jax.protocol.sampler import sample_task
+from conftest import init_params
 
 
 def test_presets_are_bundles_of_options_and_explicit_options_win():
@@ -65,7 +66,7 @@ def test_feb2020_protonets_logits_are_dot_products_with_the_last_sample_prototyp
         TrainConfig(learner="protonets", task="B3", learner_options={"filters": 8}), "feb2020")
     spec = config.spec
     learner = get_learner("protonets", spec, **config.learner_options).evaluated
-    params = learner.init_params(jax.random.key(0), jnp.zeros((1, 28, 28, 1)), spec)
+    params = init_params(learner, jax.random.key(0), jnp.zeros((1, 28, 28, 1)), spec)
     split = omniglot_train
     task = sample_task(jax.random.key(2), split.class_table, split.class_sizes, spec)
     support_x = data.gather_normalised(split, task.support_idx)

@@ -20,6 +20,7 @@ from cfsl_jax.learners.protonets import ProtoNetsOptions
 from cfsl_jax.models.norm import absorb
 from cfsl_jax.protocol.sampler import sample_task
 from cfsl_jax.protocol.spec import TaskSpec
+from conftest import init_params
 
 SPEC = TaskSpec(nss=2, nc=3, ks=2, kt=2, cci=1, overwrite=False)
 TINY = train.TrainConfig(
@@ -39,7 +40,7 @@ def real_task(split: data.Split, spec: TaskSpec, seed: int = 0):
 def test_a_target_prediction_depends_on_the_other_targets_only_with_batch_statistics(
         omniglot_train, bn_stats):
     learner = get_learner("protonets", SPEC, filters=8, bn_stats=bn_stats).evaluated
-    params = learner.init_params(jax.random.key(0), jnp.zeros((1, 28, 28, 1)), SPEC)
+    params = init_params(learner, jax.random.key(0), jnp.zeros((1, 28, 28, 1)), SPEC)
     support_x, support_y, target_x = real_task(omniglot_train, SPEC)
     key = jax.random.key(0)
     together = episode.run_task(learner, params, support_x, support_y, target_x, key)
@@ -67,7 +68,7 @@ def test_absorb_is_pytorchs_running_average_one_forward_pass_after_another():
 
 def test_moments_are_each_sets_mean_and_unbiased_variance(omniglot_train):
     learner = get_learner("protonets", SPEC, filters=8)
-    params = learner.init_params(jax.random.key(1), jnp.zeros((1, 28, 28, 1)), SPEC)
+    params = init_params(learner, jax.random.key(1), jnp.zeros((1, 28, 28, 1)), SPEC)
     support_x, _, target_x = real_task(omniglot_train, SPEC, seed=1)
     moments = learner.recipe.running_bn.moments(params, support_x, target_x)["BatchStatNorm_0"]
     assert moments["mean"].shape == (SPEC.nss + 1, 8)

@@ -11,7 +11,7 @@ from cfsl_jax.learners import get_learner
 from cfsl_jax.protocol.learner import Learner
 from cfsl_jax.models.conv4 import Conv4
 from cfsl_jax.protocol.spec import TaskSpec
-from conftest import traces_counted
+from conftest import init_params, traces_counted
 
 IMAGE = (28, 28, 1)
 
@@ -62,7 +62,7 @@ def test_adapt_sees_exactly_one_support_set_per_call_in_order():
 def test_protonet_prototypes_are_the_class_means():
     spec = TaskSpec(nss=4, nc=3, ks=2, kt=1, cci=2, overwrite=False)
     learner = get_learner("protonets", spec)
-    params = learner.init_params(jax.random.key(0), jnp.zeros((1, *IMAGE)), spec)
+    params = init_params(learner, jax.random.key(0), jnp.zeros((1, *IMAGE)), spec)
     support_x, support_y, target_x = random_task(spec, seed=1)
     state = episode.adapt_all(learner, params, support_x, support_y, jax.random.key(0))
     embed = Conv4(filters=64)
@@ -85,7 +85,7 @@ def test_protonet_prototypes_are_the_class_means():
 def test_protonets_masks_labels_not_yet_seen():
     spec = TaskSpec(nss=2, nc=2, ks=1, kt=1, cci=1, overwrite=False)
     learner = get_learner("protonets", spec)
-    params = learner.init_params(jax.random.key(0), jnp.zeros((1, *IMAGE)), spec)
+    params = init_params(learner, jax.random.key(0), jnp.zeros((1, *IMAGE)), spec)
     support_x, support_y, target_x = random_task(spec)
     state = learner.init(params, jax.random.key(0), spec)
     state = learner.adapt(params, state, support_x[0], support_y[0])  # labels 0, 1 only
@@ -97,7 +97,7 @@ def test_protonets_masks_labels_not_yet_seen():
 def test_protonets_is_invariant_to_support_set_order_within_a_group():
     spec = TaskSpec(nss=4, nc=5, ks=1, kt=2, cci=4, overwrite=True)  # one group of 4 sets
     learner = get_learner("protonets", spec)
-    params = learner.init_params(jax.random.key(0), jnp.zeros((1, *IMAGE)), spec)
+    params = init_params(learner, jax.random.key(0), jnp.zeros((1, *IMAGE)), spec)
     support_x, support_y, target_x = random_task(spec, seed=2)
     order = jnp.array([2, 0, 3, 1])
     run = jax.jit(episode.run_task, static_argnums=0)
@@ -110,7 +110,7 @@ def test_protonets_is_invariant_to_support_set_order_within_a_group():
 def test_run_task_compiles_once_per_shape_and_vmaps():
     spec = TaskSpec.preset("B3")
     learner = get_learner("protonets", spec)
-    params = learner.init_params(jax.random.key(0), jnp.zeros((1, *IMAGE)), spec)
+    params = init_params(learner, jax.random.key(0), jnp.zeros((1, *IMAGE)), spec)
     run = jax.jit(episode.run_task, static_argnums=0)
     tasks = [random_task(spec, seed) for seed in range(3)]
     single = [run(learner, params, *tasks[0], jax.random.key(0))]
@@ -134,7 +134,7 @@ def test_last_per_label_keeps_each_labels_last_embedding():
 def test_protonets_as_published_prototype_is_the_last_sample_over_nss_ks():
     spec = TaskSpec(nss=3, nc=2, ks=2, kt=1, cci=3, overwrite=True)  # each label: 6 samples
     learner = get_learner("protonets", spec, last_sample_prototype=True)
-    params = learner.init_params(jax.random.key(0), jnp.zeros((1, *IMAGE)), spec)
+    params = init_params(learner, jax.random.key(0), jnp.zeros((1, *IMAGE)), spec)
     support_x, support_y, target_x = random_task(spec, seed=3)
     state = episode.adapt_all(learner, params, support_x, support_y, jax.random.key(0))
     embed = Conv4(filters=64)

@@ -22,7 +22,7 @@ from cfsl_jax.models.conv4 import Conv4, LinearHead
 from cfsl_jax.models.fisher import empirical_fisher
 from cfsl_jax.training.pretrain import entry_pool, init_state, pretrain, train_step
 from cfsl_jax.protocol.spec import TaskSpec
-from conftest import traces_counted
+from conftest import init_params, traces_counted
 
 IMAGE = (28, 28, 1)
 B3 = TaskSpec.preset("B3")  # NSS=3, NC=5, KS=1, KT=5, 15 outputs
@@ -75,7 +75,7 @@ def sq_distance(a, b, fisher=None):
 def tuned():
     """init_tune on B3: the learner, its params, and its jitted adapt and predict."""
     learner = init_tune(B3)
-    params = learner.init_params(jax.random.key(1), jnp.zeros((1, *IMAGE)), B3)
+    params = init_params(learner, jax.random.key(1), jnp.zeros((1, *IMAGE)), B3)
     return learner, params, jax.jit(learner.adapt), jax.jit(learner.predict)
 
 
@@ -114,7 +114,7 @@ def test_macs_are_linear_in_nss_and_adapt_is_a_few_forward_backward_passes():
         spec = TaskSpec(nss=nss, nc=5, ks=1, kt=5, cci=nss, overwrite=True,
                         target_mode="per_class")
         learner = init_tune(spec, FinetuneOptions(inner_steps=steps))
-        params = learner.init_params(jax.random.key(0), jnp.zeros((1, *IMAGE)), spec)
+        params = init_params(learner, jax.random.key(0), jnp.zeros((1, *IMAGE)), spec)
         return learner, params, metrics.learner_macs(learner, params, IMAGE)
 
     learner, params, three = macs(3)
@@ -225,7 +225,7 @@ def test_norm_layers_stay_at_params_unless_adapt_norm(tuned, two_sets):
 @pytest.mark.parametrize("name", ["init_tune", "pretrain_tune"])
 def test_restart_each_support_set_leaves_only_the_last_set_in_the_prediction(name, glyphs):
     learner = get_learner(name, B3, inner_steps=2, restart_each_support_set=True)
-    params = learner.init_params(jax.random.key(18), jnp.zeros((1, *IMAGE)), B3)
+    params = init_params(learner, jax.random.key(18), jnp.zeros((1, *IMAGE)), B3)
     support_x = glyphs[:15, 0].reshape(3, 5, *IMAGE)
     support_y = jnp.arange(15, dtype=jnp.int32).reshape(3, 5)
     target_x = glyphs[:15, 1].reshape(-1, *IMAGE)
@@ -258,8 +258,8 @@ def test_params_are_xavier_uniform_with_zero_biases_by_default(tuned):
             assert not np.any(np.asarray(values)), path
         if path.endswith("scale"):
             np.testing.assert_array_equal(values, 1.0)
-    lecun = init_tune(B3, FinetuneOptions(weight_init="lecun")).init_params(jax.random.key(1),
-                                                            jnp.zeros((1, *IMAGE)), B3)
+    lecun = init_params(init_tune(B3, FinetuneOptions(weight_init="lecun")),
+                        jax.random.key(1), jnp.zeros((1, *IMAGE)), B3)
     assert float(jnp.abs(lecun["head"]["params"]["Dense_0"]["kernel"]).max()) > np.sqrt(6 / 63)
 
 
@@ -286,7 +286,7 @@ def test_weight_init_schemes_have_pytorchs_bounds():
 
 def test_pretrain_tune_init_pairs_the_pretrained_embed_with_the_params_head():
     learner = pretrain_tune(B3)
-    params = learner.init_params(jax.random.key(8), jnp.zeros((1, *IMAGE)), B3)
+    params = init_params(learner, jax.random.key(8), jnp.zeros((1, *IMAGE)), B3)
     assert learner.recipe.training == "pretrain" and learner.recipe.per_task_weights
     for key in (9, 10):  # every task starts from the same head: the authors' linear_0
         weights = learner.init(params, jax.random.key(key), B3).weights
@@ -295,7 +295,7 @@ def test_pretrain_tune_init_pairs_the_pretrained_embed_with_the_params_head():
 
 def test_pretrain_tune_fresh_head_option_draws_a_head_per_task():
     learner = pretrain_tune(B3, FinetuneOptions(fresh_head=True))
-    params = learner.init_params(jax.random.key(8), jnp.zeros((1, *IMAGE)), B3)
+    params = init_params(learner, jax.random.key(8), jnp.zeros((1, *IMAGE)), B3)
     a = learner.init(params, jax.random.key(9), B3).weights
     b = learner.init(params, jax.random.key(10), B3).weights
     again = learner.init(params, jax.random.key(9), B3).weights
@@ -320,7 +320,7 @@ def with_norm(params, values):
 def pretrained():
     """pretrain_tune's params with a norm scale/bias far from the init, as pretraining leaves
     them, and the same params with the initial scale 1 / bias 0 (the authors' untrained rows)."""
-    params = pretrain_tune(B3).init_params(jax.random.key(30), jnp.zeros((1, *IMAGE)), B3)
+    params = init_params(pretrain_tune(B3), jax.random.key(30), jnp.zeros((1, *IMAGE)), B3)
     moved = with_norm(params, lambda leaf, i: leaf + 0.5 * jax.random.uniform(
         jax.random.key(31 + i), leaf.shape, minval=-1.0, maxval=1.0))
     initial = with_norm(params, lambda leaf, i: leaf)  # init_params: scale 1, bias 0
@@ -421,7 +421,7 @@ def small_split():
 @pytest.fixture(scope="module")
 def pretrainer():
     learner = pretrain_tune(B3)
-    return learner, learner.init_params(jax.random.key(11), jnp.zeros((1, *IMAGE)), B3)
+    return learner, init_params(learner, jax.random.key(11), jnp.zeros((1, *IMAGE)), B3)
 
 
 PRETRAIN = dict(batch_size=32, learning_rate=1e-3, weight_decay=1e-5)
@@ -530,7 +530,7 @@ def test_ewc_lambda_is_not_an_option_of_plain_fine_tuning():
 
 def test_run_task_gives_finite_logits_for_every_finetuner(glyphs):
     learners = [get_learner(name, B3, inner_steps=1) for name in FINETUNERS]  # shapes, not skill
-    params = [learner.init_params(jax.random.key(16), jnp.zeros((1, *IMAGE)), B3)
+    params = [init_params(learner, jax.random.key(16), jnp.zeros((1, *IMAGE)), B3)
               for learner in learners]
     support_x = glyphs[:15, 0].reshape(3, 5, *IMAGE)
     support_y = jnp.arange(15, dtype=jnp.int32).reshape(3, 5)

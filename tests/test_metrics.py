@@ -15,6 +15,7 @@ from cfsl_jax.training.records import EvalRecord
 from cfsl_jax.models import conv
 from cfsl_jax.protocol.learner import Learner, Recipe
 from cfsl_jax.protocol.spec import TaskSpec
+from conftest import init_params
 
 IMAGE = (28, 28, 1)
 
@@ -59,7 +60,7 @@ def test_group_accuracy_known_values():
 def test_protonets_atm_is_prototype_bytes_over_support_bytes():
     spec = TaskSpec.preset("B3")  # 15 output units, 3 support sets of 5 images
     learner = get_learner("protonets", spec)
-    params = learner.init_params(jax.random.key(0), jnp.zeros((1, *IMAGE)), spec)
+    params = init_params(learner, jax.random.key(0), jnp.zeros((1, *IMAGE)), spec)
     # Conv-4 on 28x28: 28 -> 14 -> 7 -> 3 -> 1, so a 64-d embedding; float32 sums, int32 counts.
     state_bytes = 15 * 64 * 4 + 15 * 4
     support_bytes = 3 * 5 * 28 * 28 * 1 * 4
@@ -124,7 +125,7 @@ TINY_OPTIONS = {"maml_low": dict(filters=3, num_blocks=2, inner_steps=2, unroll=
 def tiny(name):
     learner = get_learner(name, TINY, image_shape=SMALL,
                           **TINY_OPTIONS.get(name, dict(filters=4)))
-    return learner, learner.init_params(jax.random.key(0), jnp.zeros((1, *SMALL)), TINY)
+    return learner, init_params(learner, jax.random.key(0), jnp.zeros((1, *SMALL)), TINY)
 
 
 @pytest.fixture
@@ -223,4 +224,4 @@ def test_macs_do_not_depend_on_the_convolution_implementation(name):
 def tiny_with(name, **options):
     learner = get_learner(name, TINY, image_shape=SMALL,
                           **{**TINY_OPTIONS.get(name, dict(filters=4)), **options})
-    return learner, learner.init_params(jax.random.key(0), jnp.zeros((1, *SMALL)), TINY)
+    return learner, init_params(learner, jax.random.key(0), jnp.zeros((1, *SMALL)), TINY)

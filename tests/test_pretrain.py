@@ -19,7 +19,7 @@ from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.loop import Interrupted
 from cfsl_jax.runtime import parallel
 
-from conftest import FAKE_DEVICES, cpu_mesh, traces_counted
+from conftest import FAKE_DEVICES, cpu_mesh, init_params, traces_counted
 
 SPEC = TaskSpec(nss=2, nc=2, ks=1, kt=1, cci=1, overwrite=False, target_mode="per_class")
 IMAGE = (16, 16, 1)
@@ -35,7 +35,7 @@ def splits():
 @pytest.fixture(scope="module")
 def learner_and_params():
     learner = get_learner("pretrain_tune", SPEC, image_shape=IMAGE, filters=8, inner_steps=1)
-    return learner, learner.init_params(jax.random.key(0), jnp.zeros((1, *IMAGE)), SPEC)
+    return learner, init_params(learner, jax.random.key(0), jnp.zeros((1, *IMAGE)), SPEC)
 
 
 def test_task_images_are_the_tasks_images_labelled_with_their_class(splits):

@@ -22,7 +22,8 @@ progress.INTERVAL_S = 0.0  # a line after every chunk: the parent's cue
 spec = TaskSpec.parse("B3")
 split = data.load_split("synthetic", "train", num_classes=100, samples_per_class=10)
 learner = get_learner("protonets", spec, image_shape=tuple(split.images.shape[1:]), filters=16)
-params = learner.init_params(jax.random.key(0), split.images[:1].astype(jnp.float32), spec)
+params = jax.jit(learner.init_params, static_argnums=2)(  # one program, not op by op
+    jax.random.key(0), split.images[:1].astype(jnp.float32), spec)
 try:
     evaluate(learner, params, split, num_tasks=1000, batch_size=50, cost_metrics=False,
              mesh=parallel.make_mesh(1))
