@@ -251,6 +251,10 @@ def _save(manager: ocp.CheckpointManager, step: int, tree: Any, **options) -> No
                 checksums.seal(_folder(manager, step))
     except disk.DiskFull:
         disk.quiet_closed_event_loops()
+        try:  # orbax's threads may still be writing its temporary folder: let them end first
+            manager.wait_until_finished()
+        except Exception:  # noqa: BLE001  (the same full disk, raised again)
+            pass
         for name in files.listdir(folder):
             if "orbax-checkpoint-tmp" in name:
                 files.rmtree(files.join(folder, name))
