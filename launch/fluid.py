@@ -248,7 +248,7 @@ def main(argv) -> None:
             slurm.StreamJob(sweep.worker_jax_options(FLAGS.workdir)), "python -m launch.fluid",
             report=lambda final: _report(config) if all(
                 item.state == "done" for item in final) else None,
-            excluded=lambda: [(locks.path_in(FLAGS.workdir), f"workdir {FLAGS.workdir}")])
+            excluded=lambda: [locks.workdir_lock(FLAGS.workdir)])
         return
     if FLAGS.study == "update_strategy":
         if FLAGS.study_method not in config.method_options and FLAGS.study_method in METHODS:

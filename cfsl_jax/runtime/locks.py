@@ -254,7 +254,12 @@ def held(lock: str, what: str,
         release(lock, me)
 
 
+def workdir_lock(folder: str) -> tuple[str, str]:
+    """(lock file, what it locks) of a run's workdir, as ``workdir`` holds it."""
+    return path_in(folder), f"workdir {folder}"
+
+
 def workdir(folder: str):
     """The lock of a run's workdir (``held``): one command at a time writes in it (launch.train,
     launch.fluid); a second is refused (``Busy``) naming the holder."""
-    return held(path_in(folder), f"workdir {folder}")
+    return held(*workdir_lock(folder))
