@@ -96,18 +96,6 @@ def test_a_slurm_submission_beside_another_or_a_local_sweep_is_refused(tmp_path)
                             executor=recorder, queued={}, log=lambda line: None, **kwargs)
 
     what = f"the SLURM submission from {sweep_dir}"
-    os.makedirs(slurm.slurm_dir(sweep_dir))
-    other = holder(locks.path_in(slurm.slurm_dir(sweep_dir), slurm.SUBMIT_LOCK))
-    try:
-        for attempt in (submit, lambda: slurm.cancel(works, sweep_dir, queued={},
-                                                     command=cancelled.append)):
-            with pytest.raises(locks.Busy) as refusal:
-                attempt()
-            assert str(refusal.value).startswith(
-                f"{what} is in use by host {socket.gethostname()} pid {other.pid} since ")
-    finally:
-        other.kill()
-        other.wait()
     with command_module("sweep") as module:
         local = lambda: module.local_sweep_locks(sweep_dir)  # noqa: E731  (launch.sweep's)
         for shard, named in ((None, ""), ((2, 3), " shard 2/3")):
@@ -121,8 +109,22 @@ def test_a_slurm_submission_beside_another_or_a_local_sweep_is_refused(tmp_path)
             assert str(refusal.value).startswith(
                 f"{what} cannot run while sweep {sweep_dir}{named} runs: it is in use by host "
                 f"{socket.gethostname()} pid {other.pid} since ")
+            assert not os.path.exists(slurm.slurm_dir(sweep_dir))  # refused: nothing created
+        os.makedirs(slurm.slurm_dir(sweep_dir))
+        other = holder(locks.path_in(slurm.slurm_dir(sweep_dir), slurm.SUBMIT_LOCK))
+        try:
+            for attempt in (submit, lambda: slurm.cancel(works, sweep_dir, queued={},
+                                                         command=cancelled.append)):
+                with pytest.raises(locks.Busy) as refusal:
+                    attempt()
+                assert str(refusal.value).startswith(
+                    f"{what} is in use by host {socket.gethostname()} pid {other.pid} since ")
+        finally:
+            other.kill()
+            other.wait()
         assert recorder.calls == [] and cancelled == []
-        assert os.listdir(slurm.slurm_dir(sweep_dir)) == []  # no jobs.json, no lock left
+        # no jobs.json; only the killed holder's lock, stale, which the next one takes over
+        assert os.listdir(slurm.slurm_dir(sweep_dir)) == [slurm.SUBMIT_LOCK]
         submitted = submit(excluded=local)  # the local sweep's locks left behind are stale
     assert len(submitted.jobs) == len(works) == 3 and len(recorder.calls) == 1
     assert sorted(slurm.read_jobs(sweep_dir).values()) == ["8_0", "8_1", "8_2"]

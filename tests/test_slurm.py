@@ -344,6 +344,7 @@ def test_bad_input_is_one_line_before_anything_is_submitted(tmp_path):
     assert_error(beside, f"the SLURM submission from {workdir} cannot run while sweep "
                          f"{workdir} runs: it is in use by host ")
     assert not list(tmp_path.glob("called_*"))  # nothing asked of SLURM, not even squeue
+    assert not os.path.exists(os.path.join(workdir, "slurm"))  # nor a folder for its jobs
     # SLURM itself refuses: squeue fails (its controller down), then sbatch (a bad account)
     (down,) = run_cases("sweep", [slurm_flags], env={"PATH": path})
     assert_error(down, f"squeue -h -r -u {getpass.getuser()} -o %i|%T (exit 1) failed: no "
@@ -354,7 +355,8 @@ def test_bad_input_is_one_line_before_anything_is_submitted(tmp_path):
     (refused,) = run_cases("sweep", [slurm_flags], env={"PATH": path})
     assert_error(refused, "sbatch of 1 run(s) (nothing was submitted) failed: sbatch: error: "
                           "Batch job submission failed: Invalid account")
-    assert os.listdir(os.path.join(workdir, "slurm")) == []  # no job file left, no jobs.json
+    # no job file left, no jobs.json, no lock: not even the folder, which it created
+    assert not os.path.exists(os.path.join(workdir, "slurm"))
 
 
 def test_a_fluid_submission_while_a_local_fluid_run_writes_the_workdir_is_refused(tmp_path):
@@ -372,6 +374,7 @@ def test_a_fluid_submission_while_a_local_fluid_run_writes_the_workdir_is_refuse
     assert_error(beside, f"the SLURM submission from {workdir} cannot run while workdir "
                          f"{workdir} runs: it is in use by host ")
     assert not list(tmp_path.glob("called_*"))
+    assert not os.path.exists(workdir / "slurm")  # refused before it wrote anything
 
 
 # -- on a real SLURM cluster --------------------------------------------------------------------

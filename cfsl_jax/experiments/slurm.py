@@ -207,13 +207,24 @@ def submit(works: Sequence[Work], workdir: str, options: SlurmOptions, job: _Job
         return _submit(works, workdir, options, job, executor, queued, prepare, log)
 
 
+@contextlib.contextmanager
 def submitting(workdir: str, excluded=tuple):
     """``workdir``'s submission lock, held (``locks.held``): a second submission or
     ``cancel`` meanwhile is refused (``locks.Busy``), never queues an item twice; so is this
-    one while a lock of ``excluded()`` is held (a local sweep of the same folder)."""
-    os.makedirs(slurm_dir(workdir), exist_ok=True)
-    return locks.held(locks.path_in(slurm_dir(workdir), SUBMIT_LOCK),
-                      f"the SLURM submission from {workdir}", excluded=excluded)
+    one while a lock of ``excluded()`` is held (a local sweep of the same folder). One that is
+    refused or fails leaves behind no folder it created (while the folder is empty)."""
+    folder = slurm_dir(workdir)
+    created = [path for path in (folder, workdir) if not os.path.isdir(path)]  # inner first
+    os.makedirs(folder, exist_ok=True)
+    try:
+        with locks.held(locks.path_in(folder, SUBMIT_LOCK), f"the SLURM submission from "
+                        f"{workdir}", excluded=excluded) as me:
+            yield me
+    except BaseException:
+        for path in created:
+            with contextlib.suppress(OSError):  # only an empty folder
+                os.rmdir(path)
+        raise
 
 
 def _submit(works, workdir, options, job, executor, queued, prepare, log) -> Submitted:
