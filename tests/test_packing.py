@@ -401,8 +401,23 @@ def test_pretraining_on_tasks_packs_as_meta_training_does(tmp_path, capsys, seed
 RATES = (1e-3, 2e-3, 4e-3)
 
 
+@pytest.fixture(scope="module")
+def solo_at_rates(built):
+    """The first seed alone at each of RATES, S steps per call: (its optimiser state, params,
+    losses) per rate, shared by both pack axes."""
+    learner, split, _, params = built
+    key, out = seeding.purpose_key(SEEDS[0], "train"), []
+    for rate in RATES:
+        own = train.make_optimizer(dataclasses.replace(CONFIG, learning_rate=rate))
+        alone = steps.make_steps(learner, own, CONFIG.meta_batch, steps=STEPS)
+        p, state, metrics = alone(params[0], own.init(params[0]), split, key, 0,
+                                  progress(0, STEPS))
+        out.append((state, p, np.asarray(metrics["loss"])))
+    return out
+
+
 @pytest.mark.parametrize("pack_axis", ["map", "vmap"])
-def test_runs_at_different_learning_rates_share_one_program(built, pack_axis):
+def test_runs_at_different_learning_rates_share_one_program(built, solo_at_rates, pack_axis):
     """One seed at three learning rates as one pack (``per_run``: each run's rate traced): each
     run follows the run alone at its rate (its tasks and trajectory, to the rounding of a
     differently compiled program), its optimiser state has the solo run's layout (its
@@ -416,17 +431,12 @@ def test_runs_at_different_learning_rates_share_one_program(built, pack_axis):
                               pack_axis=pack_axis, per_run=train.pack_optimizer)
     out, opt_state, metrics = packed(stacked, jax.vmap(optimizer.init)(stacked), split, keys,
                                      0, progress(0, STEPS), packing.hyper_parameters(configs))
-    finals = []
-    for k, config in enumerate(configs):
-        own = train.make_optimizer(config)
-        alone = steps.make_steps(learner, own, CONFIG.meta_batch, steps=STEPS)
-        p, state, solo_metrics = alone(params[0], own.init(params[0]), split, keys[0], 0,
-                                       progress(0, STEPS))
+    for k, (state, p, solo_losses) in enumerate(solo_at_rates):
         assert jax.tree.structure(state) == jax.tree.structure(
             jax.tree.map(lambda x: x[k], opt_state))
         assert_follows(np.asarray(metrics["loss"][k]), jax.tree.map(lambda x: x[k], out),
-                       np.asarray(solo_metrics["loss"]), p, params[0])
-        finals.append(p)
+                       solo_losses, p, params[0])
+    finals = [p for _, p, _ in solo_at_rates]
     assert np.all(np.asarray(metrics["loss"])[:, 0] == metrics["loss"][0, 0])  # same tasks
     # each run at its own rate: the rates set the runs apart far beyond the pack's rounding
     assert distance(finals[0], finals[2]) > 10 * distance(jax.tree.map(lambda x: x[0], out),
