@@ -373,8 +373,29 @@ def pretrain_losses(workdir: str) -> list[float]:
     return [row["loss"] for row in rows if row["phase"] == "pretrain"]  # log_every=1: each step
 
 
+class SoloRuns:
+    """``solo(config)``: (its results, its workdir), trained alone on first use (the module's
+    tests share a solo run of the same config)."""
+
+    def __init__(self, root):
+        self.root, self.trained = root, {}
+
+    def __call__(self, config):
+        key = json.dumps(config.to_json(), sort_keys=True)
+        if key not in self.trained:
+            workdir = str(self.root / f"solo{len(self.trained)}")
+            self.trained[key] = train.train_and_evaluate(config, workdir), workdir
+        return self.trained[key]
+
+
+@pytest.fixture(scope="module")
+def solo_runs(tmp_path_factory):
+    return SoloRuns(tmp_path_factory.mktemp("solo"))
+
+
 @pytest.mark.parametrize("seeds, rates", [((0, 1), None), ((0, 0), (1e-3, 4e-3))])
-def test_pretraining_on_tasks_packs_as_meta_training_does(tmp_path, capsys, seeds, rates):
+def test_pretraining_on_tasks_packs_as_meta_training_does(tmp_path, capsys, solo_runs, seeds,
+                                                          rates):
     """Pretrain+Tune's pretraining of two seeds (or one seed at two learning rates) as one
     program: each run's losses follow its solo run's (the same tasks from the same head), the
     same test tasks, its numbers to the rounding of batched kernels."""
@@ -383,9 +404,8 @@ def test_pretraining_on_tasks_packs_as_meta_training_does(tmp_path, capsys, seed
     assert "[pretrain] compiling a pack of 2 pretrain_tune pretraining runs" in (
         capsys.readouterr().out)  # one program, not each run alone
     configs = packing.pack_configs(PRETRAIN, seeds, rates)
-    for k, (config, out, workdir) in enumerate(zip(configs, packed, dirs)):
-        alone_dir = str(tmp_path / f"solo{k}")
-        alone = train.train_and_evaluate(config, alone_dir)
+    for config, out, workdir in zip(configs, packed, dirs):
+        alone, alone_dir = solo_runs(config)
         assert out["task_fingerprint"] == alone["task_fingerprint"]
         mine, theirs = pretrain_losses(workdir), pretrain_losses(alone_dir)
         assert len(mine) == len(theirs) == 4
