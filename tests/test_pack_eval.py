@@ -186,6 +186,8 @@ def test_a_pack_stopped_during_its_validation_or_test_resumes_exactly(
         assert first["best_epochs"] == second["best_epochs"]
         assert results.read_json(os.path.join(a, "val_history.json")) == results.read_json(
             os.path.join(b, "val_history.json"))
+        if moment[0] == "test":  # resumed with its training done: no steps, no pack recorded
+            assert second["packs"] == first["packs"]
 
 
 def test_a_pack_with_a_run_left_to_test_alone_tests_the_others_together(packed, tmp_path):

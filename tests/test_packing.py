@@ -187,6 +187,43 @@ def test_a_pack_whose_newest_checkpoint_of_one_run_is_damaged_resumes_each_run_e
         assert out["task_fingerprint"] == back["task_fingerprint"]
 
 
+def test_a_pack_resumed_at_a_step_its_steps_per_call_do_not_divide_reaches_every_epoch_end(
+        uninterrupted_pack, tmp_path, capsys, monkeypatch):
+    """A SIGTERM at step 3 of a pack at one step per call, then the pack resumed with
+    --steps_per_dispatch=2: it trains on at one step per call (said, and in packs.json), so
+    every epoch end is validated and checkpointed (at two per call from step 3 the steps would
+    be 5, 7, 9: no epoch end, an ensemble missing its first epoch), and the runs end on the
+    uninterrupted pack's epochs and, to the rounding of another program, its numbers."""
+    import signal
+    packed, _ = uninterrupted_pack
+    dirs = [str(tmp_path / f"seed{s}") for s in PACK_SEEDS]
+
+    def signal_at(self, state):  # a real SIGTERM to this process once step 3 is reached
+        if state.step == self.steps:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(loop.StopAfter, "after_step", signal_at)
+        with pytest.raises(loop.Stopped):
+            packing.train_pack(PACKED, PACK_SEEDS, dirs, stop_after_steps=3)
+    with pytest.raises(ValueError, match="stop_after_steps=3 is not a multiple of "):
+        packing.train_pack(PACKED, PACK_SEEDS, dirs, steps_per_dispatch=2, stop_after_steps=3)
+    resumed = packing.train_pack(PACKED, PACK_SEEDS, dirs, steps_per_dispatch=2)
+    assert ("[train] training resumes from step 3, which --steps_per_dispatch=2 does not "
+            "divide: 1 step(s) per call") in capsys.readouterr().out
+    for out, back, workdir in zip(packed, resumed, dirs):
+        assert [(e["from_step"], e["pack"]["steps_per_dispatch"]) for e in back["packs"]] == [
+            (0, 1), (3, 1)]
+        assert [e["epoch"] for e in results.read_json(os.path.join(workdir, "val_history.json"))
+                ] == [0, 1]
+        assert sorted(back["best_epochs"]) == sorted(out["best_epochs"]) == [0, 1]
+        assert abs(out["test"]["acc_mean"] - back["test"]["acc_mean"]) <= 0.02
+        assert back["test"]["ce_mean"] == pytest.approx(out["test"]["ce_mean"], rel=1e-2)
+    with pytest.raises(ValueError, match="use loop.aligned"):  # the loop itself refuses it
+        loop.run_hooks(loop.phase(PACKED, "train", "meta-training", None, 2),
+                       loop.TrainState(None, None, step=3), None, [], None)
+
+
 def test_a_pack_with_a_run_another_process_trains_is_refused_before_writing(tmp_path):
     dirs = [str(tmp_path / f"seed{s}") for s in PACK_SEEDS]
     os.makedirs(dirs[1])

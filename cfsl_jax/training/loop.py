@@ -32,6 +32,7 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import time
 from typing import Any, Callable, NamedTuple
@@ -332,6 +333,20 @@ def run(phase: Phase, state: TrainState, step_for: Callable[[int, TrainState], S
         stop, f"at step {state.step} of {phase.total}", checkpoint.where, outputs.workdir))
 
 
+def aligned(phase: Phase, start: int) -> Phase:
+    """``phase`` with the most steps per call that divide both its own and ``start`` (a run
+    stopped at a step its steps per call do not divide: trained alone before, or in a pack of
+    other steps per call), said in a line: every epoch end, checkpoint and log step is then
+    reached (``run_hooks`` refuses a start its steps per call do not divide)."""
+    count = math.gcd(phase.steps_per_dispatch, start)
+    if count == phase.steps_per_dispatch:
+        return phase
+    progress.say(f"[{phase.name}] training resumes from step {start}, which "
+                 f"--steps_per_dispatch={phase.steps_per_dispatch} does not divide: {count} "
+                 f"step(s) per call")
+    return dataclasses.replace(phase, steps_per_dispatch=count)
+
+
 def run_hooks(phase: Phase, state: TrainState, step_for: Callable[[int, TrainState], StepFn],
               hooks: list[Hook], stopped: Callable[[BaseException, TrainState], BaseException]
               ) -> TrainState:
@@ -340,6 +355,9 @@ def run_hooks(phase: Phase, state: TrainState, step_for: Callable[[int, TrainSta
     scheduler's ``SystemExit``) runs the hooks' ``on_stop`` with the last state reached, then
     raises ``stopped(stop, state)``."""
     count = phase.steps_per_dispatch
+    if state.step % count:
+        raise ValueError(f"{phase.name} from step {state.step} at {count} steps per call would "
+                         f"pass its epoch ends, checkpoints and logs: use loop.aligned")
     try:
         with stops.handled():
             for hook in hooks:

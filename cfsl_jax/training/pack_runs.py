@@ -112,5 +112,20 @@ def hyper_parameters(configs: Sequence[TrainConfig]) -> dict[str, np.ndarray] | 
     return {name: np.asarray([getattr(c, name) for c in configs], np.float32) for name in names}
 
 
-__all__ = ["PACKABLE", "PACK_AXES", "PackOptions", "check_seeds", "check_steps_per_dispatch",
-           "hyper_parameters", "pack_configs", "pack_key"]
+def largest_fitting(need: int, limit: int, size: int) -> int:
+    """The most runs that fit ``limit`` bytes when a pack of ``size`` needs ``need``: the
+    pack's bytes taken as ``size`` equal shares (the runs' params, states and activations)."""
+    return max(0, int(limit // max(1, -(-need // size))))
+
+
+class PackTooLarge(UserError):
+    """A pack that does not fit the device's memory; ``fits``: the most runs that do."""
+
+    def __init__(self, message: str, fits: int):
+        super().__init__(message)
+        self.fits = fits
+
+
+__all__ = ["PACKABLE", "PACK_AXES", "PackOptions", "PackTooLarge", "check_seeds",
+           "check_steps_per_dispatch", "hyper_parameters", "largest_fitting", "pack_configs",
+           "pack_key"]

@@ -37,9 +37,10 @@ from cfsl_jax.training import (checkpoints, loop, pack_eval, pretrain, results, 
                                steps, train)
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.pack_eval import SharedValidation, stack
-from cfsl_jax.training.pack_runs import (PACKABLE, PackOptions, check_seeds,  # noqa: F401
-                                         check_steps_per_dispatch, hyper_parameters,
-                                         pack_configs, pack_key)
+from cfsl_jax.training.pack_runs import (PACKABLE, PackOptions, PackTooLarge,  # noqa: F401
+                                         check_seeds, check_steps_per_dispatch,
+                                         hyper_parameters, largest_fitting, pack_configs,
+                                         pack_key)
 from cfsl_jax.training.tracking import Tracking
 
 
@@ -117,6 +118,9 @@ def meta_train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequenc
     in it; ``PACKABLE``)."""
     configs = pack_configs(config, seeds, learning_rates)
     check_steps_per_dispatch(config, steps_per_dispatch)
+    if stop_after_steps is not None and stop_after_steps % steps_per_dispatch:
+        raise ValueError(f"stop_after_steps={stop_after_steps} is not a multiple of "
+                         f"steps_per_dispatch={steps_per_dispatch}: the pack never stands there")
     steps.resolve_pack_axis(pack_axis)  # a wrong name: refused before anything is built
     todo = [(c, w) for c, w in zip(configs, workdirs) if runs.finished_results(w, c) is None]
     if len(todo) < 2:
@@ -210,14 +214,26 @@ def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
     hyper = hyper_parameters([c for c, _ in group])
     extra = () if hyper is None else (hyper,)  # the runs' own learning rates
 
-    def compile_step(state):
+    def step_for(count: int):
+        """The pack's step function of each epoch, ``count`` steps per call: one program per
+        distinct ``learner.at_epoch`` (MAML's first-order epochs), compiled on first use."""
+        compiled: dict[int, loop.StepFn] = {}
+
+        def for_epoch(epoch: int, state: loop.TrainState) -> loop.StepFn:
+            current = learner.at_epoch(epoch)
+            if id(current) not in compiled:
+                compiled[id(current)] = compile_step(current, state, count)
+            return compiled[id(current)]
+        return for_epoch
+
+    def compile_step(current, state, count):
         with progress.stage(f"[train] compiling a pack of {len(group)} {learner.name} "
-                            f"meta-training runs, {steps_per_dispatch} step(s) per call"):
-            multi = _packed_steps(learner, optimizer, config.meta_batch, steps_per_dispatch,
+                            f"meta-training runs, {count} step(s) per call"):
+            multi = _packed_steps(current, optimizer, config.meta_batch, count,
                                   runs=True, pack_axis=pack_axis,
                                   per_run=None if hyper is None else train.pack_optimizer).lower(
                 state.params, state.opt_state, split, keys, state.step,
-                np.zeros(steps_per_dispatch, np.float32), *extra).compile()
+                np.zeros(count, np.float32), *extra).compile()
         check_pack_fits(multi, len(group), learner.name)
 
         def step_fn(state, first, at):
@@ -228,7 +244,7 @@ def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
 
     validation = SharedValidation(learner.at_epoch, splits["val"], config)
     how = {"axis": steps.resolve_pack_axis(pack_axis), "steps_per_dispatch": steps_per_dispatch}
-    _run_pack(phase, group, initial, compile_step, validation, stop_after_steps, how)
+    _run_pack(phase, group, initial, step_for, validation, stop_after_steps, how)
 
 
 def _pretrain_pack(learner, splits, group, stop_after_steps: int | None,
@@ -265,25 +281,34 @@ def _pretrain_pack(learner, splits, group, stop_after_steps: int | None,
             return loop.TrainState(params, opt_state), out
         return step_fn
 
+    def step_for(count: int):  # one step per call (count is 1), one learner for every epoch
+        compiled: list[loop.StepFn] = []
+
+        def for_epoch(epoch: int, state: loop.TrainState) -> loop.StepFn:
+            if not compiled:
+                compiled.append(compile_step(state))
+            return compiled[0]
+        return for_epoch
+
     full_params = stack([full[c.seed] for c, _ in group])
     validation = SharedValidation(lambda epoch: learner, splits["val"], config,
                                   lambda epoch, params: {**full_params, "embed": params["embed"]})
     how = {"axis": steps.resolve_pack_axis(pack_axis), "steps_per_dispatch": 1}
-    _run_pack(phase, group, initial, compile_step, validation, stop_after_steps, how)
+    _run_pack(phase, group, initial, step_for, validation, stop_after_steps, how)
 
 
-def _run_pack(phase: loop.Phase, group, initial: Sequence[loop.TrainState], compile_step,
+def _run_pack(phase: loop.Phase, group, initial: Sequence[loop.TrainState], step_for,
               validation: SharedValidation, stop_after_steps: int | None,
               how: dict[str, Any]) -> None:
     """``loop.run`` for the runs of ``group`` at once: each restored from its own checkpoints
-    (all at one step), its own hooks on its row; ``compile_step(stacked state)`` gives the
-    pack's step function. The pack's wall time is a session of each run (its
-    ``wall_seconds``: the time it took, shared with the pack's other runs)."""
+    (all at one step), its own hooks on its row; ``step_for(S)(epoch, stacked state)`` gives
+    the pack's step function of an epoch, S steps per call. The pack's wall time is a session
+    of each run (its ``wall_seconds``: the time it took, shared with the pack's other runs)."""
     with sessions.opened(group):
-        _run_hooks(phase, group, initial, compile_step, validation, stop_after_steps, how)
+        _run_hooks(phase, group, initial, step_for, validation, stop_after_steps, how)
 
 
-def _run_hooks(phase: loop.Phase, group, initial: Sequence[loop.TrainState], compile_step,
+def _run_hooks(phase: loop.Phase, group, initial: Sequence[loop.TrainState], step_for,
                validation: SharedValidation, stop_after_steps: int | None,
                how: dict[str, Any]) -> None:
     """``_run_pack``'s work; ``how``: the pack's axis and steps per call, recorded in each
@@ -306,15 +331,19 @@ def _run_hooks(phase: loop.Phase, group, initial: Sequence[loop.TrainState], com
                         f"{sorted(restored_at)} (a damaged checkpoint fell back): run the same "
                         f"command again, which groups them by those steps")
     (start,) = restored_at
+    phase = loop.aligned(phase, start)  # a run stopped at a step S does not divide
     if start:
         progress.say(f"[{phase.name}] resuming a pack of {len(group)} runs from step {start}")
-    seeds = [c.seed for c, _ in group]
-    rates = {"learning_rates": [c.learning_rate for c, _ in group]}
-    for _, w in group:
-        results.record_steps(w, phase.name, start, {"seeds": seeds, **rates, **how})
     state = loop.TrainState(stack([s.params for s in states]),
                             stack([s.opt_state for s in states]), step=start)
-    step_fn = compile_step(state)
+    for_epoch = step_for(phase.steps_per_dispatch)
+    if start < phase.total:  # steps to compute (else only an epoch's validation left)
+        seeds = [c.seed for c, _ in group]
+        pack = {"seeds": seeds, "learning_rates": [c.learning_rate for c, _ in group], **how,
+                "steps_per_dispatch": phase.steps_per_dispatch}
+        for _, w in group:
+            results.record_steps(w, phase.name, start, pack)
+        for_epoch(start // phase.iters_per_epoch, state)  # compiled (and its size checked) now
     # each kind of hook for every run before the next kind (as ``loop.run``'s order within a
     # run): every run's progress line and steps/s are read before the pack's validation, and
     # every run is checkpointed before it
@@ -323,7 +352,7 @@ def _run_hooks(phase: loop.Phase, group, initial: Sequence[loop.TrainState], com
     if stop_after_steps is not None:
         hooks.append(loop.StopAfter(stop_after_steps, phase.total))
     try:
-        loop.run_hooks(phase, state, lambda epoch, state: step_fn, hooks,
+        loop.run_hooks(phase, state, for_epoch, hooks,
                        lambda stop, state: loop.interrupted(
                            stop, f"at step {state.step} of {phase.total}",
                            "each run's checkpoints are",
@@ -332,20 +361,6 @@ def _run_hooks(phase: loop.Phase, group, initial: Sequence[loop.TrainState], com
         for outputs, _ in members:
             outputs.tracking.close()
             outputs.ckpt.close()
-
-
-def largest_fitting(need: int, limit: int, size: int) -> int:
-    """The most runs that fit ``limit`` bytes when a pack of ``size`` needs ``need``: the
-    pack's bytes taken as ``size`` equal shares (the runs' params, states and activations)."""
-    return max(0, int(limit // max(1, -(-need // size))))
-
-
-class PackTooLarge(UserError):
-    """A pack that does not fit the device's memory; ``fits``: the most runs that do."""
-
-    def __init__(self, message: str, fits: int):
-        super().__init__(message)
-        self.fits = fits
 
 
 def check_pack_fits(compiled, size: int, learner_name: str) -> None:
