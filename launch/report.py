@@ -90,6 +90,9 @@ def check() -> None:
     if FLAGS.reference and not files.isfile(files.join(reference_dir, "results.csv")):
         raise cli.UserError(f"--reference_dir={reference_dir}: holds no results.csv (the "
                             f"reference data: a checkout's docs/reference)")
+    if FLAGS.reference:
+        from cfsl_jax.experiments import reference
+        reference.read_rows(files.join(reference_dir, "results.csv"))  # refused if not one
     if FLAGS.sweep_dir:
         check_input_dir("sweep_dir", FLAGS.sweep_dir, holding="results.json")
     if FLAGS.paper_results:
@@ -116,10 +119,21 @@ def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     check()
-    from cfsl_jax.experiments import reference_report, report
     default = files.join(FLAGS.sweep_dir, "report") if FLAGS.sweep_dir else "cfsl_report"
     out_dir = FLAGS.out_dir or default
+    created = not files.exists(out_dir)
     files.makedirs(out_dir)
+    try:
+        write(out_dir)
+    except BaseException:  # refused (a damaged or mixed input): no empty folder left behind
+        if created and files.isdir(out_dir) and not files.listdir(out_dir):
+            files.rmtree(out_dir)
+        raise
+
+
+def write(out_dir: str) -> None:
+    """The report's files in ``out_dir`` (which exists), as the flags ask."""
+    from cfsl_jax.experiments import reference_report, report
     if FLAGS.reference:
         paths = reference_report.write(FLAGS.reference_dir or reference_report.default_dir(),
                                        out_dir, FLAGS.sweep_dir, report.load_paper_table(

@@ -77,6 +77,8 @@ def check() -> bool:
     load(_WORKDIR.value, **paths)
     if _REFERENCE_CSV.value:
         check_input_file("reference_csv", _REFERENCE_CSV.value)
+        from cfsl_jax.experiments import reference
+        reference.read_rows(_REFERENCE_CSV.value)  # a file that is not one: refused here
     return False
 
 

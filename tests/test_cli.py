@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import zipfile
 
 import jax
 import pytest
@@ -240,10 +239,20 @@ def test_other_commands_mistakes_are_one_line_with_status_2(tmp_path, omniglot_d
     assert lines[-1] == "2 runs: 1 impossible, 1 new"
     assert any(line.startswith("impossible omniglot/small/protonets/B10/seed0") and
                "cannot be sampled from the val split of omniglot/small" in line for line in lines)
-    report = run_cases("report", [[], ["--help"], [f"--sweep_dir={tmp_path / 'sweep_done'}"]])
+    not_reference = tmp_path / "not_reference"
+    not_reference.mkdir()
+    (not_reference / "results.csv").write_text("learner,seed\nprotonets,0\n")
+    report = run_cases("report", [[], ["--help"], [f"--sweep_dir={tmp_path / 'sweep_done'}"],
+                                  ["--reference", f"--reference_dir={not_reference}",
+                                   f"--out_dir={tmp_path / 'report'}"]])
     assert_error(report[0], "give --sweep_dir")
     assert_help(report[1], "report")
     assert_error(report[2], f"{corrupt}/results.json is not valid JSON")
+    assert not os.path.exists(tmp_path / "sweep_done" / "report")  # refused: no folder left
+    assert_error(report[3], f"{not_reference}/results.csv is not a reference results.csv "
+                            f"(written by benchmarks.reference.export): it has no column "
+                            f"dataset, cell, budget, paper_budget, ...")
+    assert not os.path.exists(tmp_path / "report")
     assert not os.path.exists(sweep_dir) and not os.path.exists(missing)
 
 

@@ -7,9 +7,9 @@ partial: stopped in its second epoch, as a sweep stopped mid-run leaves it.
 """
 
 import csv
-import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +21,7 @@ from cfsl_jax.experiments import paper_era, paper_results, reference, reference_
 from cfsl_jax.experiments.cells import cell_of
 from cfsl_jax.experiments.verify import reference_row_differences
 from cfsl_jax.runtime import checksums
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training import as_published, loop, train
 from cfsl_jax.training.config import TrainConfig
 from conftest import TINY_SWEEP, TINY_SWEEP_LEARNER_OPTIONS
@@ -114,6 +115,14 @@ def test_a_row_that_differs_from_the_run_is_named_and_reexport_keeps_other_rows(
     csv_path = str(tmp_path / "results.csv")
     workdir = os.path.join(sweep_dir, "synthetic", "protonets", "B2", "seed0")
     assert reference_row_differences(workdir, csv_path) == []
+    # another CSV (the run's own results.csv, a binary file) is refused in one line, no row read
+    not_one = (f"{workdir}/results.csv is not a reference results.csv (written by benchmarks."
+               f"reference.export): it has no column cell, budget, paper_budget, status, ...")
+    with pytest.raises(UserError, match=re.escape(not_one)):
+        reference_row_differences(workdir, os.path.join(workdir, "results.csv"))
+    (tmp_path / "binary.csv").write_bytes(b"\xff\xfe\x00learner")
+    with pytest.raises(UserError, match="binary.csv is not a reference results.csv .'utf-8' "):
+        reference.read_rows(str(tmp_path / "binary.csv"))
     rows = reference.read_rows(csv_path)
     other = {**rows[0], "budget": "paper", "run": "runs/paper/x", "test_acc_mean": "0.5"}
     rows[0] = {**rows[0], "test_acc_mean": "0.25"}

@@ -224,11 +224,26 @@ def sorted_rows(rows: Iterable[dict]) -> list[dict]:
     return sorted(rows, key=lambda row: _sort_key(row, cells, learners))
 
 
+LATER_COLUMNS = ("preset",)  # columns a reference CSV written before them lacks
+
+
 def read_rows(csv_path: str) -> list[dict[str, str]]:
-    """The rows of a reference ``results.csv`` (strings, as written)."""
+    """The rows of a reference ``results.csv`` (strings, as written); a file that is not one
+    (not UTF-8 text, or without its columns: a run's own results.csv, say) is refused in one
+    line (UserError) naming it and what it lacks."""
     import csv
     import io
-    return list(csv.DictReader(io.StringIO(files.read_text(csv_path))))
+    try:
+        reader = csv.DictReader(io.StringIO(files.read_text(csv_path)))
+        rows, header = list(reader), reader.fieldnames or []
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise UserError(f"{csv_path} is not a reference results.csv ({error})") from None
+    missing = [c for c in COLUMNS if c not in header and c not in LATER_COLUMNS]
+    if missing:
+        raise UserError(f"{csv_path} is not a reference results.csv (written by "
+                        f"benchmarks.reference.export): it has no column "
+                        f"{', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}")
+    return rows
 
 
 def remaining(rows: Iterable[dict[str, str]], budget: str, learners: str, cell: str,
