@@ -206,10 +206,24 @@ def check_pretraining_breadth(stream) -> None:
             f"classes only)")
 
 
+def study_grid() -> tuple[list[int], list[int]]:
+    """--study_frequencies and --study_epochs as integers >= 1, refused as typed."""
+    grid = []
+    for name in ("study_frequencies", "study_epochs"):
+        values = FLAGS[name].value
+        bad = [v for v in values if not (v.strip().isdigit() and int(v) >= 1)]
+        if bad or not values:
+            raise UserError(f"--{name}={','.join(values)}: "
+                            + (f"{bad[0]} is not an integer >= 1" if bad else "give a value"))
+        grid.append([int(v) for v in values])
+    return grid[0], grid[1]
+
+
 def check():
     """The run's FluidConfig, every flag checked (nothing is created)."""
     if not FLAGS.workdir:
         raise UserError("--workdir is required")
+    study_grid()
     cluster.check_workdir()
     check_data_flags()
     check_output_dir("workdir", FLAGS.workdir)
@@ -255,8 +269,7 @@ def main(argv) -> None:
             config = dataclasses.replace(config, methods=(FLAGS.study_method,), method_options={})
         with workdir_locked(), flags_recorded(FLAGS.workdir):
             cells = study.run_update_strategy(config, FLAGS.workdir, FLAGS.study_method,
-                                              [int(u) for u in FLAGS.study_frequencies],
-                                              [int(e) for e in FLAGS.study_epochs])
+                                              *study_grid())
         print(study.table(cells))
         print(f"written to {FLAGS.workdir}: update_strategy.json, update_strategy.png")
         return

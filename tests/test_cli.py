@@ -257,10 +257,11 @@ def test_other_commands_mistakes_are_one_line_with_status_2(tmp_path, omniglot_d
 
 
 def test_fluid_help_list_options_and_option_mistakes():
-    help_, listed, value, name, no_workdir = run_cases("fluid", [
+    help_, listed, value, name, no_workdir, grid = run_cases("fluid", [
         ["--help"], ["--method=ncm,lwf", "--list_options"],
         ["--method_option=lwf:momentum=1", "--workdir=/nonexistent/f"],
-        ["--method_option=ncm:learning_rate=0.1", "--workdir=/nonexistent/f"], []])
+        ["--method_option=ncm:learning_rate=0.1", "--workdir=/nonexistent/f"], [],
+        ["--study=update_strategy", "--study_frequencies=13,abc", "--workdir=/nonexistent/f"]])
     assert_help(help_, "fluid")
     code, stdout, stderr = listed
     assert code == 0 and not stderr, stderr
@@ -270,6 +271,7 @@ def test_fluid_help_list_options_and_option_mistakes():
                         "< 1")
     assert_error(name, "--method_option for ncm: no option learning_rate; valid: activation, ")
     assert_error(no_workdir, "--workdir is required")
+    assert_error(grid, "--study_frequencies=13,abc: abc is not an integer >= 1")
 
 
 def test_help_of_python_m_lists_every_flag_from_any_folder():
