@@ -67,8 +67,9 @@ _IDENTITY_FLAGS = {"learner": "learner", "dataset": "dataset", "task": "task", "
 
 
 def check_same_run(workdir: str, stored: TrainConfig) -> None:
-    """A --learner, --dataset, --task or --seed given with a run's workdir must name that run
-    (the run is re-tested as it was trained; a contradicting flag would be ignored)."""
+    """Every config flag given with a run's workdir must say what the run is (the run is
+    re-tested as it was trained; a contradicting flag would be ignored): --learner, --dataset,
+    --task and --seed, then the rest (an option given says its own value only)."""
     for flag, field in _IDENTITY_FLAGS.items():
         if not FLAGS[flag].present:
             continue
@@ -78,6 +79,45 @@ def check_same_run(workdir: str, stored: TrainConfig) -> None:
                 f"--{flag}={given} contradicts the run in --workdir={workdir} ({field} "
                 f"{recorded}): drop --{flag} to re-test that run, or give a new --workdir to "
                 f"evaluate --{flag}={given}")
+    differing = [(field, recorded) for field, recorded in _contradicted(stored)]
+    differing += [(field, getattr(stored.spec, field)) for field in train_cli.SPEC.present()
+                  if train_cli.SPEC.parse(field) != getattr(stored.spec, field)]
+    if differing:
+        flags_ = {**train_cli.TRAIN.flags, **train_cli.SPEC.flags}
+        named = [flags_[f] for f, _ in differing if FLAGS[flags_[f]].present]
+        named += [flag for flag in ("budget", "as_published") if FLAGS[flag].present
+                  and len(named) < len(differing)]
+        raise cli.UserError(
+            f"{' '.join(_typed(flag) for flag in dict.fromkeys(named))} contradicts the run in "
+            f"--workdir={workdir} ({'; '.join(f'{f} {v!r}' for f, v in differing)}): drop it "
+            f"to re-test that run as it was trained, or give a new --workdir")
+
+
+def _typed(flag: str) -> str:
+    value = FLAGS[flag].value
+    return " ".join(f"--{flag}={v}" for v in (value if isinstance(value, list) else [value]))
+
+
+def _contradicted(stored: TrainConfig) -> list[tuple[str, object]]:
+    """(field, recorded value) of the config flags given (--budget and --as_published with the
+    fields they set) whose value is not the run's; options: only the names given."""
+    with cli.user_input():
+        flagged = TrainConfig(**train_cli.TRAIN.values(), spec_overrides={})
+        full = train_cli.config_from_flags()
+    fields = [f for f in train_cli.TRAIN.present() if f not in _IDENTITY_FLAGS.values()]
+    if FLAGS["budget"].present or FLAGS["as_published"].present:
+        fields += [f for f, value in full.to_json().items()
+                   if value != flagged.to_json()[f] and f not in fields]
+    out = []
+    for field in fields:
+        mine, recorded = getattr(full, field), getattr(stored, field)
+        if isinstance(mine, dict):  # the options given, each against the run's
+            given = getattr(flagged, field) if field in train_cli.TRAIN.present() else mine
+            mine = {name: given[name] for name in given}
+            recorded = {name: recorded.get(name) for name in given}
+        if mine != recorded:
+            out.append((field, recorded))
+    return out
 
 
 def main(argv) -> None:

@@ -235,7 +235,8 @@ def test_the_next_test_computes_at_the_suites_precision_again():
 def test_a_workdir_of_another_run_is_refused_by_name(tmp_path):
     """launch.train into a finished FLUID workdir (it printed 'holds this finished run', then a
     KeyError traceback); launch.evaluate with a --learner that is not the run's (it re-tested
-    the run's own learner and rewrote its results), or with a mistyped --workdir (it said the
+    the run's own learner and rewrote its results) or any other config flag that is not (it was
+    ignored), or with a mistyped --workdir (it said the
     learner is meta-trained)."""
     from cfsl_jax.training.config import TrainConfig
     fluid, run = tmp_path / "fluid", tmp_path / "pn"
@@ -257,12 +258,25 @@ def test_a_workdir_of_another_run_is_refused_by_name(tmp_path):
         "learner": [f"--workdir={run}", "--learner=init_tune"],
         "task": [f"--workdir={run}", "--task=b3", "--seed=1", "--validate_only"],
         "same": [f"--workdir={run}", "--learner=protonets", "--task=b3", "--validate_only"],
-        "typo": [f"--workdir={tmp_path / 'pm'}", "--learner=protonets"]})
+        "typo": [f"--workdir={tmp_path / 'pm'}", "--learner=protonets"],
+        "options": [f"--workdir={run}", "--nc=4", "--test_tasks=8", "--learner_option=filters=16",
+                    "--validate_only"],
+        "budget": [f"--workdir={run}", "--budget=quick", "--validate_only"],
+        "same options": [f"--workdir={run}", "--test_tasks=600", "--learner_option=filters=64",
+                         "--validate_only"]})
     assert_error(evaluate["learner"], f"--learner=init_tune contradicts the run in "
                                       f"--workdir={run} (learner protonets): drop --learner to "
                                       f"re-test that run, or give a new --workdir")
     assert_error(evaluate["task"], f"--seed=1 contradicts the run in --workdir={run} (seed 0)")
     assert evaluate["same"][0] == 0, evaluate["same"]
+    # any other config flag: it was ignored (the run re-tested as recorded, status 0)
+    assert_error(evaluate["options"], f"--learner_option=filters=16 --test_tasks=8 --nc=4 "
+                                      f"contradicts the run in --workdir={run} (learner_options "
+                                      f"{{'filters': 64}}; test_tasks 600; nc 5): drop it to "
+                                      f"re-test that run as it was trained, or give a new "
+                                      f"--workdir")
+    assert_error(evaluate["budget"], "--budget=quick contradicts the run in --workdir=")
+    assert evaluate["same options"][0] == 0, evaluate["same options"]
     assert_error(evaluate["typo"], f"--workdir={tmp_path / 'pm'} does not exist, and "
                                    f"--learner=protonets is meta-trained")
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
