@@ -282,6 +282,30 @@ def test_a_workdir_of_another_run_is_refused_by_name(tmp_path):
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
 
 
+def test_a_finished_run_without_its_config_json_is_still_that_run(tmp_path):
+    """config.json deleted (as the error for a damaged one advises): the finished run is the one
+    its results.json records, so another config is refused as with config.json (it printed
+    'holds this finished run' and rewrote flags.txt), and the same one writes config.json again
+    (without it launch.verify and launch.evaluate found no run)."""
+    from cfsl_jax.training import results
+    from cfsl_jax.training.config import TrainConfig
+    run = tmp_path / "pn"
+    run.mkdir()
+    config = TrainConfig(learner="protonets", task="B3")
+    results.write_json(str(run / "results.json"), {"config": config.to_json(), "test": {}})
+    train = outcomes("train", {
+        "other": [f"--workdir={run}", "--learner=protonets", "--task=B3",
+                  "--learning_rate=0.01", "--validate_only"],
+        "same": [f"--workdir={run}", "--learner=protonets", "--task=B3", "--validate_only"]})
+    assert_error(train["other"], f"workdir '{run}' holds a run with a different config (fields: "
+                                 f"learning_rate); use a new workdir")
+    assert train["same"][0] == 0, train["same"]
+    assert not (run / "config.json").exists()  # --validate_only writes nothing
+    from cfsl_jax.training import runs
+    assert runs.finished_results(str(run), config, mend=True) is not None
+    assert results.read_json(str(run / "config.json")) == config.to_json()
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc (Linux)")
 def test_a_folder_that_cannot_be_created_is_named_and_a_cache_is_optional(tmp_path):
     """--workdir=/proc/x (it gave a traceback) is refused naming the folder; a compilation cache

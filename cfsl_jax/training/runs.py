@@ -140,15 +140,25 @@ def check_workdir_config(workdir: str, config: TrainConfig, create: bool = True)
     path = files.join(workdir, "config.json")
     if files.exists(workdir) and not files.isdir(workdir):
         raise UserError(f"--workdir={workdir} is a file, not a folder; give another path")
-    if not files.exists(path):
-        _check_no_other_results(workdir)
     if files.exists(path):
-        differs = describe_differences(results.read_json(path), config)
+        recorded = results.read_json(path)
+    else:
+        _check_no_other_results(workdir)
+        # without config.json (deleted, as its damage is told to be mended), a finished run
+        # is still the run its results.json records: another config is refused the same way
+        recorded = _results_config(workdir)
+    if recorded is not None:
+        differs = describe_differences(recorded, config)
         if differs:
             raise UserError(f"workdir {workdir!r} holds a run with a different config{differs}")
-    elif create:
+    if create and not files.exists(path):
         files.makedirs(workdir)
         results.write_json(path, config.to_json())
+
+
+def _results_config(workdir: str) -> dict[str, Any] | None:
+    """The config a workdir's results.json records (None: no results.json)."""
+    return results.read_json(files.join(workdir, "results.json"), default={}).get("config")
 
 
 def _check_no_other_results(workdir: str) -> None:
@@ -161,12 +171,14 @@ def _check_no_other_results(workdir: str) -> None:
                         f"results and there is no config.json): give a new --workdir")
 
 
-def finished_results(workdir: str, config: TrainConfig) -> dict[str, Any] | None:
-    """The stored results of ``workdir`` when it holds a finished run of ``config``."""
+def finished_results(workdir: str, config: TrainConfig, mend: bool = False
+                     ) -> dict[str, Any] | None:
+    """The stored results of ``workdir`` when it holds a finished run of ``config``; ``mend``:
+    a missing config.json is written again (from ``config``, which is the run's)."""
     path = files.join(workdir, "results.json")
     if not files.isfile(path):
         return None
-    check_workdir_config(workdir, config, create=False)
+    check_workdir_config(workdir, config, create=mend)
     return results.read_json(path)
 
 

@@ -163,7 +163,7 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
             disk.require(files.dirname(workdir), START_BYTES)
         with (stops.handled(), workdir_locked(workdir),
               emptied_if_refused([workdir] if new else [])):
-            done = finished_results(workdir, config)
+            done = finished_results(workdir, config, mend=True)
             if done is not None:
                 if retest:
                     return evaluate_run(workdir, mesh=mesh)
