@@ -201,11 +201,25 @@ def test_a_damaged_file_is_refused_by_verify_and_train_naming_it(tmp_path, capsy
 
 
 def test_a_workdir_written_before_checksums_still_verifies(tmp_path, capsys, finished):
+    """A workdir written before checksums (no checksums.json, no seals, a results.json that does
+    not say it was checksummed) is read unchecked and verifies; one whose results.json says so
+    and whose checksums.json is gone is refused, naming both (a hand edit behind a deleted
+    manifest would otherwise be read, and reported, unchecked)."""
     workdir = copied(finished, tmp_path)
     os.remove(os.path.join(workdir, checksums.MANIFEST))
     for root, _, names in os.walk(workdir):
         if checksums.SEAL in names:
             os.remove(os.path.join(root, checksums.SEAL))
+    path = os.path.join(workdir, "results.json")
+    with pytest.raises(checksums.Corrupt, match=re.escape(
+            f"{path} was written with its folder's checksums, but {workdir} has no "
+            f"checksums.json (deleted or lost): its numbers cannot be checked; restore")):
+        verify.verify(workdir)
+    with open(path) as f:
+        recorded = json.load(f)
+    del recorded[checksums.CLAIM]  # as results.json was written before checksums
+    with open(path, "w") as f:
+        json.dump(recorded, f)
     assert verify.verify(workdir) == []
     said = capsys.readouterr().out
     assert said.count(f"note: {workdir} was written before checksums") == 1

@@ -21,7 +21,9 @@ unchecked and a note says so once (``legacy``); its new writes add their checksu
 checked from then on). Likewise a file with no entry in the manifest (a sessions.json
 written before it was checked) is read unchecked until it is written again. In a workdir
 written with checksums from its start (``from_the_start``), a checkpoint without its manifest
-(its write was cut short) counts as damaged.
+(its write was cut short) counts as damaged. A results.json written with checksums says so
+(``"checksummed": true``, ``CLAIM``): without its folder's manifest it is refused as damaged,
+never read unchecked (a hand edit behind a deleted manifest would be reported as a result).
 
 Self-checking ("sealed") files, for a file several processes write into one folder at once (a
 FLUID workdir's ``streams/<i>.json`` and ``new_class.json``: SLURM jobs), where the folder's
@@ -147,6 +149,11 @@ def check_text(path: str, text: str | bytes) -> None:
         return
     manifest = _manifest(folder)
     if manifest is None:
+        if name == "results.json" and _claims_checksums(text):
+            raise Corrupt(f"{path} was written with its folder's checksums, but {folder} has no "
+                          f"{MANIFEST} (deleted or lost): its numbers cannot be checked; restore "
+                          f"{MANIFEST}, or delete {name} and run the same training command "
+                          f"again: the run is tested again from its checkpoints", path)
         legacy(folder)
         return
     recorded = manifest.get(name)
@@ -155,6 +162,18 @@ def check_text(path: str, text: str | bytes) -> None:
                       f"{recorded[-1][:12]} in {MANIFEST}): it was changed or damaged after it "
                       f"was written; {_ADVICE.get(name, 'restore it or give another folder')}",
                       path)
+
+
+CLAIM = "checksummed"  # results.json's key saying its folder's manifest records it
+
+
+def _claims_checksums(text: str | bytes) -> bool:
+    """Whether a results.json says that it was written with checksums (a folder written before
+    them is read unchecked; one written with them and without its manifest now is damaged)."""
+    try:
+        return json.loads(text).get(CLAIM) is True
+    except (ValueError, AttributeError):  # not JSON (its reader says so), or not an object
+        return False
 
 
 _ADVICE = {

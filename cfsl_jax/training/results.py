@@ -16,8 +16,7 @@ import jax
 
 import cfsl_jax
 from cfsl_jax.protocol import metrics
-from cfsl_jax.runtime import backend, files
-from cfsl_jax.runtime.errors import UserError
+from cfsl_jax.runtime import backend, checksums, files
 # read_json: re-exported for training/'s readers of a workdir (loop, runs, experiments/)
 from cfsl_jax.runtime.json_files import is_primary, read_json, write_json  # noqa: F401
 from cfsl_jax.training.records import EvalRecord
@@ -85,6 +84,7 @@ def record(config, learner, splits, report: EvalRecord, workdir: str,
         "task_fingerprint": report.task_fingerprint,
         # the test data itself (class names, order, images), which the fingerprint is not
         "test_data_sha256": data_digest(splits["test"]),
+        checksums.CLAIM: True,  # without its folder's checksums.json it is read as damaged
     }
     if report.atm is not None:
         out["macs_rule"] = metrics.MACS_RULE  # the rules its costs were counted by
