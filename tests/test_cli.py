@@ -152,12 +152,14 @@ def test_train_mistakes_are_one_line_with_status_2(tmp_path, omniglot_dir, data_
                             f"--data_dir={str(tmp_path / 'd2')}", f"--workdir={workdir}"],
         "verbose": ["--test_tasks=0", "--verbose", f"--workdir={workdir}"],
         "negative seed": ["--seed=-1", f"--workdir={workdir}"],
+        "infinite rate": ["--learning_rate=inf", f"--workdir={workdir}"],
     }
     out = dict(zip(cases, run_cases("train", list(cases.values()))))
     assert_help(out["help"], "train")
     assert_error(out["bad learner"], f"flag --learner=nope: value should be one of {LEARNERS_ENUM}")
     assert_error(out["test_tasks"], "--test_tasks must be a positive integer, got 0")
     assert_error(out["negative seed"], "--seed must be an integer >= 0, got -1")
+    assert_error(out["infinite rate"], "--learning_rate must be a finite number > 0, got inf")
     code, _, stderr = out["deprecated eval_tasks"]  # one deprecation line, then the error
     assert code == 2 and stderr.strip().splitlines() == [
         "warning: --eval_tasks is deprecated; use --test_tasks",

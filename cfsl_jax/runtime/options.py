@@ -131,11 +131,13 @@ def check_limits(instance: Any, qualified: bool = True) -> None:
         if float not in accepted[field.name] and meta.get("minimum") is not None:
             positive_int(label, value, meta["minimum"])
         elif _limits(meta) and not (isinstance(value, (int, float)) and _within(value, meta)):
-            raise UserError(f"{label} must be {_limits(meta)}, got {value!r}")
+            finite = "a finite number " if isinstance(value, float) and math.isinf(value) else ""
+            raise UserError(f"{label} must be {finite}{_limits(meta)}, got {value!r}")
 
 
 def _within(value: float, meta: Mapping[str, Any]) -> bool:
-    return ((meta.get("minimum") is None or value >= meta["minimum"])
+    return (math.isfinite(value)  # a limit is a finite number's (inf > 0 is no learning rate)
+            and (meta.get("minimum") is None or value >= meta["minimum"])
             and (meta.get("above") is None or value > meta["above"])
             and (meta.get("maximum") is None or value <= meta["maximum"])
             and (meta.get("below") is None or value < meta["below"]))
