@@ -54,11 +54,10 @@ import numpy as np
 
 from cfsl_jax.dataset_options import (  # noqa: F401 (re-exported: read as data.X)
     DATASETS, OMNIGLOT_CLASS_SPLITS, SPLITS, SYNTHETIC_DEFAULTS, SYNTHETIC_OPTIONS, check_options,
-    default_data_dir, normalised_options, option_defaults)
+    check_synthetic, default_data_dir, normalised_options, option_defaults)
 from cfsl_jax.datasets.preprocessing import IMAGENET, Normalisation
 from cfsl_jax.runtime import progress
 from cfsl_jax.runtime.errors import UserError
-from cfsl_jax.runtime.options import positive_int
 
 _READ_CHUNK = 4096  # records decoded per data-source call
 
@@ -218,10 +217,8 @@ def _synthetic(split: str, num_classes: int = SYNTHETIC_DEFAULTS["num_classes"],
                image_size: int = SYNTHETIC_DEFAULTS["image_size"],
                seed: int = SYNTHETIC_DEFAULTS["seed"]):
     from cfsl_jax.datasets import omniglot, synthetic
-    for option, value, low in (("num_classes", num_classes, 3),
-                               ("samples_per_class", samples_per_class, 1),
-                               ("image_size", image_size, 8)):
-        positive_int(f"synthetic option {option}", value, low)
+    check_synthetic(dict(num_classes=num_classes, samples_per_class=samples_per_class,
+                         image_size=image_size))
     images, labels = _generated(num_classes, samples_per_class, image_size, seed)
     classes = omniglot.split_ranges(num_classes)[split]
     keep = (labels >= classes.start) & (labels < classes.stop)

@@ -22,6 +22,7 @@ SPLITS: tuple[str, ...] = ("train", "val", "test")
 SYNTHETIC_DEFAULTS: dict[str, int] = {"num_classes": 1623, "samples_per_class": 20,
                                        "image_size": 28, "seed": 0}
 SYNTHETIC_OPTIONS = tuple(SYNTHETIC_DEFAULTS)
+SYNTHETIC_MINIMA: dict[str, int] = {"num_classes": 3, "samples_per_class": 1, "image_size": 8}
 OMNIGLOT_CLASS_SPLITS = ("ordered", "authors")
 
 
@@ -50,6 +51,15 @@ def normalised_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in options.items()
             if not (key in defaults and type(value) is type(defaults[key])
                     and value == defaults[key])}
+
+
+def check_synthetic(options: dict) -> None:
+    """The synthetic set's sizes, integers at least ``SYNTHETIC_MINIMA`` (UserError naming the
+    first that is not; an unknown name: ``load_split``'s ValueError)."""
+    from cfsl_jax.runtime.options import positive_int
+    for option, low in SYNTHETIC_MINIMA.items():
+        if option in options:
+            positive_int(f"synthetic option {option}", options[option], low)
 
 
 def check_options(name: str, options: dict) -> str:

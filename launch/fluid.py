@@ -139,6 +139,12 @@ def config_from_flags() -> FluidConfig:
             # stream)
             stream = dataclasses.replace(stream, pretrain_classes=round(
                 base["stream"].pretrain_classes * stream.num_classes / base["stream"].num_classes))
+        alone = [f for f in SCHEDULE.present() if f != "update_every"]
+        if alone and FLAGS.update_every is None:
+            given = " ".join(f"--{SCHEDULE.flags[f]}={FLAGS[SCHEDULE.flags[f]].value}"
+                             for f in alone)
+            raise UserError(f"{given} sets the schedule of --update_every: give --update_every "
+                            f"too (without it each method keeps its paper schedule)")
         schedule = Schedule(**SCHEDULE.values()) if FLAGS.update_every is not None else None
         return preset(FLAGS.preset, **FLUID.values(stream=stream, schedule=schedule))
 
@@ -182,9 +188,11 @@ def synthetic_split_classes() -> int | None:
 def check_dataset_options() -> None:
     """A real dataset's options checked before anything is created; a size option of the
     synthetic set given for one is refused, not ignored."""
+    from cfsl_jax.data import SYNTHETIC_OPTIONS, check_options, check_synthetic
     if FLAGS.dataset == "synthetic":
+        check_synthetic({**PRESETS[FLAGS.preset]["dataset_options"],
+                         **parse_options(FLAGS.dataset_option, "dataset_option")})
         return
-    from cfsl_jax.data import SYNTHETIC_OPTIONS, check_options
     for pair in FLAGS.dataset_option:
         name = pair.partition("=")[0].strip()
         if name in SYNTHETIC_OPTIONS:

@@ -153,6 +153,8 @@ def test_train_mistakes_are_one_line_with_status_2(tmp_path, omniglot_dir, data_
         "verbose": ["--test_tasks=0", "--verbose", f"--workdir={workdir}"],
         "negative seed": ["--seed=-1", f"--workdir={workdir}"],
         "infinite rate": ["--learning_rate=inf", f"--workdir={workdir}"],
+        "synthetic size": ["--dataset_option=samples_per_class=0", "--validate_only",
+                           f"--workdir={workdir}"],
     }
     out = dict(zip(cases, run_cases("train", list(cases.values()))))
     assert_help(out["help"], "train")
@@ -160,6 +162,8 @@ def test_train_mistakes_are_one_line_with_status_2(tmp_path, omniglot_dir, data_
     assert_error(out["test_tasks"], "--test_tasks must be a positive integer, got 0")
     assert_error(out["negative seed"], "--seed must be an integer >= 0, got -1")
     assert_error(out["infinite rate"], "--learning_rate must be a finite number > 0, got inf")
+    assert_error(out["synthetic size"], "synthetic option samples_per_class must be a positive "
+                                        "integer, got 0")  # --validate_only passed it
     code, _, stderr = out["deprecated eval_tasks"]  # one deprecation line, then the error
     assert code == 2 and stderr.strip().splitlines() == [
         "warning: --eval_tasks is deprecated; use --test_tasks",
@@ -259,11 +263,13 @@ def test_other_commands_mistakes_are_one_line_with_status_2(tmp_path, omniglot_d
 
 
 def test_fluid_help_list_options_and_option_mistakes():
-    help_, listed, value, name, no_workdir, grid = run_cases("fluid", [
+    help_, listed, value, name, no_workdir, grid, alone, size = run_cases("fluid", [
         ["--help"], ["--method=ncm,lwf", "--list_options"],
         ["--method_option=lwf:momentum=1", "--workdir=/nonexistent/f"],
         ["--method_option=ncm:learning_rate=0.1", "--workdir=/nonexistent/f"], [],
-        ["--study=update_strategy", "--study_frequencies=13,abc", "--workdir=/nonexistent/f"]])
+        ["--study=update_strategy", "--study_frequencies=13,abc", "--workdir=/nonexistent/f"],
+        ["--batch_size=16", "--workdir=/nonexistent/f"],
+        ["--dataset_option=num_classes=-5", "--workdir=/nonexistent/f"]])
     assert_help(help_, "fluid")
     code, stdout, stderr = listed
     assert code == 0 and not stderr, stderr
@@ -274,6 +280,9 @@ def test_fluid_help_list_options_and_option_mistakes():
     assert_error(name, "--method_option for ncm: no option learning_rate; valid: activation, ")
     assert_error(no_workdir, "--workdir is required")
     assert_error(grid, "--study_frequencies=13,abc: abc is not an integer >= 1")
+    assert_error(alone, "--batch_size=16 sets the schedule of --update_every: give "
+                        "--update_every too")  # it was ignored
+    assert_error(size, "synthetic option num_classes must be an integer >= 3, got -5")
 
 
 def test_help_of_python_m_lists_every_flag_from_any_folder():

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from cfsl_jax.dataset_options import DATASETS, normalised_options
+from cfsl_jax.dataset_options import DATASETS, check_synthetic, normalised_options
 from cfsl_jax.datasets.preprocessing import with_preprocessing
 from cfsl_jax.learners import COMPUTE_DTYPE_NAMES, LEARNERS, options_class
 from cfsl_jax.runtime.errors import UserError
@@ -119,6 +119,8 @@ class TrainConfig:
         """UserError for the first field outside its choices or limits, or a task that does not
         parse; fields named by ``naming.name`` (``TrainConfig.epochs``, or the command's flag)."""
         check_limits(self)
+        if self.dataset == "synthetic" and isinstance(self.dataset_options, dict):
+            check_synthetic(self.dataset_options)  # its sizes, before anything is generated
         self.spec  # noqa: B018  (validates the task)
         held = (self.learner_options or {}).get("critic_weight_epochs", 0)
         if self.learner == "sca" and held not in (0, self.epochs):  # SCA's loss weights
