@@ -66,7 +66,7 @@ def test_components_pair_learners_that_differ_in_one_part_on_the_same_tasks():
     table = reference_checks.components(found)
     assert len(table) == 2
     difference = pretrained - tune
-    ci = 1.96 * difference.std() / np.sqrt(difference.size)
+    ci = 3.182 * difference.std(ddof=1) / np.sqrt(difference.size)  # t(0.975, 3)
     assert table[1] == ["omniglot/full_nearest", "8x50x8", "A3", "pretraining", "pretrain_tune",
                         "init_tune", "+15.00", f"±{100 * ci:.2f}", "4"]
 

@@ -519,9 +519,17 @@ def test_paired_differences_compare_learners_task_by_task_on_shared_tasks():
     rows = paired_rows(results, "d")
     assert rows[0][:4] == ["cell", "learner", "against", "difference (points)"]
     # protonets per task (seeds averaged): 0.8, 0.8, 1.0, 0.8; maml_low - protonets:
-    # -0.2, 0, -0.1, -0.1 -> mean -0.1, std 0.0707, CI 1.96 * 0.0707 / 2 = 0.0693
-    assert rows[1:] == [["B3", "maml_low", "protonets", "-10.00", "±6.93", "4"]]
+    # -0.2, 0, -0.1, -0.1 -> mean -0.1, sample std 0.0816, CI t(0.975, 3) 3.182 * 0.0816 / 2
+    # = 0.1299 (Student's t over the 4 tasks: 1.96 and the population std gave 0.0693)
+    assert rows[1:] == [["B3", "maml_low", "protonets", "-10.00", "±12.99", "4"]]
     assert paired_rows(results, "another dataset") == [rows[0]]
+    # --eval_seed=seed: each seed tests its own tasks; each seed's pairs, pooled (the largest
+    # set of tasks alone was one seed's, while the note said the seeds were averaged)
+    own = [run("protonets", 0, [0.9, 0.8], "s0"), run("protonets", 1, [0.7, 0.6], "s1"),
+           run("maml_low", 0, [0.8, 0.8], "s0"), run("maml_low", 1, [0.5, 0.6], "s1")]
+    # differences -0.1, 0, -0.2, 0: mean -0.075, sample std 0.0957, CI 3.182 * 0.0957 / 2
+    assert paired_rows(own, "d")[1:] == [["B3", "maml_low", "protonets", "-7.50", "±15.23",
+                                          "4"]]
 
 
 def test_the_sweeps_status_lines_are_in_the_progress_format(tmp_path):

@@ -5,7 +5,8 @@
 Runs record each test task's accuracy; learners tested on the same tasks (the same task
 fingerprint, from a fixed ``--eval_seed``, and the same dataset options) are compared task by
 task with the cell's most accurate one: the mean of the per-task differences and its 95 %
-confidence half-width (``metrics.summarize``), a learner's seeds averaged task by task first.
+confidence half-width (Student's t over the tasks), a learner's seeds averaged task by task
+first (with ``--eval_seed=seed``, each seed's tasks paired on their own, then pooled).
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from cfsl_jax.protocol import metrics
 from cfsl_jax.training.config import from_json
 
 
-def per_task_accuracy(results: Iterable[dict[str, Any]],
-                      dataset: str) -> dict[str, dict[str, np.ndarray]]:
-    """{cell: {learner: accuracy per test task}} of ``dataset``'s runs on each cell's most
-    common test tasks (task fingerprint and dataset options), a learner's seeds averaged task
-    by task (with a fixed ``--eval_seed`` every seed tests the same tasks); runs without
-    per-task accuracies are left out; a cell whose runs differ in more than their seed is
-    refused (ValueError)."""
+def per_task_accuracy(results: Iterable[dict[str, Any]], dataset: str
+                      ) -> dict[str, list[dict[str, np.ndarray]]]:
+    """{cell: [{learner: accuracy per test task}, one per set of test tasks]} of ``dataset``'s
+    runs: runs on the same test tasks (task fingerprint and dataset options) together, a
+    learner's seeds averaged task by task (with a fixed ``--eval_seed`` every seed tests the
+    same tasks: one set; with ``--eval_seed=seed`` each seed its own); runs without per-task
+    accuracies are left out; a cell whose runs differ in more than their seed is refused
+    (ValueError)."""
     cells: dict[str, dict[str, dict[str, list]]] = {}  # cell -> fingerprint -> learner -> runs
     first: dict[tuple[str, str, str], dict] = {}
     for result in results:
@@ -42,30 +44,34 @@ def per_task_accuracy(results: Iterable[dict[str, Any]],
             from_json(result["config"]).dataset_options, sort_keys=True))
         cell.setdefault(same_tasks, {}).setdefault(
             result["learner"], []).append(np.asarray(per_task["acc"], np.float64))
-    return {cell: {name: np.mean(runs, axis=0)
-                   for name, runs in max(cells[cell].values(), key=len).items()}
+    return {cell: [{name: np.mean(runs, axis=0) for name, runs in group.items()}
+                   for group in cells[cell].values()]
             for cell in cell_order(cells)}
 
 
-def difference_columns(mine: np.ndarray, theirs: np.ndarray) -> list[str]:
-    """[mean per-task difference (points, signed), ±its 95 % CI half-width
-    (``metrics.summarize``), tasks] of two per-task accuracy arrays on the same tasks."""
-    stats = metrics.summarize(np.asarray(mine, np.float64) - np.asarray(theirs, np.float64))
-    return [f"{100 * stats['mean']:+.2f}", f"±{100 * stats['ci95']:.2f}", str(np.size(mine))]
+def difference_columns(differences: np.ndarray) -> list[str]:
+    """[mean per-task difference (points, signed), ±its 95 % CI half-width (Student's t over
+    the tasks, ``metrics.across_runs``), tasks] of per-task accuracy differences."""
+    stats = metrics.across_runs(np.asarray(differences, np.float64))
+    return [f"{100 * stats.mean:+.2f}", f"±{100 * stats.ci95:.2f}", str(stats.runs)]
 
 
 def paired_rows(results: Iterable[dict[str, Any]], dataset: str) -> list[list[str]]:
     """Each learner against its cell's most accurate learner on the same test tasks.
 
-    Tasks and seeds as ``per_task_accuracy``. Entry: the mean of the per-task differences
-    (learner - best, points) and its 95 % CI half-width (``metrics.summarize``), over the
-    shared tasks.
+    Tasks and seeds as ``per_task_accuracy``. The most accurate: the highest mean over its
+    tasks. Entry: the mean of the per-task differences (learner - best, points) over every
+    set of test tasks both were tested on (each seed's own set with ``--eval_seed=seed``), and
+    its 95 % CI half-width (Student's t), over those tasks.
     """
     rows = [["cell", "learner", "against", "difference (points)", "95 % CI", "tasks"]]
-    for cell, accuracy in per_task_accuracy(results, dataset).items():
-        best = max(accuracy, key=lambda name: accuracy[name].mean())
-        for name in learner_order(accuracy):
-            if name != best:
-                rows.append([cell, name, best, *difference_columns(accuracy[name],
-                                                                   accuracy[best])])
+    for cell, groups in per_task_accuracy(results, dataset).items():
+        learners = learner_order({name for group in groups for name in group})
+        mean = {name: np.mean(np.concatenate([g[name] for g in groups if name in g]))
+                for name in learners}
+        best = max(learners, key=lambda name: mean[name])
+        for name in learners:
+            shared = [g[name] - g[best] for g in groups if name in g and best in g]
+            if name != best and shared:
+                rows.append([cell, name, best, *difference_columns(np.concatenate(shared))])
     return rows

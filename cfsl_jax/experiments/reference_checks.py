@@ -205,12 +205,13 @@ def components(found: Sequence[dict]) -> list[list[str]]:
             "difference (points)", "95 % CI", "tasks"]]
     for dataset, budget, subset in by_budget(found):
         renamed = by_learner_setting(subset)
-        for cell, accuracy in paired.per_task_accuracy(renamed, dataset).items():
-            names = learner_order(accuracy)
+        for cell, groups in paired.per_task_accuracy(renamed, dataset).items():
+            names = learner_order({name for group in groups for name in group})
             for learner, against, part in PAIRS:  # each setting of one beside each of the other
                 for mine in (n for n in names if base_learner(n) == learner):
                     for theirs in (n for n in names if base_learner(n) == against):
-                        out.append([dataset, budget, cell, part, mine, theirs,
-                                    *paired.difference_columns(accuracy[mine],
-                                                               accuracy[theirs])])
+                        shared = [g[mine] - g[theirs] for g in groups if mine in g and theirs in g]
+                        if shared:
+                            out.append([dataset, budget, cell, part, mine, theirs,
+                                        *paired.difference_columns(np.concatenate(shared))])
     return out

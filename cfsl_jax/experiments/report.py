@@ -316,7 +316,9 @@ def dataset_markdown(results: Sequence[dict], dataset: str, paper: dict) -> str:
         parts += ["## Paired differences on the same test tasks",
                   "Each learner against its cell's most accurate one: the mean over the "
                   "shared test tasks of the per-task accuracy difference, with its 95 % CI "
-                  "(seeds averaged per task first).", markdown(paired)]
+                  "(Student's t over the tasks; seeds averaged per task first, or with "
+                  "--eval_seed=seed each seed's tasks paired on their own, then pooled).",
+                  markdown(paired)]
     return "\n\n".join(parts) + "\n"
 
 
