@@ -150,3 +150,20 @@ def test_protonets_as_published_prototype_is_the_last_sample_over_nss_ks():
     np.testing.assert_allclose(
         episode.run_task(dot, params, support_x, support_y, target_x, jax.random.key(0)),
         features @ prototypes.T, rtol=1e-3, atol=1e-3)
+
+
+def test_meta_step_macs_count_every_target_chunk(monkeypatch):
+    """A long target set is predicted in chunks (a ``lax.map``), whose body XLA's cost analysis
+    counts once: the meta-step's MACs are counted with the target set in one piece, so they do
+    not depend on the chunking (with 4 chunks they were 53 % of the true count at T=3,075)."""
+    from cfsl_jax.protocol import metrics
+    spec = TaskSpec(nss=2, nc=3, ks=1, kt=2, cci=1, overwrite=True)
+    learner = get_learner("protonets", spec, filters=8)
+    params = init_params(learner, jax.random.key(0), jnp.zeros((1, *IMAGE)), spec)
+    counts = []
+    for chunk in (spec.target_size, -(-spec.target_size // 4)):  # one piece, then 4 chunks
+        monkeypatch.setattr(episode, "TARGET_CHUNK", chunk)
+        monkeypatch.setattr(metrics, "_MACS_COUNTED", {})
+        counts.append(episode.meta_step_macs(learner, params, IMAGE))
+        assert len(episode.target_chunks(spec.target_size, chunk)[0]) == spec.target_size // chunk
+    assert counts[0] == counts[1] > 0

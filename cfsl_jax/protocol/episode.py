@@ -12,6 +12,8 @@ loss and the critic step.
 
 from __future__ import annotations
 
+import contextvars
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -23,6 +25,9 @@ from cfsl_jax.protocol import metrics
 from cfsl_jax.protocol.learner import Learner, Params, State
 
 TARGET_CHUNK = 1000  # the most target samples predicted in one piece
+# While MACs are counted the target set is predicted in one piece: XLA's cost analysis counts
+# the body of a ``lax.map`` over chunks once, not once per chunk (``_meta_step_macs``).
+_WHOLE_TARGET = contextvars.ContextVar("whole_target", default=False)
 REMAT_MIN_NSS = 64  # target_loss rematerialises support-set steps from this NSS on
 
 
@@ -70,10 +75,10 @@ def predict_target(learner: Learner, params: Params, state: State, target_x: jax
                    chunk: int | None = None, remat: bool = False) -> jax.Array:
     """``learner.predict`` on the whole target set, in interleaved chunks when it is long.
 
-    ``chunk`` defaults to ``TARGET_CHUNK``.
+    ``chunk`` defaults to ``TARGET_CHUNK`` (the whole set while MACs are counted).
     """
-    chunk = chunk or TARGET_CHUNK
     size = target_x.shape[0]
+    chunk = chunk or (size if _WHOLE_TARGET.get() else TARGET_CHUNK)
     if size <= chunk:
         return learner.predict(params, state, target_x)
 
@@ -163,10 +168,10 @@ def meta_step_macs(learner, params, image_shape: tuple[int, ...], dtype=jnp.floa
                    progress: float = 0.0) -> float:
     """MACs of one task's meta-training step: value and gradient of its meta-loss.
 
-    The support-set scan is unrolled so that every support set is counted; a
-    learner with its own ``meta_loss`` (MAML++, SCA) must be built with its
-    ``unroll=True`` option for the same reason. The optimiser update is not
-    included (it is per step, not per task).
+    The support-set scan is unrolled so that every support set is counted, and the target set
+    predicted in one piece (a ``lax.map`` over chunks is counted once); a learner with its own
+    ``meta_loss`` (MAML++, SCA) must be built with its ``unroll=True`` option for the same
+    reason. The optimiser update is not included (it is per step, not per task).
     """
     return metrics.counted("meta_step", lambda: _meta_step_macs(
         learner, params, image_shape, dtype, progress), learner, params, tuple(image_shape),
@@ -188,5 +193,9 @@ def _meta_step_macs(learner, params, image_shape: tuple[int, ...], dtype, progre
             learner, p, support_x, support_y, target_x, target_y, jax.random.key(0), progress,
             unroll=True)[0])(params)
 
-    return metrics.xla_macs(step, params, support_x, support_y, target_x, target_y,
-                            jnp.float32(progress))
+    whole = _WHOLE_TARGET.set(True)  # counted unchunked: every target sample's MACs
+    try:
+        return metrics.xla_macs(step, params, support_x, support_y, target_x, target_y,
+                                jnp.float32(progress))
+    finally:
+        _WHOLE_TARGET.reset(whole)
