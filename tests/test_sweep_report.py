@@ -254,6 +254,21 @@ def _result(dataset, learner, seed, acc, **fields):
             "test": {"acc_mean": acc, "ce_mean": 0.5, "atm": 0.1, "macs_per_task": 1e6}}
 
 
+def test_a_folder_of_runs_at_different_budgets_says_each_budget():
+    """Two sweeps of other budgets into one folder (each run's own config matches, so both are
+    accepted): the report names each budget with its learners, not the first run's for all."""
+    one = [_result("omniglot/full", "protonets", 0, 0.9, task="B3", epochs=1),
+           _result("omniglot/full", "init_tune", 0, 0.2, task="B3", epochs=1)]
+    assert "Budget per run: 600 test tasks, 1 epoch x " in report.dataset_markdown(
+        one, "omniglot/full", report.load_paper_table())
+    mixed = report.dataset_markdown(
+        [one[0], _result("omniglot/full", "init_tune", 0, 0.2, task="B3", epochs=50)],
+        "omniglot/full", report.load_paper_table())
+    assert ("**Budgets differ between runs**, so their numbers are not comparable: protonets: "
+            "600 test tasks, 1 epoch x ") in mixed and "; init_tune: 600 test tasks, 50 epochs x " \
+        in mixed
+
+
 def test_a_run_whose_overrides_make_another_paper_cell_is_reported_under_that_cell(tmp_path):
     """task='B3' with --overwrite --nss=5 runs C5's TaskSpec: it is reported as C5, beside a
     C5 run and compared with Table 1's C5, never as B3; runs of one spec reached by other

@@ -253,23 +253,36 @@ def write_csv(path: str, rows: Sequence[dict[str, Any]]) -> None:
     files.write_atomic(path, results_io.csv_text(rows))
 
 
+def _budget_text(budget: dict) -> str:
+    return (f"{_count(budget['test_tasks'], 'test task')}, {_count(budget['epochs'], 'epoch')} x "
+            f"{_count(budget['iters_per_epoch'], 'iteration')}, meta-batch "
+            f"{budget['meta_batch']}")
+
+
 def dataset_markdown(results: Sequence[dict], dataset: str, paper: dict) -> str:
     """The Markdown report of one dataset: Table 1 for each metric, then the paper's numbers."""
     runs = [r for r in results if r["dataset"] == dataset]
-    # one budget per sweep directory (sweep_plan.plan refuses others)
-    budget = from_json(runs[0]["config"]).to_json() if runs else {}
     seeds = max(len(a.seeds) for a in aggregate(runs, "acc").values()) if runs else 0
     spread = ("one seed per cell, so no ± on accuracy and cross-entropy" if seeds <= 1 else
               "mean ± sample std (ddof=1) across seeds; no ± where the seeds agree; the CSV "
               "also gives a Student-t 95% interval")
+    # each budget with its learners (a folder that two sweeps of other budgets wrote: each said)
+    budgets: dict[str, list[str]] = {}
+    pretraining = ""
+    for r in runs:
+        config = from_json(r["config"]).to_json()
+        text = _budget_text(config)
+        if r["learner"] not in budgets.setdefault(text, []):
+            budgets[text].append(r["learner"])
+        if _pretrains(r["learner"]) and not pretraining:
+            pretraining = f" ({_pretraining(config)})"
+    said = ("Budget per run: " + next(iter(budgets)) + pretraining + "." if len(budgets) <= 1
+            else "**Budgets differ between runs**, so their numbers are not comparable: "
+            + "; ".join(f"{', '.join(names)}: {text}" for text, names in budgets.items())
+            + pretraining + ".")
     parts = [f"# Table 1 on {dataset}",
-             f"{_count(len(runs), 'run')}; each run's mean over "
-             f"{_count(budget['test_tasks'], 'test task')} ({spread}). Budget per run: "
-             f"{_count(budget['epochs'], 'epoch')} x "
-             f"{_count(budget['iters_per_epoch'], 'iteration')}, meta-batch "
-             f"{budget['meta_batch']}"
-             + (f" ({_pretraining(budget)})." if any(_pretrains(r["learner"]) for r in runs)
-                else ".")]
+             f"{_count(len(runs), 'run')}; each run's mean over its test tasks ({spread}). "
+             + (said if runs else "")]
     renamed = sorted({f"`{cell_of(r)}` ({r['config']['task']} with "
                       f"{json.dumps(r['config'].get('spec_overrides', {}), sort_keys=True)})"
                       for r in runs if cell_of(r) != r["config"]["task"]})
