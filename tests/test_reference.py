@@ -20,6 +20,7 @@ import pytest
 from cfsl_jax.experiments import paper_era, paper_results, reference, reference_report, sweep_plan
 from cfsl_jax.experiments.cells import cell_of
 from cfsl_jax.experiments.verify import reference_row_differences
+from cfsl_jax.protocol.metrics import t975
 from cfsl_jax.runtime import checksums
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training import as_published, loop, train
@@ -165,7 +166,8 @@ def test_reference_report_pairs_learners_and_your_runs_on_the_same_tasks(fixture
     tune = np.asarray(found[("init_tune", "B2", 0)]["test"]["per_task"]["acc"])
     best, other = (proto, tune) if proto.mean() >= tune.mean() else (tune, proto)
     difference = other - best
-    ci = 1.96 * difference.std() / np.sqrt(difference.size)
+    # Student's t over the tasks, the sample std (ddof=1)
+    ci = t975(difference.size - 1) * difference.std(ddof=1) / np.sqrt(difference.size)
     assert f"| {100 * difference.mean():+.2f} | ±{100 * ci:.2f} | {difference.size} |" in text
     # protonets B2 beside Table 1 (no B2 cell there): mean ± std over its two seeds
     accs = [found[("protonets", "B2", s)]["test"]["acc_mean"] for s in (0, 1)]
