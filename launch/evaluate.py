@@ -79,7 +79,7 @@ def check_same_run(workdir: str, stored: TrainConfig) -> None:
                 f"--{flag}={given} contradicts the run in --workdir={workdir} ({field} "
                 f"{recorded}): drop --{flag} to re-test that run, or give a new --workdir to "
                 f"evaluate --{flag}={given}")
-    differing = [(field, recorded) for field, recorded in _contradicted(stored)]
+    differing = _contradicted(stored)
     differing += [(field, getattr(stored.spec, field)) for field in train_cli.SPEC.present()
                   if train_cli.SPEC.parse(field) != getattr(stored.spec, field)]
     if differing:

@@ -49,6 +49,14 @@ def per_task_accuracy(results: Iterable[dict[str, Any]], dataset: str
             for cell in cell_order(cells)}
 
 
+def shared_differences(groups: list[dict[str, np.ndarray]], mine: str, theirs: str
+                       ) -> np.ndarray | None:
+    """Per-task accuracy differences ``mine - theirs`` over every set of test tasks both were
+    tested on, pooled (None: no such set)."""
+    shared = [g[mine] - g[theirs] for g in groups if mine in g and theirs in g]
+    return np.concatenate(shared) if shared else None
+
+
 def difference_columns(differences: np.ndarray) -> list[str]:
     """[mean per-task difference (points, signed), ±its 95 % CI half-width (Student's t over
     the tasks, ``metrics.across_runs``), tasks] of per-task accuracy differences."""
@@ -71,7 +79,7 @@ def paired_rows(results: Iterable[dict[str, Any]], dataset: str) -> list[list[st
                 for name in learners}
         best = max(learners, key=lambda name: mean[name])
         for name in learners:
-            shared = [g[name] - g[best] for g in groups if name in g and best in g]
-            if name != best and shared:
-                rows.append([cell, name, best, *difference_columns(np.concatenate(shared))])
+            differences = shared_differences(groups, name, best)
+            if name != best and differences is not None:
+                rows.append([cell, name, best, *difference_columns(differences)])
     return rows

@@ -210,8 +210,8 @@ def components(found: Sequence[dict]) -> list[list[str]]:
             for learner, against, part in PAIRS:  # each setting of one beside each of the other
                 for mine in (n for n in names if base_learner(n) == learner):
                     for theirs in (n for n in names if base_learner(n) == against):
-                        shared = [g[mine] - g[theirs] for g in groups if mine in g and theirs in g]
-                        if shared:
+                        differences = paired.shared_differences(groups, mine, theirs)
+                        if differences is not None:
                             out.append([dataset, budget, cell, part, mine, theirs,
-                                        *paired.difference_columns(np.concatenate(shared))])
+                                        *paired.difference_columns(differences)])
     return out

@@ -143,10 +143,9 @@ def check_workdir_config(workdir: str, config: TrainConfig, create: bool = True)
     if files.exists(path):
         recorded = results.read_json(path)
     else:
-        _check_no_other_results(workdir)
         # without config.json (deleted, as its damage is told to be mended), a finished run
         # is still the run its results.json records: another config is refused the same way
-        recorded = _results_config(workdir)
+        recorded = _check_no_other_results(workdir).get("config")
     if recorded is not None:
         differs = describe_differences(recorded, config)
         if differs:
@@ -156,19 +155,16 @@ def check_workdir_config(workdir: str, config: TrainConfig, create: bool = True)
         results.write_json(path, config.to_json())
 
 
-def _results_config(workdir: str) -> dict[str, Any] | None:
-    """The config a workdir's results.json records (None: no results.json)."""
-    return results.read_json(files.join(workdir, "results.json"), default={}).get("config")
-
-
-def _check_no_other_results(workdir: str) -> None:
+def _check_no_other_results(workdir: str) -> dict[str, Any]:
     """UserError when ``workdir`` holds another kind of run's results.json (a FLUID run's: no
-    config.json, no ``test`` entry), which a CFSL run must not resume, print or overwrite."""
+    config.json, no ``test`` entry), which a CFSL run must not resume, print or overwrite; else
+    its results.json ({} where there is none)."""
     stored = results.read_json(files.join(workdir, "results.json"), default={})
     if stored and "test" not in stored:
         kind = "a FLUID run" if "streams" in stored else "another kind of run"
         raise UserError(f"--workdir={workdir} holds {kind} (its results.json has no CFSL test "
                         f"results and there is no config.json): give a new --workdir")
+    return stored
 
 
 def finished_results(workdir: str, config: TrainConfig, mend: bool = False
