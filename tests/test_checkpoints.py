@@ -1,5 +1,8 @@
 """The best-epoch checkpoints: which epochs are written and kept."""
 
+import threading
+import time
+
 import numpy as np
 
 from cfsl_jax.training import checkpoints
@@ -29,3 +32,27 @@ def test_an_epoch_below_every_kept_one_is_not_written_and_the_kept_set_is_orbaxs
         assert sorted(reopened.best.metrics(e)["val_acc"] for e in kept) == [0.7, 0.8]
     finally:
         reopened.close()
+
+
+def test_a_failed_writes_temporary_folder_is_removed_after_its_last_straggling_write(tmp_path):
+    """After a full disk, tensorstore's threads finish writes already begun, creating the
+    folders they write into: the temporary folder is removed once they are done, not before."""
+    folder = tmp_path / "10.orbax-checkpoint-tmp"
+    writes = []
+
+    def straggler():  # a write every 0.1 s for 1 s, each creating its folder again
+        for i in range(10):
+            (folder / "d").mkdir(parents=True, exist_ok=True)
+            (folder / "d" / f"{i}").write_bytes(b"x" * i)
+            writes.append(time.monotonic())
+            time.sleep(0.1)
+
+    writer = threading.Thread(target=straggler)
+    writer.start()
+    time.sleep(0.05)
+    try:
+        checkpoints._remove_when_still(str(folder), still=0.3)
+        removed = time.monotonic()
+    finally:
+        writer.join()
+    assert not folder.exists() and removed > writes[-1]

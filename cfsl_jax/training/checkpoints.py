@@ -20,6 +20,9 @@ it as an ``epath.Path`` (a local path made absolute, a URL as given).
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from typing import Any
 
 import jax
@@ -241,6 +244,7 @@ def _save(manager: ocp.CheckpointManager, step: int, tree: Any, **options) -> No
     folder = str(manager.directory)
     needed = sum(np.asarray(leaf).nbytes if not hasattr(leaf, "nbytes") else leaf.nbytes
                  for leaf in jax.tree.leaves(tree)) + (64 << 10)
+    before = set(threading.enumerate())
     try:
         with disk.space_checked(folder, needed, checkpoint=True):
             manager.save(step, args=ocp.args.StandardSave(tree), **options)
@@ -255,13 +259,64 @@ def _save(manager: ocp.CheckpointManager, step: int, tree: Any, **options) -> No
             manager.wait_until_finished()
         except Exception:  # noqa: BLE001  (the same full disk, raised again)
             pass
+        _join_writers(before)
         for name in files.listdir(folder):
             if "orbax-checkpoint-tmp" in name:
-                files.rmtree(files.join(folder, name))
+                _remove_when_still(files.join(folder, name))
         if step in manager.all_steps() and not files.exists(
                 files.join(_folder(manager, step), checksums.SEAL)):
             manager.delete(step)
         raise
+
+
+def _join_writers(before: set[threading.Thread], timeout: float = 120.0) -> None:
+    """Wait for the orbax threads started since ``before`` to end. After one array's write
+    fails, ``wait_until_finished`` returns while the other arrays' threads still write: a
+    temporary folder removed before they end is created again by their next write."""
+    deadline = time.monotonic() + timeout
+    for thread in set(threading.enumerate()) - before:
+        if thread is not threading.current_thread() and type(thread).__module__.startswith(
+                "orbax"):
+            try:
+                thread.join(max(0.0, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001  (its join raises its error: the same full disk)
+                pass
+
+
+def _remove_when_still(folder: str, still: float = 0.5, timeout: float = 60.0) -> None:
+    """Remove ``folder`` once nothing has changed in it for ``still`` seconds, and again
+    should it come back within ``still`` seconds: tensorstore's own threads finish the writes
+    already begun after the Python side failed, creating the folders they write into."""
+    if "://" in folder:  # a full disk is local; a bucket has no such stragglers
+        files.rmtree(folder)
+        return
+    deadline = time.monotonic() + timeout
+    seen = _contents(folder)
+    while True:
+        time.sleep(still)
+        now = _contents(folder)
+        if now != seen and time.monotonic() < deadline:
+            seen = now  # still being written
+            continue
+        files.rmtree(folder)
+        if now is None or time.monotonic() >= deadline:
+            return
+        seen = None  # removed: it must stay away for ``still`` seconds
+
+
+def _contents(folder: str) -> tuple | None:
+    """What is in ``folder`` (names, sizes, change times); None when it does not exist."""
+    if not os.path.isdir(folder):
+        return None
+    found = []
+    for root, _, names in os.walk(folder):
+        for name in names:
+            try:
+                info = os.stat(os.path.join(root, name))
+            except OSError:  # removed while walking
+                continue
+            found.append((os.path.join(root, name), info.st_size, info.st_mtime_ns))
+    return tuple(sorted(found))
 
 
 def _restore(manager: ocp.CheckpointManager, step: int, target: Any) -> Any:
