@@ -4,6 +4,7 @@ every one of them is refused before a command imports its data or compiles anyth
 list flags take comma lists and repeats alike, and a command's flags as a ``--flagfile``.
 """
 
+import json
 import os
 
 import jax
@@ -304,6 +305,28 @@ def test_a_finished_run_without_its_config_json_is_still_that_run(tmp_path):
     from cfsl_jax.training import runs
     assert runs.finished_results(str(run), config, mend=True) is not None
     assert results.read_json(str(run / "config.json")) == config.to_json()
+
+
+def test_an_unfinished_run_without_its_config_json_refuses_other_flags(tmp_path):
+    """config.json of a run stopped part-way deleted: its checkpoints were trained with the
+    flags whose SHA-256 checksums.json still records, so other flags are refused (they resumed
+    the checkpoints under another config), and the same flags write config.json again."""
+    from cfsl_jax.training import runs
+    from cfsl_jax.training.config import TrainConfig
+    run = str(tmp_path / "pn")
+    config = TrainConfig(learner="protonets", task="B3")
+    runs.check_workdir_config(run, config)  # as a run's start writes it
+    os.remove(os.path.join(run, "config.json"))
+    train = outcomes("train", {
+        "other": [f"--workdir={run}", "--learner=protonets", "--task=B3",
+                  "--learning_rate=0.01", "--validate_only"]})
+    assert_error(train["other"], f"{run}/config.json is missing, and these flags' config is not "
+                                 f"the one its checksum was recorded for in checksums.json: the "
+                                 f"run there was started with other flags; run its own command "
+                                 f"again, or give a new --workdir")
+    runs.check_workdir_config(run, config)
+    with open(os.path.join(run, "config.json")) as f:
+        assert json.load(f) == config.to_json()
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc (Linux)")

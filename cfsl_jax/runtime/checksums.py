@@ -89,6 +89,12 @@ def recorded(folder: str) -> list[str]:
     return sorted((_manifest(folder) or {}).keys())
 
 
+def recorded_sha256(path: str) -> list[str]:
+    """The SHA-256s recorded for ``path`` in its folder's manifest (also after the file was
+    deleted); [] where none is."""
+    return list((_manifest(files.dirname(path)) or {}).get(files.basename(path), []))
+
+
 def from_the_start(workdir: str) -> bool:
     """Whether ``workdir`` was written with checksums from its start (its ``config.json``'s
     is recorded): then every checkpoint in it must have its manifest. A workdir written before

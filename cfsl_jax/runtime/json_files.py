@@ -31,8 +31,12 @@ def write_json(path: str, payload: Any, sealed: bool = False) -> None:
     """
     if not is_primary():
         return
-    checksums.write_text(path, checksums.seal_json(payload) if sealed
-                         else json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    checksums.write_text(path, checksums.seal_json(payload) if sealed else text(payload))
+
+
+def text(payload: Any) -> str:
+    """The text ``write_json`` writes for ``payload`` (unsealed)."""
+    return json.dumps(payload, indent=2, sort_keys=True) + "\n"
 
 
 def read_json(path: str, default: Any = None) -> Any:

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from cfsl_jax.runtime import backend, files, progress, seeding
+from cfsl_jax.runtime import backend, checksums, files, json_files, progress, seeding
 from cfsl_jax import data
 from cfsl_jax.training import results
 from cfsl_jax.training import checkpoints
@@ -146,6 +146,8 @@ def check_workdir_config(workdir: str, config: TrainConfig, create: bool = True)
         # without config.json (deleted, as its damage is told to be mended), a finished run
         # is still the run its results.json records: another config is refused the same way
         recorded = _check_no_other_results(workdir).get("config")
+        if recorded is None:
+            _check_recorded_checksum(path, config)
     if recorded is not None:
         differs = describe_differences(recorded, config)
         if differs:
@@ -153,6 +155,17 @@ def check_workdir_config(workdir: str, config: TrainConfig, create: bool = True)
     if create and not files.exists(path):
         files.makedirs(workdir)
         results.write_json(path, config.to_json())
+
+
+def _check_recorded_checksum(path: str, config: TrainConfig) -> None:
+    """UserError when ``path`` (a deleted config.json) had its SHA-256 recorded and ``config``'s
+    text differs: the checkpoints there were trained with other flags."""
+    known = checksums.recorded_sha256(path)
+    if known and checksums.sha256(json_files.text(config.to_json())) not in known:
+        raise UserError(
+            f"{path} is missing, and these flags' config is not the one its checksum was "
+            f"recorded for in {checksums.MANIFEST}: the run there was started with other flags; "
+            f"run its own command again, or give a new --workdir")
 
 
 def _check_no_other_results(workdir: str) -> dict[str, Any]:
