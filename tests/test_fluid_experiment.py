@@ -1,5 +1,6 @@
 """FLUID end to end: the CLI on a tiny synthetic stream, pretraining data, Omniglot alphabets."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -272,3 +273,111 @@ def test_a_run_shows_its_eta_and_a_stop_says_what_it_keeps_and_loses(tmp_path, m
     assert lines[0].startswith("[FLUID] 1/6 method runs done (test stream 0: ncm in ")
     assert all(", ETA " in line and line.endswith("(the mean method run so far, pretraining "
                                                   "included)") for line in lines)  # the run's
+
+
+def test_a_stream_the_split_cannot_give_is_refused_in_one_line(tmp_path):
+    """A stream longer than its classes can give (--max_per_class), or pretrain classes that
+    would keep fewer than --min_pretrain_samples out of it, is the user's setting: one
+    ``error:`` line naming the numbers and exit status 2, not a traceback (it was a ValueError
+    from ``make_stream`` inside the run, exit status 1)."""
+    tiny = ["--preset=small", "--method=ncm", "--stream_classes=6", "--stream_length=90",
+            "--head_threshold=15", "--pretrain_steps=1", "--filters=8", "--num_streams=1",
+            "--dataset_option=num_classes=40", "--dataset_option=samples_per_class=30",
+            "--dataset_option=image_size=16"]
+    with command_module("fluid") as module:
+        capped = run_in_process(module, "fluid", [*tiny, f"--workdir={tmp_path / 'a'}",
+                                                  "--max_per_class=2"])
+        kept = run_in_process(module, "fluid", [*tiny, f"--workdir={tmp_path / 'b'}",
+                                                "--min_pretrain_samples=30"])
+    assert_error(capped, "length=90 must be between the number of classes (6) and the samples "
+                         "available to the stream (12)")
+    assert_error(kept, "has 30 samples: too few for the stream with min_pretrain_samples=30")
+    for workdir in ("a", "b"):  # nothing half-written
+        assert not (tmp_path / workdir / "results.json").exists()
+
+
+@pytest.mark.parametrize("stream_config", [
+    # no pretrain class (P = 0): the pretraining set is the 3 pretraining-only classes
+    dict(num_classes=4, length=40, pretrain_fraction=0.0, pretrain_classes=3),
+    # P = 2 pretrain classes, every image of them in the stream (min_pretrain_samples=0,
+    # 4 classes x 10 images = the stream's 40): the pretraining set is the 2 other classes
+    dict(num_classes=4, length=40, pretrain_fraction=0.5, min_pretrain_samples=0,
+         pretrain_classes=4)])
+def test_pretraining_uses_the_pretraining_only_classes_when_the_stream_keeps_none(
+        stream_config):
+    """The pretraining set is the stream's pretrain classes' kept-out images AND the
+    pretraining-only classes (docs/fidelity.md, pretraining data). When the first part is
+    empty the backbone is still pretrained on the second (it stayed random, with "no
+    pretraining data (no pretrain classes)" said, though results.json counts their images),
+    and a pretrain class without a pretraining image is not "known" (no statistics)."""
+    split = data.load_split("synthetic", "train", num_classes=12, samples_per_class=10,
+                            image_size=16)
+    config = fluid.StreamConfig(head_threshold=5, **stream_config)
+    stream, classes = fluid.make_stream(jax.random.key(0), split.class_table, split.class_sizes,
+                                        config)
+    assert (classes.pretrain_table >= 0).sum() == 0 and (classes.extra_table >= 0).sum() > 0
+    method = fluid.get_method("ncm", 4, (16, 16, 1), filters=8)
+    init = method.init_params(jax.random.key(1), np.zeros((1, 16, 16, 1), np.float32))
+    params = fluid.pretrain_model(method, init, split, classes, jax.random.key(2), steps=2)
+    changed = jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))),
+                           params["embed"], init["embed"])
+    assert any(jax.tree.leaves(changed))  # pretrained, not the random init
+    p = config.num_pretrain
+    assert params["head"]["kernel"].shape[-1] == p and params["head"]["bias"].shape == (p,)
+    params = fluid.prepare_params(method, params, split, classes, jax.random.key(3))
+    state = method.init(params, jax.random.key(4))
+    assert not np.asarray(state.memory.known).any()  # no pretrain class has an image to know
+    # EWC has no Fisher to anchor with: refused in one line (it failed with KeyError 'fisher')
+    ewc = fluid.get_method("ewc", 4, (16, 16, 1), filters=8)
+    with pytest.raises(UserError, match=rf"method ewc anchors .* this stream has none "
+                                        rf"\({config.num_pretrain} pretrain classes, 0 of"):
+        fluid.prepare_params(ewc, params, split, classes, jax.random.key(3))
+    record = fluid.run_stream(method, params, stream, split, jax.random.key(5),
+                              count_macs=False)
+    assert record.prediction[0] == -1  # nothing known before the first sample
+
+
+def test_an_unknown_split_is_refused_in_one_line(tmp_path):
+    """--split names one of the dataset's class splits; another name was accepted by the flags
+    and failed in the run with a ValueError traceback (exit status 1) after the workdir was
+    made."""
+    with command_module("fluid") as module:
+        outcome = run_in_process(module, "fluid", ["--preset=small", "--split=tarin",
+                                                   f"--workdir={tmp_path / 'w'}"])
+    assert_error(outcome, "--split=tarin")
+    assert "train" in outcome[2] and "val" in outcome[2] and "test" in outcome[2]
+    assert os.listdir(tmp_path) == []  # refused before the workdir is made
+
+
+@pytest.mark.parametrize("method, what", [
+    ("exemplar_tuning", "NaN"),  # its NaN scores: metrics.auroc raised a ValueError traceback
+    ("imprinting", "weights at the stream's end are not finite")])  # reported as a number
+def test_a_method_whose_training_diverges_is_refused_in_one_line(tmp_path, method, what):
+    """A learning rate that makes a method's training diverge: a number that cannot be trusted
+    is refused -- in one ``error:`` line naming the method and the stream, exit status 2, no
+    results.json. Exemplar tuning's scores turn NaN; weight imprinting's do not (its detector
+    measures to the class means) while every prediction became class 0, and the run printed an
+    accuracy."""
+    with command_module("fluid") as module:
+        outcome = run_in_process(module, "fluid", [
+            "--preset=small", f"--method={method}", "--stream_classes=6",
+            "--stream_length=90", "--head_threshold=15", "--min_pretrain_samples=5",
+            "--pretrain_steps=1", "--filters=8", "--num_streams=1",
+            "--dataset_option=num_classes=40", "--dataset_option=samples_per_class=30",
+            "--dataset_option=image_size=16", f"--workdir={tmp_path / 'w'}",
+            f"--method_option={method}:learning_rate=1e30"])
+    assert_error(outcome, f"{method} on test stream 0: ")
+    assert what in outcome[2]
+    assert not (tmp_path / "w" / "results.json").exists()
+
+
+def test_ewc_without_pretrain_classes_is_refused_before_anything_runs():
+    """EWC measures its Fisher on the pretrain classes' kept-out images: with P = 0 it failed in
+    the run (KeyError 'fisher'); the config names the setting instead."""
+    stream = fluid.config.SMALL_STREAM
+    with pytest.raises(UserError, match=r"method ewc needs pretrain classes .* "
+                                        r"pretrain_fraction=0.0 gives none of the 40 stream"):
+        fluid.config.preset("small", methods=("ncm", "ewc"),
+                            stream=dataclasses.replace(stream, pretrain_fraction=0.0))
+    assert fluid.config.preset("small", methods=("ncm",), stream=dataclasses.replace(
+        stream, pretrain_fraction=0.0)).methods == ("ncm",)

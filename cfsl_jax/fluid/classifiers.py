@@ -51,7 +51,7 @@ def memory_init(num_classes: int, dim: int, known: "KnownClasses | None" = None)
     return ClassMemory(memory.sums.at[:p].set(known.sums),
                        memory.unit_sums.at[:p].set(known.unit_sums),
                        memory.counts.at[:p].set(known.counts),
-                       memory.known.at[:p].set(True))
+                       memory.known.at[:p].set(known.counts > 0))  # a class with images
 
 
 class KnownClasses(NamedTuple):

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from cfsl_jax.dataset_options import DATASETS, normalised_options
+from cfsl_jax.dataset_options import DATASETS, SPLITS, normalised_options
 from cfsl_jax.runtime import naming
 from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.runtime.options import check_limits, option, positive_int
@@ -185,7 +185,8 @@ class FluidConfig:
     and the schedule's flags are ``StreamConfig``'s and ``Schedule``'s fields)."""
 
     dataset: str = option("synthetic", "Dataset.", choices=DATASETS)
-    split: str = option("train", "Split the stream and pretraining data come from.")
+    split: str = option("train", "Split the stream and pretraining data come from.",
+                        choices=SPLITS)
     methods: tuple[str, ...] = option(METHODS, "Methods to run: "
                                       f"{list(METHODS)}.", flag="method")
     stream: StreamConfig = option(PAPER_STREAM, flag=None)
@@ -228,6 +229,13 @@ class FluidConfig:
         if extra:
             raise UserError(f"{name('method_options')} for methods not run: {extra}")
         check_limits(self, qualified=False)
+        if ("ewc" in self.methods and isinstance(self.stream, StreamConfig)
+                and self.stream.num_pretrain == 0):
+            raise UserError(f"method ewc needs pretrain classes (its Fisher is measured on "
+                            f"their images kept out of the stream): pretrain_fraction="
+                            f"{self.stream.pretrain_fraction} gives none of the "
+                            f"{self.stream.num_classes} stream classes; raise it, or leave ewc "
+                            f"out")
         # an option given at its default is the option unset (normalised_options)
         if isinstance(self.dataset_options, dict):
             object.__setattr__(self, "dataset_options",

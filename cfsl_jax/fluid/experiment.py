@@ -130,8 +130,13 @@ def prepare_stream(config: FluidConfig, split: data.Split, index: int
     draw = (draw_classes(classes_key(config), split.class_table.shape[0], config.stream, index,
                          config.streams == "validation", mask)
             if config.class_draw == "disjoint" else None)
-    stream, classes = make_stream(stream_key(config, index), split.class_table,
-                                  split.class_sizes, config.stream, pretrain_mask=mask, draw=draw)
+    try:
+        stream, classes = make_stream(stream_key(config, index), split.class_table,
+                                      split.class_sizes, config.stream, pretrain_mask=mask,
+                                      draw=draw)
+    except ValueError as error:  # a stream the split cannot give: the user's setting
+        raise UserError(f"{config.streams} stream {index} of the {config.split} split: "
+                        f"{error}") from None
     progress.say(f"[FLUID] {config.streams} stream {index}: "
                  f"{summary_line(describe(stream, classes))}")
     return stream, classes
@@ -173,11 +178,25 @@ def run_methods(config: FluidConfig, split: data.Split, built: dict, index: int)
             known[method.pretraining] = params["known"]
         pretrain_seconds = time.perf_counter() - started
         schedule = schedule_for(method, config)
-        runs[name] = (run_stream(method, params, stream, split, train_key, schedule,
-                                 phase_macs=phase_macs(method, params, split, classes)),
-                      schedule, pretrain_seconds)
+        record = run_stream(method, params, stream, split, train_key, schedule,
+                            phase_macs=phase_macs(method, params, split, classes))
+        check_finite(record, name, config.streams, index)
+        runs[name] = (record, schedule, pretrain_seconds)
         run_progress.finished(config.streams, index, name, time.perf_counter() - started)
     return stream, classes, runs
+
+
+def check_finite(record, name: str, kind: str, index: int) -> None:
+    """UserError when a method's unseen-class scores hold NaN or its final state is not finite
+    (its training diverged; argmax over NaN logits still predicts class 0): a number that cannot
+    be trusted is refused, in one line, before anything of the stream is stored."""
+    bad = int(np.isnan(record.unseen_score).sum())
+    if bad or not record.finite:
+        what = (f"{bad} of its {record.unseen_score.size} unseen-class scores are NaN" if bad
+                else "its weights at the stream's end are not finite")
+        raise UserError(f"{name} on {kind} stream {index}: {what} (its training diverged: "
+                        f"check its --method_option values, e.g. a lower learning_rate); "
+                        f"nothing of this stream is stored")
 
 
 def run_one_stream(config: FluidConfig, split: data.Split, built: dict, index: int,

@@ -35,6 +35,7 @@ import optax
 
 from cfsl_jax import data
 from cfsl_jax.runtime import progress
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training import pretrain as supervised
 from cfsl_jax.data import Split
 from cfsl_jax.fluid import classifiers as cls
@@ -184,11 +185,14 @@ def pretrain_model(method: Method, params: Params, split: Split, classes: Stream
     """``params`` pretrained by ``method.pretraining`` on the pretrain classes (module doc)."""
     from cfsl_jax.fluid import meta_pretraining  # one concept per module
 
-    if classes.pretrain_table.shape[0] == 0 or not (classes.pretrain_table >= 0).any():
-        progress.say("[FLUID pretraining] no pretraining data (no pretrain classes): the "
-                     "backbone stays random")
-        return params
+    # the pretraining set: the pretrain classes' kept-out images and the pretraining-only
+    # classes (either part may be empty: P = 0, or every image of a pretrain class streamed)
     pre = pretrain_split(split, classes, extra=True)
+    if not (np.asarray(pre.class_table) >= 0).any():
+        progress.say("[FLUID pretraining] no pretraining data (no image of a pretrain class "
+                     "kept out of the stream, no pretraining-only class): the backbone stays "
+                     "random")
+        return params
     sup_key, meta_key, head_key = jax.random.split(key, 3)
     strategy = method.pretraining
     if strategy in ("supervised", "meta_baseline"):
@@ -210,8 +214,14 @@ def prepare_params(method: Method, params: Params, split: Split, classes: Stream
     statistics already computed for the same pretrained backbone (another method of the same
     run), instead of embedding every pretraining image again."""
     num_pretrain = int(classes.pretrain_table.shape[0])
-    if num_pretrain == 0 or "head" not in params:
-        return params
+    if num_pretrain == 0 or "head" not in params or count_pretraining(classes) == 0:
+        if method.name == "ewc":  # it would run as plain fine-tuning, or fail on no Fisher
+            raise UserError(
+                f"method ewc anchors the backbone with its Fisher on the pretrain classes' "
+                f"pretraining images, and this stream has none ({num_pretrain} pretrain "
+                f"classes, {count_pretraining(classes)} of their images kept out of it): give "
+                f"--pretrain_fraction > 0 and --min_pretrain_samples > 0, or leave ewc out")
+        return params  # no pretraining image of a pretrain class: none has statistics to know
     pre = pretrain_split(split, classes)
     if known is None:
         features, labels = pretraining_features(method, params, pre)

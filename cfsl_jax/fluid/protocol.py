@@ -114,6 +114,7 @@ class StreamRecord(NamedTuple):
     train_steps: int  # training steps run over the stream
     macs: dict[str, float]  # per call ("embed", "predict", "update", "train_step") and totals
     seconds: float  # wall time of the stream (first-call compilation in, MAC counting out)
+    finite: bool = True  # every float of the method's final state is finite (not diverged)
 
 
 @functools.lru_cache(maxsize=64)
@@ -338,4 +339,6 @@ def run_stream(method: Method, params: Params, stream: Stream, split: data.Split
     seconds = time.perf_counter() - start_time
     macs = (total_macs(per_call, length, train_steps, schedule.batch_size if trains else 0,
                        method.train_on, train_rows, phases) if count_macs else {})
-    return StreamRecord(prediction, unseen, train_steps, macs, seconds)
+    finite = all(bool(jnp.isfinite(leaf).all()) for leaf in jax.tree.leaves(state)
+                 if jnp.issubdtype(leaf.dtype, jnp.floating))
+    return StreamRecord(prediction, unseen, train_steps, macs, seconds, finite)

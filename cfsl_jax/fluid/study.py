@@ -21,8 +21,8 @@ from cfsl_jax.fluid import methods as fluid_methods
 from cfsl_jax.fluid import report
 from cfsl_jax.fluid.config import STUDY_EPOCHS as EPOCHS
 from cfsl_jax.fluid.config import STUDY_FREQUENCIES as FREQUENCIES
-from cfsl_jax.fluid.experiment import (FluidConfig, init_params, load, method_options,
-                                       prepare_stream, stream_keys)
+from cfsl_jax.fluid.experiment import (FluidConfig, check_finite, init_params, load,
+                                       method_options, prepare_stream, stream_keys)
 from cfsl_jax.fluid.metrics import stream_metrics
 from cfsl_jax.fluid.pretraining import phase_macs, pretrain_model, prepare_params
 from cfsl_jax.fluid.protocol import run_stream
@@ -55,6 +55,7 @@ def run_update_strategy(config: FluidConfig, workdir: str, method_name: str = "f
                                            epochs_per_update=e).scaled(config.stream.length)
             record = run_stream(method, params, stream, split, train_key, schedule,
                                 phase_macs=phase)
+            check_finite(record, f"{method_name} at U={every} E={e}", config.streams, 0)
             metrics = stream_metrics(record.prediction, record.unseen_score, stream)
             cells.append({"update_every": every, "epochs_per_update": e,
                           "scaled_update_every": schedule.update_every,
