@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -96,6 +97,29 @@ def test_update_strategy_study_writes_its_grid_and_plot(tmp_path):
     gmacs = {(c["update_every"], c["epochs_per_update"]): c["gmacs"] for c in cells}
     assert gmacs[(30000, 2)] > gmacs[(30000, 1)] > gmacs[(45000, 1)]
     assert (workdir / "update_strategy.png").stat().st_size > 1000
+    # stopped by SIGTERM once its first cell is written, the same command runs only the rest,
+    # and gives the uninterrupted study's numbers (the whole study was written only at its end)
+    stopped = tmp_path / "stopped"
+    again = [*(f"--workdir={stopped}" if a.startswith("--workdir=") else a for a in command)]
+    child = subprocess.Popen(again, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in child.stdout:
+            if line.startswith("[FLUID study] U=30000 E=1: "):
+                child.send_signal(signal.SIGTERM)
+                break
+        child.communicate(timeout=120)
+    finally:
+        child.kill()
+    kept = json.loads((stopped / "update_strategy.json").read_text())
+    assert kept["complete"] is False and 1 <= len(kept["cells"]) < 4
+    done = subprocess.run(again, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"cell(s) done before, kept from {stopped}/update_strategy.json" in done.stdout
+    resumed = json.loads((stopped / "update_strategy.json").read_text())
+    assert resumed["complete"] is True
+    assert ([{k: v for k, v in c.items() if k != "seconds"} for c in resumed["cells"]] ==
+            [{k: v for k, v in c.items() if k != "seconds"} for c in cells])
 
 
 def test_pretrain_split_holds_only_the_pretraining_data():

@@ -7,12 +7,15 @@ method with a phase of E epochs every U samples (U counted on the paper's
 records overall accuracy and total MACs (uncached, the paper's compute). The
 paper's figure shows epochs 2, 4, 8, 16; its update frequencies are not
 legible in our copy, so the default grid's U values are our choice.
-Writes ``update_strategy.json`` and ``update_strategy.png`` into the workdir.
+Writes ``update_strategy.json`` (after each cell: a stop keeps the finished cells, and the
+same command runs the rest; ``complete`` once every cell is in) and ``update_strategy.png``
+into the workdir.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from cfsl_jax.runtime import files, progress
 from cfsl_jax.runtime import json_files
@@ -20,12 +23,15 @@ from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.fluid import methods as fluid_methods
 from cfsl_jax.fluid import report
 from cfsl_jax.fluid.config import STUDY_EPOCHS as EPOCHS
+from cfsl_jax.fluid.config import comparable
 from cfsl_jax.fluid.config import STUDY_FREQUENCIES as FREQUENCIES
 from cfsl_jax.fluid.experiment import (FluidConfig, check_finite, init_params, load,
                                        method_options, prepare_stream, stream_keys)
 from cfsl_jax.fluid.metrics import stream_metrics
 from cfsl_jax.fluid.pretraining import phase_macs, pretrain_model, prepare_params
 from cfsl_jax.fluid.protocol import run_stream
+
+FILE = "update_strategy.json"
 
 
 def run_update_strategy(config: FluidConfig, workdir: str, method_name: str = "finetune",
@@ -36,6 +42,22 @@ def run_update_strategy(config: FluidConfig, workdir: str, method_name: str = "f
         raise UserError(f"--study_method={method_name!r} does not train; use one of "
                         f"{[m for m, s in fluid_methods.SPECS.items() if s.schedule]}")
     files.makedirs(workdir)
+    done = _done_cells(workdir, config, method_name)
+    grid = [(every, e) for every in frequencies for e in epochs]
+    if any(cell not in done for cell in grid):
+        _run_cells(config, workdir, method_name, [c for c in grid if c not in done], done)
+    cells = [done[cell] for cell in grid]
+    _write(workdir, config, method_name, cells, complete=True)
+    report.plot_update_strategy(cells, files.join(workdir, "update_strategy.png"),
+                                f"FLUID update strategies: {method_name}, "
+                                f"{config.stream.length} samples")
+    return cells
+
+
+def _run_cells(config: FluidConfig, workdir: str, method_name: str,
+               todo: list[tuple[int, int]], done: dict) -> None:
+    """Run the cells ``todo`` into ``done``, writing update_strategy.json after each (a stop
+    keeps every finished cell: the same command resumes with the rest)."""
     split = load(config)
     method = fluid_methods.get_method(method_name, config.stream.num_classes,
                                       tuple(split.images.shape[1:]),
@@ -48,28 +70,46 @@ def run_update_strategy(config: FluidConfig, workdir: str, method_name: str = "f
                             learning_rate=config.pretrain_learning_rate)
     params = prepare_params(method, params, split, classes, fisher_key)
     phase = phase_macs(method, params, split, classes)  # EWC's Fisher at each phase
-    cells = []
-    for every in frequencies:
-        for e in epochs:
-            schedule = dataclasses.replace(method.schedule, update_every=every,
-                                           epochs_per_update=e).scaled(config.stream.length)
-            record = run_stream(method, params, stream, split, train_key, schedule,
-                                phase_macs=phase)
-            check_finite(record, f"{method_name} at U={every} E={e}", config.streams, 0)
-            metrics = stream_metrics(record.prediction, record.unseen_score, stream)
-            cells.append({"update_every": every, "epochs_per_update": e,
+    for every, e in todo:
+        schedule = dataclasses.replace(method.schedule, update_every=every,
+                                       epochs_per_update=e).scaled(config.stream.length)
+        record = run_stream(method, params, stream, split, train_key, schedule,
+                            phase_macs=phase)
+        check_finite(record, f"{method_name} at U={every} E={e}", config.streams, 0)
+        metrics = stream_metrics(record.prediction, record.unseen_score, stream)
+        done[every, e] = {"update_every": every, "epochs_per_update": e,
                           "scaled_update_every": schedule.update_every,
                           "accuracy": metrics["accuracy"],
                           "mean_per_class_accuracy": metrics["mean_per_class_accuracy"],
                           "gmacs": record.macs["total_uncached"] / 1e9,
-                          "train_steps": record.train_steps, "seconds": record.seconds})
-            progress.say(f"[FLUID study] U={every} E={e}: accuracy {metrics['accuracy']:.4f}, "
-                         f"{cells[-1]['gmacs']:.3g} GMACs")
-    json_files.write_json(files.join(workdir, "update_strategy.json"),
-                          {"method": method_name, "config": config.to_json(), "cells": cells})
-    report.plot_update_strategy(cells, files.join(workdir, "update_strategy.png"),
-                                f"FLUID update strategies: {method_name}, "
-                                f"{config.stream.length} samples")
+                          "train_steps": record.train_steps, "seconds": record.seconds}
+        _write(workdir, config, method_name, list(done.values()), complete=False)
+        progress.say(f"[FLUID study] U={every} E={e}: accuracy {metrics['accuracy']:.4f}, "
+                     f"{done[every, e]['gmacs']:.3g} GMACs")
+
+
+def _write(workdir: str, config: FluidConfig, method_name: str, cells: list[dict],
+           complete: bool) -> None:
+    json_files.write_json(files.join(workdir, FILE), {
+        "method": method_name, "config": config.to_json(), "cells": cells,
+        "complete": complete})
+
+
+def _done_cells(workdir: str, config: FluidConfig, method_name: str) -> dict:
+    """{(U, E): cell} of the cells a stopped (or finished) study of ``config`` stored in
+    ``workdir``; UserError when it holds a study of another config or method."""
+    path = files.join(workdir, FILE)
+    stored = json_files.read_json(path, default={})
+    if not stored:
+        return {}
+    mine = comparable(json.loads(json.dumps(config.to_json())))
+    if stored.get("method") != method_name or comparable(stored.get("config") or {}) != mine:
+        raise UserError(f"{path} holds an update-strategy study of another method or config "
+                        f"({stored.get('method')}): run its own command to finish it, or give "
+                        f"a new --workdir")
+    cells = {(c["update_every"], c["epochs_per_update"]): c for c in stored.get("cells", [])}
+    if cells:
+        progress.say(f"[FLUID study] {len(cells)} cell(s) done before, kept from {path}")
     return cells
 
 
