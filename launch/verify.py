@@ -32,8 +32,7 @@ from . import cli, starting
 from .checks import check_data_flags, check_input_file
 from .options import define_backend_flags
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A finished run's directory (local or gs://).",
-                               required=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "A finished run's directory (local or gs://).")
 _METRICS = flags.DEFINE_bool("metrics", True, "Also recompute the test metrics.")
 _COSTS = flags.DEFINE_bool("costs", True, "Also recount ATM and the MACs (XLA's cost analysis "
                            "on CPU: compiles the learner's programs once more).")
@@ -54,6 +53,8 @@ define_backend_flags()
 def check() -> bool:
     """The workdir (local or gs://) holds a finished run; the folders given exist. Whether it
     is a FLUID workdir."""
+    if _WORKDIR.value is None:  # before JAX is imported, in the words of every other command
+        raise UserError("--workdir is required")
     with starting.importing("verify"):
         from cfsl_jax.experiments import verify_fluid
         from cfsl_jax.experiments.verify import load

@@ -220,10 +220,11 @@ def test_other_commands_mistakes_are_one_line_with_status_2(tmp_path, omniglot_d
     with open(os.path.join(corrupt, "results.json"), "w") as f:
         f.write('{"learner": "protonets", "test": {"acc_m')
     verify = run_cases("verify", [[f"--workdir={missing}"], ["--help"],
-                                  [f"--workdir={corrupt}"]])
+                                  [f"--workdir={corrupt}"], []])
     assert_error(verify[0], f"--workdir={missing} does not exist")
     assert_help(verify[1], "verify")
     assert_error(verify[2], f"{corrupt}/results.json is not valid JSON")
+    assert_error(verify[3], "--workdir is required")  # as the other commands say it
     show = run_cases("show_task", [["--dataset=nope"], ["--task=z9"],
                                    [*small, "--split=val", "--task=B10"], ["--help"]])
     assert_help(show[3], "show_task")
@@ -292,6 +293,8 @@ def test_help_of_python_m_lists_every_flag_from_any_folder():
     assert result.stdout.startswith("Train (or pretrain) a learner")
     for flag in ("--learner:", "--manual_dir:", "--[no]download:", "--[no]verbose:"):
         assert flag in result.stdout, flag
+    data_dir = result.stdout.split("--data_dir:")[1].split("\n  --")[0]
+    assert "$CFSL_DATA_DIR" in data_dir and "~/tensorflow_datasets" in data_dir, data_dir
 
 
 def test_sigterm_checkpoints_training_and_says_how_to_resume(tmp_path):

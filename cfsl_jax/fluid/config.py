@@ -215,7 +215,8 @@ class FluidConfig:
     method_options: dict = option(  # {method: {option: value}}
         help="METHOD:NAME=VALUE (repeatable), e.g. --method_option=ncm:metric=cosine; "
         "--list_options lists them.", flag="method_option", factory=dict)
-    data_dir: str | None = option(None, "Where prepared TFDS datasets live.")
+    data_dir: str | None = option(None, "Where prepared TFDS datasets live (default: "
+                                   "$CFSL_DATA_DIR, else ~/tensorflow_datasets).")
     manual_dir: str | None = option(None, "Folder with the official archives.")
 
     def __post_init__(self):

@@ -84,7 +84,8 @@ class TrainConfig:
         "tasks", "Pretrain+Tune / EWC-Pretrain pretraining: tasks (images of sampled training "
         "tasks, the run's epochs, validation and ensemble; the authors') or uniform "
         "(--pretrain_steps batches of uniformly drawn images).", choices=PRETRAIN_DATA)
-    data_dir: str | None = option(None, "Where prepared TFDS datasets live.")
+    data_dir: str | None = option(None, "Where prepared TFDS datasets live (default: "
+                                   "$CFSL_DATA_DIR, else ~/tensorflow_datasets).")
     manual_dir: str | None = option(None, "Folder with the official archives (Omniglot: "
                                     "images_background.zip and images_evaluation.zip, or the "
                                     "two *_small zips).")
