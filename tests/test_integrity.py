@@ -608,3 +608,25 @@ def test_a_re_test_counts_the_meta_step_again_not_the_recorded_count(tmp_path, f
     assert results.read_json(path)["test"]["macs_per_meta_step"] == right > 1
     assert results.read_json(path)["macs_rule"] == 2
     assert verify.verify(workdir) == []
+
+
+def test_a_hand_edit_behind_a_removed_manifest_entry_is_refused(tmp_path, finished):
+    """results.json edited by hand and its entry removed from checksums.json (the rest of the
+    manifest kept): refused as damaged, as with the whole manifest deleted. It was read
+    unchecked (a file with no entry: "written before it was checked") and the edited accuracy
+    printed as the finished run's."""
+    workdir = copied(finished, tmp_path)
+    path = os.path.join(workdir, "results.json")
+    text = open(path).read()
+    open(path, "w").write(text.replace('"acc_mean": 0.', '"acc_mean": 1.'))
+    manifest = os.path.join(workdir, checksums.MANIFEST)
+    with open(manifest) as f:
+        recorded = json.load(f)
+    del recorded["results.json"]
+    with open(manifest, "w") as f:
+        json.dump(recorded, f)
+    with pytest.raises(checksums.Corrupt, match=re.escape(
+            f"{path} was written with its folder's checksums, but {manifest} records none")):
+        train.train_and_evaluate(CONFIG, workdir)
+    with pytest.raises(checksums.Corrupt, match="records none"):
+        verify.verify(workdir)

@@ -291,3 +291,48 @@ def test_a_second_press_while_the_stop_checkpoints_does_not_cut_it_short(monkeyp
                                   f"in {workdir}: re-run the same command to resume")
     assert stopped.value.exit_status == 130
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints", "latest"))) == ["4"]
+
+
+def test_a_stop_while_an_epoch_end_record_is_written_keeps_its_train_loss(monkeypatch,
+                                                                          tmp_path):
+    """SIGTERM as the metrics of the steps up to an epoch end are written (the window read off
+    the device, its record not yet appended): the stop checkpoints that step and the resume
+    validates it. The window was dropped before its record was written, so neither the record
+    nor the on-stop read kept it: the resumed run's val_history.json had ``train_loss`` None
+    where the uninterrupted run has the epoch's last loss."""
+    import dataclasses
+    import json
+
+    from cfsl_jax.runtime import files
+    from test_train import TINY
+    config = dataclasses.replace(TINY, epochs=2, iters_per_epoch=2, log_every=50)
+    append = files.append_text
+    sent = []
+
+    def signal_before_the_epoch_end_record(name, text):
+        record = json.loads(text)
+        if not sent and record.get("phase") == "train" and record.get("step") == 2:
+            sent.append(record["step"])
+            os.kill(os.getpid(), SIGTERM)  # handled by the run: lands here, synchronously
+        return append(name, text)
+
+    monkeypatch.setattr(files, "append_text", signal_before_the_epoch_end_record)
+    previous = signal.getsignal(SIGTERM)
+    workdir = str(tmp_path / "stopped")
+    try:
+        with pytest.raises(loop.Stopped) as stopped:
+            train.train_and_evaluate(config, workdir)
+    finally:
+        signal.signal(SIGTERM, previous)
+    monkeypatch.undo()
+    assert sent == [2] and "at step 2 of 4" in str(stopped.value)
+    resumed = train.train_and_evaluate(config, workdir)
+    full = train.train_and_evaluate(config, str(tmp_path / "full"))
+    assert resumed["test"]["acc_mean"] == full["test"]["acc_mean"]
+
+    def history(folder):
+        with open(os.path.join(folder, "val_history.json")) as f:
+            return json.load(f)
+
+    assert history(workdir) == history(str(tmp_path / "full"))
+    assert history(workdir)[0]["train_loss"] is not None

@@ -578,3 +578,27 @@ def test_launch_report_refuses_a_cell_of_two_experiments_in_one_line(tmp_path):
                                                     f"--out_dir={tmp_path / 'out'}"])
     assert_error(outcome, "synthetic/protonets/B3: the runs of seeds 0 and 1 differ in "
                           "learner_options, not only in their seed")
+
+
+def test_a_sweep_stopped_by_sigterm_exits_with_its_status(monkeypatch, tmp_path):
+    """SIGTERM while a sweep's run trains (in this process): the sweep's stop carries 143
+    (128 + SIGTERM), which the command exits with, as launch.train's stop does. It was a bare
+    KeyboardInterrupt: every sweep stop exited 130, as Ctrl-C's."""
+    from cfsl_jax.training import train
+    built = train.init_params
+
+    def init_then_signal(*args, **kwargs):
+        params = built(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # handled by the run: lands here, synchronously
+        return params
+
+    monkeypatch.setattr(train, "init_params", init_then_signal)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            sweep.run_sweep(tiny_configs()[:1], str(tmp_path / "sweep"), workers=0,
+                            log=lambda line: None)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert str(stopped.value).startswith("sweep interrupted: 0 of 1 runs finished")
+    assert getattr(stopped.value, "exit_status", 130) == 128 + signal.SIGTERM

@@ -330,3 +330,70 @@ def test_a_killed_session_keeps_its_time_up_to_its_last_checkpoint(tmp_path):
     this_session = time.perf_counter() - resumed_at
     assert killed["seconds"] < result["wall_seconds"] <= killed["seconds"] + this_session
     assert sessions.earlier(workdir)["sessions"] == 2
+
+
+def test_a_stop_as_results_json_lands_leaves_its_csv_row(monkeypatch, tmp_path):
+    """SIGTERM just after results.json is written: the run is done, and its results.csv row
+    is written with it (the stop waits for it); a results.csv lost anyway (SIGKILL between the
+    two writes) is written again by the next command, which finds the finished run. Before,
+    the row was never written: the stop landed between the writes and every later command
+    printed the stored results and returned."""
+    import csv
+    import os
+    import signal
+
+    from cfsl_jax.runtime import files, stops
+    config = dataclasses.replace(TINY, epochs=1, iters_per_epoch=2)
+    workdir = str(tmp_path / "run")
+    write = files.write_atomic
+
+    def signal_after_results(name, data):
+        write(name, data)
+        if files.basename(name) == "results.json":
+            os.kill(os.getpid(), signal.SIGTERM)  # handled by the run: lands here
+
+    monkeypatch.setattr(files, "write_atomic", signal_after_results)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(stops.StopRequested):
+            train.train_and_evaluate(config, workdir)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        stops.clear()
+    monkeypatch.undo()
+    csv_path = os.path.join(workdir, "results.csv")
+
+    def rows():
+        with open(csv_path) as f:
+            return list(csv.DictReader(f))
+
+    stored = json.load(open(os.path.join(workdir, "results.json")))
+    assert [float(r["acc_mean"]) for r in rows()] == [stored["test"]["acc_mean"]]
+    os.remove(csv_path)  # as a SIGKILL between the two writes leaves it
+    again = train.train_and_evaluate(config, workdir)
+    assert [float(r["acc_mean"]) for r in rows()] == [again["test"]["acc_mean"]]
+    assert [r["retest"] for r in rows()] == ["0"]
+
+
+def test_a_resume_at_another_matmul_precision_is_refused(tmp_path):
+    """A run stopped part-way, resumed with another --precision: refused naming both (it was
+    taken, mixing the two precisions in one run, and results.json recorded only the last);
+    resumed at its own precision it ends as the uninterrupted run."""
+    from cfsl_jax.runtime import backend
+    from cfsl_jax.runtime.errors import UserError
+    config = dataclasses.replace(TINY, epochs=2, iters_per_epoch=2)
+    workdir = str(tmp_path / "run")
+    with pytest.raises(loop.Interrupted):
+        train.train_and_evaluate(config, workdir, stop_after_steps=2)
+    trained = backend.precision()  # the tests' (conftest)
+    other = "default" if trained != "default" else "highest"
+    backend.set_precision(other)
+    try:
+        with pytest.raises(UserError, match=f"--precision={trained}.*--precision={other}"):
+            train.train_and_evaluate(config, workdir)
+    finally:
+        backend.set_precision(trained)
+    resumed = train.train_and_evaluate(config, workdir)
+    assert resumed["matmul_precision"] == trained
+    full = train.train_and_evaluate(config, str(tmp_path / "full"))
+    assert resumed["test"]["acc_mean"] == full["test"]["acc_mean"]

@@ -111,6 +111,7 @@ def worker_env(platform: str, slot: int, devices: int, workers: int) -> dict[str
 
 
 _stopping = False  # a worker that saw Ctrl-C starts no further run
+_stop_status: int | None = None  # the exit status of the stop that interrupted a run here
 _busy = threading.Event()  # set while a worker runs a run (``orphans``: a stop then waits)
 
 
@@ -165,6 +166,7 @@ def execute(config_json: dict, workdir: str, tested=None) -> tuple[str, float, s
     except locks.Busy as error:  # claimed by another sweep, shard or requeued task
         return "busy", time.perf_counter() - started, f"not run: {error}"
     except KeyboardInterrupt as error:
+        _noted_stop(error)
         return "interrupted", time.perf_counter() - started, str(error) or "interrupted"
     except UserError as error:  # one line: the run cannot be done as configured
         return "failed", time.perf_counter() - started, f"error: {error}"
@@ -199,12 +201,19 @@ def execute_pack(config_jsons: list[dict], workdirs: list[str],
                                     learning_rates=[c.learning_rate for c in configs])
             tested = pack_eval.test_pack(configs[0], configs, workdirs)
     except KeyboardInterrupt as error:
+        _noted_stop(error)
         return [("interrupted", time.perf_counter() - started, str(error))] * len(workdirs)
     except Exception as error:  # noqa: BLE001  (each run alone then says what is wrong)
         last = (str(error).strip().splitlines() or [type(error).__name__])[-1]
         print(f"[sweep] the pack of {len(workdirs)} ({', '.join(workdirs)}) failed: "
               f"{type(error).__name__}: {last}; its runs go on one at a time", flush=True)
     return [execute(c, w, tested.get(w)) for c, w in zip(config_jsons, workdirs)]
+
+
+def _noted_stop(error: BaseException) -> None:
+    """Keep the exit status of the stop (128 + its signal) that interrupted a run."""
+    global _stop_status
+    _stop_status = getattr(error, "exit_status", None)
 
 
 def worker_jax_options(sweep_dir: str) -> dict[str, Any]:
@@ -260,11 +269,16 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
         if result[0] != "interrupted":
             bar.update(finished, force=True)
 
-    def stopped() -> KeyboardInterrupt:
+    def stopped(exit_status: int | None = None) -> KeyboardInterrupt:
+        """The sweep's stop; ``exit_status``: 128 + the stop signal's number (the command
+        exits with it: 143 for SIGTERM), None for Ctrl-C's 130."""
         finished = sum(o.status in ("finished", "failed") for o in outcomes.values())
-        return KeyboardInterrupt(
+        stop = KeyboardInterrupt(
             f"sweep interrupted: {finished} of {len(todo)} runs finished, the runs in progress "
             f"checkpointed; re-run the same command to continue")
+        if exit_status is not None:
+            stop.exit_status = exit_status  # type: ignore[attr-defined]
+        return stop
 
     groups = packs(todo, pack)
     if todo and workers == 0:
@@ -272,7 +286,7 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
             for run, result in zip(group, execute_pack(*_pack_args(group), pack_options)):
                 record(run, result)
                 if result[0] == "interrupted":
-                    raise stopped()
+                    raise stopped(_stop_status)
     elif todo:
         platform, devices = probe_backend()
         workers = default_workers(platform, devices) if workers is None else workers
@@ -307,9 +321,9 @@ def run_sweep(configs: Sequence[TrainConfig], sweep_dir: str, workers: int | Non
                                                f"sweep again to continue")] * len(group)
                 for run, result in zip(group, results):
                     record(run, result)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as error:
             _stop_workers(pool)
-            raise stopped() from None
+            raise stopped(getattr(error, "exit_status", None)) from None
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)
             raise

@@ -163,6 +163,11 @@ def check_text(path: str, text: str | bytes) -> None:
         legacy(folder)
         return
     recorded = manifest.get(name)
+    if not recorded and name == "results.json" and _claims_checksums(text):
+        raise Corrupt(f"{path} was written with its folder's checksums, but {folder}/{MANIFEST} "
+                      f"records none for it (removed by hand or lost): its numbers cannot be "
+                      f"checked; delete {name} and run the same training command again: the "
+                      f"run is tested again from its checkpoints", path)
     if recorded and sha256(text) not in recorded:
         raise Corrupt(f"{path} fails its checksum (SHA-256 {sha256(text)[:12]}, recorded "
                       f"{recorded[-1][:12]} in {MANIFEST}): it was changed or damaged after it "

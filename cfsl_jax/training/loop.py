@@ -207,9 +207,10 @@ class Metrics(Hook):
                                    for r in rows])
 
         loss, acc = column("loss"), column("acc")
-        first, self.first, self.outs = self.first, self.first + len(loss), []
+        first = self.first
         bad = np.flatnonzero(~np.isfinite(loss))
         if bad.size:
+            self.first, self.outs = self.first + len(loss), []
             at, phase = first + int(bad[0]), self.phase
             raise NonFiniteLoss(
                 f"{phase.what} loss is {loss[bad[0]]} at epoch {at // phase.iters_per_epoch}, "
@@ -218,11 +219,16 @@ class Metrics(Hook):
                 f"{self.outputs.ckpt.latest.latest_step()}, is the state before it and "
                 f"re-running from it meets the same loss: change the settings (e.g. a lower "
                 f"--learning_rate, in a new workdir) or check the data")
-        self.clock = time.perf_counter()
-        self.last_loss, self.last_acc = float(loss[-1]), float(acc[-1])
-        self.outputs.tracking.scalars(self.phase.name, step, {
-            "loss": float(loss.mean()), "acc": float(acc.mean()), "last_loss": self.last_loss,
-            "steps_per_s": len(loss) / max(elapsed, 1e-9)})
+        # the window is dropped with its record written, never before: a stop in between would
+        # leave neither (on_stop reads the window again; a resume's validation of an epoch end
+        # reads its last_loss from this record)
+        with stops.deferred():
+            self.outputs.tracking.scalars(self.phase.name, step, {
+                "loss": float(loss.mean()), "acc": float(acc.mean()),
+                "last_loss": float(loss[-1]), "steps_per_s": len(loss) / max(elapsed, 1e-9)})
+            self.first, self.outs = self.first + len(loss), []
+            self.clock = time.perf_counter()
+            self.last_loss, self.last_acc = float(loss[-1]), float(acc[-1])
 
 
 class Checkpoint(Hook):

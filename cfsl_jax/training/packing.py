@@ -139,9 +139,32 @@ def meta_train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequenc
             latest = checkpoints.Checkpoints(w, c.keep_best)  # a damaged newest checkpoint:
             by_step[latest.resumable_step()].append((c, w))  # the run resumes before it
             latest.close()
+        common = _common_step(todo, min(by_step)) if len(by_step) > 1 else None
+        if common is not None:  # a kill between the runs' checkpoints of one step: the runs
+            # ahead go back to the others' step, so the pack trains on as it was (its numbers)
+            progress.say(f"[train] the runs of this pack stand at steps {sorted(by_step)} (a "
+                         f"kill between their checkpoints, or a damaged newest one): each "
+                         f"resumes from step {common}, as one pack")
+            by_step = {common: list(todo)}
         for group in by_step.values():
             _train_group(learner, splits, group, steps_per_dispatch, stop_after_steps, shrink,
-                         pack_axis)
+                         pack_axis, common)
+
+
+def _common_step(todo, step: int) -> int | None:
+    """``step`` when every run of ``todo`` can resume from it (step 0, or an intact resume
+    checkpoint of that step), else None."""
+    if step == 0:
+        return 0
+    for c, w in todo:
+        ckpt = checkpoints.Checkpoints(w, c.keep_best)
+        ckpt.resume_limit = step  # its newest intact checkpoint up to ``step``
+        try:
+            if ckpt.resumable_step() != step:
+                return None
+        finally:
+            ckpt.close()
+    return step
 
 
 @contextlib.contextmanager
@@ -171,7 +194,8 @@ def _removed_if_refused(workdirs: Sequence[str]):
 
 
 def _train_group(learner, splits, group, steps_per_dispatch: int,
-                 stop_after_steps: int | None, shrink: bool, pack_axis: str = "auto") -> None:
+                 stop_after_steps: int | None, shrink: bool, pack_axis: str = "auto",
+                 limit: int | None = None) -> None:
     """The runs of ``group`` (at one step) trained as a pack; with ``shrink``, a pack that
     does not fit as packs of the largest size that does (size 1: each run alone, later)."""
     if len(group) < 2:
@@ -179,9 +203,9 @@ def _train_group(learner, splits, group, steps_per_dispatch: int,
     try:
         if learner.recipe.training == "meta":
             _meta_train_pack(learner, splits, group, steps_per_dispatch, stop_after_steps,
-                             pack_axis)
+                             pack_axis, limit)
         else:
-            _pretrain_pack(learner, splits, group, stop_after_steps, pack_axis)
+            _pretrain_pack(learner, splits, group, stop_after_steps, pack_axis, limit)
     except PackTooLarge as error:
         if not shrink:
             raise
@@ -191,7 +215,7 @@ def _train_group(learner, splits, group, steps_per_dispatch: int,
                      + (f"packs of {size} instead" if size > 1 else "each run trains alone"))
         for i in range(0, len(group), size):
             _train_group(learner, splits, group[i:i + size], steps_per_dispatch,
-                         stop_after_steps, shrink, pack_axis)
+                         stop_after_steps, shrink, pack_axis, limit)
 
 
 # One jitted packed step per settings (as ``train._train_step``): a resumed or repeated pack
@@ -201,7 +225,8 @@ _packed_steps = functools.lru_cache(maxsize=16)(steps.make_steps)
 
 
 def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
-                     stop_after_steps: int | None, pack_axis: str = "auto") -> None:
+                     stop_after_steps: int | None, pack_axis: str = "auto",
+                     limit: int | None = None) -> None:
     config = group[0][0]
     optimizer = train.make_optimizer(config)
     phase = loop.phase(config, "train", "meta-training", None, steps_per_dispatch)
@@ -244,11 +269,11 @@ def _meta_train_pack(learner, splits, group, steps_per_dispatch: int,
 
     validation = SharedValidation(learner.at_epoch, splits["val"], config)
     how = {"axis": steps.resolve_pack_axis(pack_axis), "steps_per_dispatch": steps_per_dispatch}
-    _run_pack(phase, group, initial, step_for, validation, stop_after_steps, how)
+    _run_pack(phase, group, initial, step_for, validation, stop_after_steps, how, limit)
 
 
 def _pretrain_pack(learner, splits, group, stop_after_steps: int | None,
-                   pack_axis: str = "auto") -> None:
+                   pack_axis: str = "auto", limit: int | None = None) -> None:
     """``pretrain.pretrain_on_tasks`` of the runs of ``group`` as one program (one device):
     run k's step s trains on the tasks of ``fold_in(its data key, s)``, from its own head."""
     config, split = group[0][0], splits["train"]
@@ -294,29 +319,32 @@ def _pretrain_pack(learner, splits, group, stop_after_steps: int | None,
     validation = SharedValidation(lambda epoch: learner, splits["val"], config,
                                   lambda epoch, params: {**full_params, "embed": params["embed"]})
     how = {"axis": steps.resolve_pack_axis(pack_axis), "steps_per_dispatch": 1}
-    _run_pack(phase, group, initial, step_for, validation, stop_after_steps, how)
+    _run_pack(phase, group, initial, step_for, validation, stop_after_steps, how, limit)
 
 
 def _run_pack(phase: loop.Phase, group, initial: Sequence[loop.TrainState], step_for,
               validation: SharedValidation, stop_after_steps: int | None,
-              how: dict[str, Any]) -> None:
+              how: dict[str, Any], limit: int | None = None) -> None:
     """``loop.run`` for the runs of ``group`` at once: each restored from its own checkpoints
     (all at one step), its own hooks on its row; ``step_for(S)(epoch, stacked state)`` gives
     the pack's step function of an epoch, S steps per call. The pack's wall time is a session
     of each run (its ``wall_seconds``: the time it took, shared with the pack's other runs)."""
     with sessions.opened(group):
-        _run_hooks(phase, group, initial, step_for, validation, stop_after_steps, how)
+        _run_hooks(phase, group, initial, step_for, validation, stop_after_steps, how, limit)
 
 
 def _run_hooks(phase: loop.Phase, group, initial: Sequence[loop.TrainState], step_for,
                validation: SharedValidation, stop_after_steps: int | None,
-               how: dict[str, Any]) -> None:
-    """``_run_pack``'s work; ``how``: the pack's axis and steps per call, recorded in each
-    run's ``packs.json`` with the pack's seeds (``results.record_steps``)."""
+               how: dict[str, Any], limit: int | None = None) -> None:
+    """``_run_pack``'s work; ``limit``: no run resumes after this step (its later resume
+    checkpoints are removed: ``Checkpoints.resume_limit``); ``how``: the pack's axis and steps
+    per call, recorded in each run's ``packs.json`` with the pack's seeds
+    (``results.record_steps``)."""
     members, states, restored_at = [], [], set()
     for k, ((c, w), state) in enumerate(zip(group, initial)):
         outputs = loop.Outputs(w, checkpoints.Checkpoints(w, c.keep_best),
                                Tracking(w, c.tensorboard, c.wandb_project, c.to_json()))
+        outputs.ckpt.resume_limit = limit
         restored = outputs.ckpt.restore_latest(state.params, state.opt_state)
         if restored:
             state = loop.TrainState(*restored[1:], step=restored[0])

@@ -16,7 +16,7 @@ import jax
 
 import cfsl_jax
 from cfsl_jax.protocol import metrics
-from cfsl_jax.runtime import backend, checksums, files
+from cfsl_jax.runtime import backend, checksums, files, stops
 # read_json: re-exported for training/'s readers of a workdir (loop, runs, experiments/)
 from cfsl_jax.runtime.json_files import is_primary, read_json, write_json  # noqa: F401
 from cfsl_jax.training.records import EvalRecord
@@ -94,10 +94,20 @@ def record(config, learner, splits, report: EvalRecord, workdir: str,
     if packs:
         out["packs"] = packs
     if is_primary():
-        write_json(files.join(workdir, "results.json"), out)
-        write_csv_row(files.join(workdir, "results.csv"), csv_row(out, retest))
+        with stops.deferred():  # results.json (the run is done) and its CSV row go together
+            write_json(files.join(workdir, "results.json"), out)
+            write_csv_row(files.join(workdir, "results.csv"), csv_row(out, retest))
         print(table(out))
     return out
+
+
+def mend_csv(workdir: str, result: dict[str, Any]) -> None:
+    """Write ``workdir``'s results.csv from its results.json dict ``result`` when it is missing
+    (a kill landed between the two writes: the finished run is not written again)."""
+    path = files.join(workdir, "results.csv")
+    if is_primary() and not files.exists(path):
+        retest = result.get("test", {}).get("retest_compile_seconds") is not None
+        write_csv_row(path, csv_row(result, retest))
 
 
 def test_record(result: dict[str, Any]) -> EvalRecord:

@@ -17,7 +17,8 @@ import contextlib
 import time
 from typing import Iterator, NamedTuple, Sequence
 
-from cfsl_jax.runtime import files
+from cfsl_jax.runtime import backend, files
+from cfsl_jax.runtime.errors import UserError
 from cfsl_jax.training import results
 from cfsl_jax.training.config import TrainConfig
 from cfsl_jax.training.runs import config_differences
@@ -51,13 +52,30 @@ def record(workdir: str, config: TrainConfig, before: dict[str, float], seconds:
     if files.exists(path) and not config_differences(results.read_json(path), config):
         results.write_json(files.join(workdir, FILE), {
             "seconds": round(before["seconds"] + seconds, 3),
-            "sessions": before["sessions"] + 1})
+            "sessions": before["sessions"] + 1, "matmul_precision": backend.precision()})
+
+
+def check_precision(workdir: str) -> None:
+    """UserError when the run in ``workdir`` kept steps computed at another matmul precision
+    (``--precision``) than this process's: a resume would mix the two (and results.json would
+    record only the last)."""
+    stored = results.read_json(files.join(workdir, FILE), default={}).get("matmul_precision")
+    now = backend.precision()
+    root = files.join(workdir, "checkpoints")
+    kept = any(name.isdigit() for series in ("latest", "best", "pretrained")
+               for name in files.listdir(files.join(root, series)))
+    if stored is not None and stored != now and kept:
+        raise UserError(f"workdir {workdir} holds a run trained at --precision={stored}; this "
+                        f"command computes at --precision={now}: give --precision={stored} to "
+                        f"resume it, or use a new workdir")
 
 
 @contextlib.contextmanager
 def opened(runs: Sequence[tuple[TrainConfig, str]]) -> Iterator[dict[str, dict[str, float]]]:
     """A session of each (config, workdir) of ``runs``, recorded when it ends however it ends
     (a pack's runs share one); yields each workdir's ``earlier``."""
+    for _, workdir in runs:
+        check_precision(workdir)
     started = time.perf_counter()
     before = {workdir: earlier(workdir) for _, workdir in runs}
     _OPEN.update({workdir: Open(config, before[workdir], started) for config, workdir in runs})

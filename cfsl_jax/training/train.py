@@ -165,6 +165,7 @@ def train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int 
               emptied_if_refused([workdir] if new else [])):
             done = finished_results(workdir, config, mend=True)
             if done is not None:
+                results.mend_csv(workdir, done)
                 if retest:
                     return evaluate_run(workdir, mesh=mesh)
                 progress.say(f"{workdir} holds this finished run (re-test it with --retest):")
