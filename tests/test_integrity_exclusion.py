@@ -155,3 +155,26 @@ def test_a_second_export_into_a_folder_is_refused_naming_the_holder(tmp_path):
     assert [row["learner"] for row in rows] == ["init_tune"]
     assert sorted(os.listdir(out)) == ["results.csv", "runs", "table.md"]
     assert json.load(open(out / rows[0]["run"] / "results.json"))["seed"] == 0
+
+
+def test_a_lock_appears_whole_and_an_empty_one_left_by_a_kill_is_taken_over(tmp_path, capsys):
+    """A lock is linked into place already written, so no reader sees it empty; an empty lock
+    file (a kill between an exclusive create and its write, as earlier versions wrote it)
+    blocked the folder for 120 s as "in use by host ? pid ?"; once older than the time a write
+    takes, it is taken over with a line saying so."""
+    lock = str(tmp_path / ".lock")
+    me = locks.acquire(lock, "workdir w")
+    with open(lock) as f:
+        assert json.load(f)["token"] == me["token"]
+    assert os.listdir(tmp_path) == [".lock"]  # the name it was written under is gone
+    assert not locks._create(lock, "{}")  # exclusive
+    locks.release(lock, me)
+    open(lock, "w").close()
+    old = os.stat(lock).st_mtime - 2 * locks.WRITING_S
+    os.utime(lock, (old, old))
+    taken = locks.acquire(lock, "workdir w")
+    with open(lock) as f:
+        assert json.load(f)["token"] == taken["token"]
+    assert ("note: taking over the stale lock of workdir w (held by no one (the lock file is "
+            "empty or damaged), which is gone)") in capsys.readouterr().out
+    locks.release(lock, taken)

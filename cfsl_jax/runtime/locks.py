@@ -5,7 +5,8 @@
     with locks.held(lock, what, excluded=lambda: [(other_lock, "the whole sweep")]):
         ...  # also refused (``Busy``) while a live process holds other_lock
 
-A lock is a file created atomically (``O_CREAT | O_EXCL`` on a local disk or NFS; on an object
+A lock is a file created atomically (written under a name of its own, then hard-linked into
+place, on a local disk or NFS; ``O_CREAT | O_EXCL`` where there are no hard links; on an object
 store (``gs://``) written when missing and read back) that holds its holder: host, pid, the
 process's start time and when the lock was taken. While held, a thread refreshes the file's
 modification time every ``HEARTBEAT_S`` seconds, so that a lock of another host can be judged:
@@ -42,6 +43,7 @@ from cfsl_jax.runtime.errors import UserError
 LOCK_FILE = ".lock"  # a workdir's lock (hidden: it exists only while a command works there)
 HEARTBEAT_S = 20.0  # how often a holder refreshes its lock's modification time
 STALE_AFTER_S = 120.0  # a lock of another host not refreshed for this long is stale
+WRITING_S = 5.0  # an empty or unreadable lock younger than this may be being written
 
 
 class Busy(UserError):
@@ -73,12 +75,17 @@ def _alive(pid: int, started: str | None) -> bool:
 
 
 def describe(holder: dict) -> str:
+    if not holder:
+        return "no one (the lock file is empty or damaged)"
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since", 0)))
     return f"host {holder.get('host', '?')} pid {holder.get('pid', '?')} since {since}"
 
 
 def stale(holder: dict, age_s: float) -> bool:
-    """Whether a lock with ``holder`` that was refreshed ``age_s`` seconds ago is abandoned."""
+    """Whether a lock with ``holder`` that was refreshed ``age_s`` seconds ago is abandoned
+    (an empty or unreadable one older than ``WRITING_S``: a kill cut its writing short)."""
+    if not holder:
+        return age_s >= WRITING_S
     if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
         return not _alive(holder["pid"], holder.get("started"))
     return age_s > STALE_AFTER_S
@@ -115,6 +122,27 @@ def _create(lock: str, text: str) -> bool:
             files.write_atomic(lock, text)
             time.sleep(0.5)
         return files.read_text(lock) == text
+    # written whole under a name of its own, then linked into place (atomic, and exclusive: a
+    # link fails where the lock exists), so a kill never leaves an empty lock file behind
+    new = f"{lock}.new-{uuid.uuid4().hex[:8]}"
+    fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(new, lock)
+    except FileExistsError:
+        return False
+    except OSError:  # a filesystem without hard links: create exclusively, then write
+        return _create_in_place(lock, text)
+    finally:
+        os.unlink(new)
+    return True
+
+
+def _create_in_place(lock: str, text: str) -> bool:
     try:
         fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
@@ -180,7 +208,7 @@ def acquire(lock: str, what: str) -> dict:
         holder, age = found
         if holder.get("token") == me["token"]:
             return me
-        if not holder and age < 5:
+        if not holder and age < WRITING_S:
             time.sleep(0.2)
             continue  # being written: read it again
         if not stale(holder, age):
