@@ -232,15 +232,10 @@ def test_a_stop_outside_every_phase_says_how_to_resume(monkeypatch, tmp_path):
         return params
 
     monkeypatch.setattr(train, "init_params", init_then_signal)
-    previous = signal.getsignal(SIGTERM)
-    try:
-        with pytest.raises(loop.Stopped) as stop:
-            train.train_and_evaluate(META, workdir)
-    finally:
-        signal.signal(SIGTERM, previous)
-    assert stop.value.exit_status == 128 + SIGTERM
-    assert stops.name(SIGTERM) in str(stop.value)
-    assert str(stop.value).endswith(f"before its first checkpoint; no step is kept in {workdir}: "
+    stop = stopped_run(META, workdir, SIGTERM)
+    assert stop.exit_status == 128 + SIGTERM
+    assert stops.name(SIGTERM) in str(stop)
+    assert str(stop).endswith(f"before its first checkpoint; no step is kept in {workdir}: "
                                     "re-run the same command to start it")
     assert not os.path.exists(os.path.join(workdir, "results.json"))
 
@@ -278,18 +273,12 @@ def test_a_second_press_while_the_stop_checkpoints_does_not_cut_it_short(monkeyp
 
     monkeypatch.setattr(loop, "run", run)
     monkeypatch.setattr(checkpoints.Checkpoints, "save_latest", pressed_again_while_saving)
-    previous = signal.getsignal(SIGINT)
-    signal.signal(SIGINT, signal.default_int_handler)  # as in a terminal
     workdir = str(tmp_path / "run")
-    try:
-        with pytest.raises(loop.Stopped) as stopped:
-            train.train_and_evaluate(config, workdir)
-    finally:
-        signal.signal(SIGINT, previous)
+    stopped = stopped_run(config, workdir, SIGINT, signal.default_int_handler)  # a terminal's
     assert pressed == [4]
-    assert str(stopped.value) == (f"interrupted by SIGINT at step 4 of 6; checkpointed at step 4 "
+    assert str(stopped) == (f"interrupted by SIGINT at step 4 of 6; checkpointed at step 4 "
                                   f"in {workdir}: re-run the same command to resume")
-    assert stopped.value.exit_status == 130
+    assert stopped.exit_status == 130
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints", "latest"))) == ["4"]
 
 
@@ -317,15 +306,10 @@ def test_a_stop_while_an_epoch_end_record_is_written_keeps_its_train_loss(monkey
         return append(name, text)
 
     monkeypatch.setattr(files, "append_text", signal_before_the_epoch_end_record)
-    previous = signal.getsignal(SIGTERM)
     workdir = str(tmp_path / "stopped")
-    try:
-        with pytest.raises(loop.Stopped) as stopped:
-            train.train_and_evaluate(config, workdir)
-    finally:
-        signal.signal(SIGTERM, previous)
+    stopped = stopped_run(config, workdir, SIGTERM)
     monkeypatch.undo()
-    assert sent == [2] and "at step 2 of 4" in str(stopped.value)
+    assert sent == [2] and "at step 2 of 4" in str(stopped)
     resumed = train.train_and_evaluate(config, workdir)
     full = train.train_and_evaluate(config, str(tmp_path / "full"))
     assert resumed["test"]["acc_mean"] == full["test"]["acc_mean"]
@@ -336,3 +320,17 @@ def test_a_stop_while_an_epoch_end_record_is_written_keeps_its_train_loss(monkey
 
     assert history(workdir) == history(str(tmp_path / "full"))
     assert history(workdir)[0]["train_loss"] is not None
+
+
+def stopped_run(config, workdir: str, signum: int, handler=None) -> loop.Stopped:
+    """The stop of ``train_and_evaluate(config, workdir)`` by ``signum`` (a test's monkeypatch
+    sends it), with ``handler`` installed meanwhile; the signal's handler is restored."""
+    previous = signal.getsignal(signum)
+    if handler is not None:
+        signal.signal(signum, handler)
+    try:
+        with pytest.raises(loop.Stopped) as stopped:
+            train.train_and_evaluate(config, workdir)
+    finally:
+        signal.signal(signum, previous)
+    return stopped.value
