@@ -143,7 +143,9 @@ def test_a_missing_best_epoch_is_trained_again_never_left_out_of_the_ensemble(
 def test_a_run_stopped_part_way_is_never_re_tested_or_verified_as_finished(
         tmp_path, stopped_run, finished):
     """After epoch 0 of 2 a re-test (launch.evaluate) would test epoch 0 as the run; and a
-    finished run's results.json copied beside it does not verify."""
+    finished run's results.json copied beside it does not verify: refused as unchecked (its
+    folder's manifest records no checksum for it), and, written before checksums (no claim),
+    by the training check."""
     workdir = stopped(stopped_run, tmp_path / "w")
     with pytest.raises(UserError, match=f"the run in {workdir} has validated 1 of its 2 epochs: "
                                         f"delete its results.json \\(if any\\) and finish its "
@@ -151,6 +153,12 @@ def test_a_run_stopped_part_way_is_never_re_tested_or_verified_as_finished(
         runs.evaluate_run(workdir)
     assert not os.path.exists(os.path.join(workdir, "results.json"))
     shutil.copy(os.path.join(finished[1], "results.json"), workdir)
+    with pytest.raises(checksums.Corrupt, match="records none for it"):
+        verify.verify(workdir)
+    with open(os.path.join(finished[1], "results.json")) as f:
+        legacy = {k: v for k, v in json.load(f).items() if k != checksums.CLAIM}
+    with open(os.path.join(workdir, "results.json"), "w") as f:
+        json.dump(legacy, f)
     (difference,) = verify.verify(workdir)
     assert difference.startswith("training: the run in") and "validated 1 of its 2" in difference
 
