@@ -239,7 +239,7 @@ def _omniglot_config(name: str, data_dir: str, manual_dir: str | None, resize: s
             if all(os.path.isfile(os.path.join(manual_dir, z)) for z in CONFIGS[config].zip_names):
                 return config_name(config, resize)
     for config in (config_name("full", resize), config_name("small", resize)):
-        if _is_prepared(CfslOmniglot(config=config, data_dir=data_dir, file_format="array_record")):
+        if _is_prepared(_open_builder(CfslOmniglot, config, data_dir)):
             return config
     if manual_dir:
         from cfsl_jax.datasets.errors import DatasetNotFoundError
@@ -254,6 +254,38 @@ def _omniglot_config(name: str, data_dir: str, manual_dir: str | None, resize: s
     return config_name("full", resize)  # prepared from TFDS's default manual dir, else downloaded
 
 
+def _prepared_folder(builder_class, config: str | None, data_dir: str) -> str:
+    """The folder TFDS prepares ``builder_class`` (config ``config``) in under ``data_dir``."""
+    parts = [data_dir, builder_class.name] + ([config] if config else [])
+    return os.path.join(*parts, str(builder_class.VERSION))
+
+
+@contextlib.contextmanager
+def _damaged_if_unreadable(folder: str, what: str) -> Iterator[None]:
+    """Inside: a failure to read the prepared dataset in ``folder`` (a file deleted, truncated
+    or edited: TFDS's, array_record's or protobuf's own errors) is a ``CorruptDatasetError``
+    naming the folder and what to do, not a traceback."""
+    from cfsl_jax.datasets.errors import CorruptDatasetError
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as error:  # noqa: BLE001  (RuntimeError, OSError, ParseError, ValueError...)
+        reason = " ".join(str(error).split()) or type(error).__name__
+        raise CorruptDatasetError(
+            f"{what} prepared in {folder} cannot be read: {reason[:300]}; it was damaged "
+            f"(a file deleted, cut short or edited): delete {folder} and run again (with "
+            f"--manual_dir) to prepare it anew") from error
+
+
+def _open_builder(builder_class, config: str | None, data_dir: str):
+    """``builder_class`` on ``data_dir`` (which reads a prepared folder's dataset_info.json)."""
+    kwargs = {"config": config} if config else {}
+    name = f"{builder_class.name}/{config}" if config else builder_class.name
+    with _damaged_if_unreadable(_prepared_folder(builder_class, config, data_dir), name):
+        return builder_class(data_dir=data_dir, file_format="array_record", **kwargs)
+
+
 def _is_prepared(builder) -> bool:
     """TFDS's check, without its warning for a folder that does not exist yet."""
     return builder.data_path.exists() and builder.is_prepared()
@@ -263,10 +295,9 @@ def _builder(name: str, data_dir: str, manual_dir: str | None, resize: str | Non
     if name.startswith("omniglot"):
         from cfsl_jax.datasets.omniglot import CfslOmniglot
         config = _omniglot_config(name, data_dir, manual_dir, resize)
-        builder = CfslOmniglot(config=config, data_dir=data_dir, file_format="array_record")
-        return builder, f"omniglot/{config}"
+        return _open_builder(CfslOmniglot, config, data_dir), f"omniglot/{config}"
     from cfsl_jax.datasets.slimagenet64 import CfslSlimagenet64
-    return CfslSlimagenet64(data_dir=data_dir, file_format="array_record"), name
+    return _open_builder(CfslSlimagenet64, None, data_dir), name
 
 
 def _prepare(builder, resolved: str, data_dir: str, manual_dir: str | None,
@@ -323,8 +354,36 @@ def _tfds_split(name: str, split: str, data_dir: str, manual_dir: str | None,
     builder, resolved = _builder(name, data_dir, manual_dir, resize)
     if not _is_prepared(builder):
         _prepare(builder, resolved, data_dir, manual_dir, download)
+    with _damaged_if_unreadable(os.fspath(builder.data_path), resolved):
+        images, labels, names = _read_prepared(builder, split, resolved, data_dir)
+    return images, labels, names, Source(f"{resolved} prepared in {data_dir}", resolved)
+
+
+def _check_record_counts(builder, split: str, count: int) -> None:
+    """ValueError unless ``split``'s array_record files hold ``count`` records, the number its
+    dataset_info.json records: a file replaced by another split's (or another preparation's)
+    would otherwise be read, its first ``count`` records, as this split."""
+    from array_record.python.array_record_module import ArrayRecordReader
+    pattern = f"{builder.name}-{split}.array_record-"
+    paths = sorted(os.path.join(builder.data_path, name) for name in os.listdir(builder.data_path)
+                   if name.startswith(pattern))
+    held = 0
+    for path in paths:
+        reader = ArrayRecordReader(path)
+        try:
+            held += reader.num_records()
+        finally:
+            reader.close()
+    if held != count:
+        raise ValueError(f"its {split} files hold {held} records, its dataset_info.json "
+                         f"records {count}")
+
+
+def _read_prepared(builder, split: str, resolved: str, data_dir: str):
+    """A prepared split's images, labels and class names, class-major by (label, drawing)."""
     source = builder.as_data_source(split=split)
     count = len(source)
+    _check_record_counts(builder, split, count)
     images = np.empty((count, *builder.info.features["image"].shape), np.uint8)
     labels = np.empty(count, np.int64)
     drawings = np.empty(count, np.int64)
@@ -340,10 +399,9 @@ def _tfds_split(name: str, split: str, data_dir: str, manual_dir: str | None,
                 class_name.decode() if isinstance(class_name, bytes) else str(class_name))
     order = np.lexsort((drawings, labels))  # by (label, drawing): deterministic class table
     if sorted(names_by_label) != list(range(len(names_by_label))):
-        raise ValueError(f"{resolved}/{split} in {data_dir}: labels are not 0..C-1")
+        raise ValueError(f"its {split} split's labels are not 0..C-1")
     names = tuple(names_by_label[c] for c in range(len(names_by_label)))
-    return images[order], labels[order], names, Source(f"{resolved} prepared in {data_dir}",
-                                                       resolved)
+    return images[order], labels[order], names
 
 
 @functools.lru_cache(maxsize=1)  # the three splits of one run share one read

@@ -254,20 +254,21 @@ def decode_drawing(png: bytes, source: str, resize: str = "lanczos") -> np.ndarr
 def load_classes(paths: Sequence[Path], config: OmniglotConfig) -> list[tuple[str, np.ndarray]]:
     """All distinct characters of the config, in split-rule order, with decoded drawings."""
     seen: set[str] = set()
-    ordered: list[Character] = []
+    ordered: list[tuple[Path, str, list[tuple[str, bytes]]]] = []  # (zip, class, files)
     for path, expected in zip(paths, config.characters_per_zip):
         for class_name, files in read_characters(path, expected):
             if class_name not in seen:  # first occurrence wins
                 seen.add(class_name)
-                ordered.append((class_name, files))
+                ordered.append((path, class_name, files))
     if config.distinct_characters and len(ordered) != config.distinct_characters:
         raise CorruptDatasetError(
             f"{', '.join(str(p) for p in paths)}: {len(ordered)} distinct characters, expected "
             f"{config.distinct_characters} for config {config.name!r}")
     return [
-        (class_name, np.stack([decode_drawing(png, f"{class_name}/{file_name}", config.resize)
+        (class_name, np.stack([decode_drawing(png, f"{path}: {class_name}/{file_name}",
+                                              config.resize)
                                for file_name, png in files]))
-        for class_name, files in ordered
+        for path, class_name, files in ordered
     ]
 
 

@@ -261,7 +261,8 @@ def test_unreadable_zips_are_refused(tmp_path, omniglot_dir):
     # An intact zip holding an undecodable PNG.
     source = os.path.join(omniglot_dir, "images_background_small1.zip")
     _copy_zip(source, small1, {info.filename: b"not a png"})
-    with pytest.raises(CorruptDatasetError, match="undecodable PNG"):
+    with pytest.raises(CorruptDatasetError,
+                       match="images_background_small1.zip: .*png: undecodable PNG"):
         load()
     # The wrong zip under the expected name: 156 characters where 136 are expected.
     shutil.copy(os.path.join(omniglot_dir, "images_background_small2.zip"), small1)
@@ -450,3 +451,46 @@ def test_authors_class_split_option_is_checked(tmp_path):
     with pytest.raises(UserError,
                        match=r"unknown option\(s\) \['seed'\].*valid: \('class_split', 'resize'\)"):
         data.load_split("omniglot/small", "train", data_dir=str(tmp_path), seed=1)
+
+
+def test_a_damaged_prepared_dataset_is_refused_in_one_line(tmp_path, omniglot_dir):
+    """A prepared folder with a record file deleted, cut short or its dataset_info.json
+    edited is a CorruptDatasetError naming the folder (one line, no traceback), not
+    array_record's RuntimeError or protobuf's ParseError."""
+    prepared_dir = str(tmp_path / "prepared")
+    data.load_split("omniglot/small", "val", data_dir=prepared_dir, manual_dir=omniglot_dir)
+    version = os.path.join("cfsl_omniglot", "small_nearest", "1.0.0")
+    records = "cfsl_omniglot-{}.array_record-00000-of-00001"
+
+    def damaged(name, damage):
+        copy = str(tmp_path / name)
+        shutil.copytree(prepared_dir, copy)
+        damage(os.path.join(copy, version))
+        return copy
+
+    cases = {
+        "deleted": lambda d: os.remove(os.path.join(d, records.format("test"))),
+        "truncated": lambda d: os.truncate(os.path.join(d, records.format("test")), 50_000),
+        "info": lambda d: open(os.path.join(d, "dataset_info.json"), "w").write("{"),
+    }
+    for name, damage in cases.items():
+        copy = damaged(name, damage)
+        for dataset in ("omniglot/small", "omniglot"):  # plain omniglot probes what is prepared
+            with pytest.raises(CorruptDatasetError,
+                               match=f"prepared in {os.path.join(copy, version)} cannot be read"
+                                     f".*delete {os.path.join(copy, version)} and run again"):
+                data.load_split(dataset, "test", data_dir=copy)
+
+
+def test_a_prepared_split_file_replaced_by_another_is_refused(tmp_path, omniglot_dir):
+    """The val records replaced by the test split's file (an edited prepared folder): read
+    as they are, val would silently be the first 620 test images (test classes used for
+    model selection); the file holds 640 records where dataset_info.json records 620."""
+    prepared_dir = str(tmp_path / "prepared")
+    data.load_split("omniglot/small", "val", data_dir=prepared_dir, manual_dir=omniglot_dir)
+    version = os.path.join(prepared_dir, "cfsl_omniglot", "small_nearest", "1.0.0")
+    records = os.path.join(version, "cfsl_omniglot-{}.array_record-00000-of-00001")
+    shutil.copy(records.format("test"), records.format("val"))
+    with pytest.raises(CorruptDatasetError, match=f"prepared in {version} cannot be read: its "
+                                                  "val files hold 640 records.* 620"):
+        data.load_split("omniglot/small", "val", data_dir=prepared_dir)

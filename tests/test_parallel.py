@@ -297,3 +297,20 @@ def test_a_cpu_mesh_gives_the_same_numbers_while_the_default_device_is_elsewhere
                                     cost_metrics=False, mesh=mesh)
     for name in SUMMARY:
         assert moved[name] == expected[name], name
+
+
+def test_verify_retests_on_the_recorded_device_count(split):
+    # A run tested on 1 device, verified on a host of 8: the 8-device program rounds otherwise
+    # (test_gradient_learner_evaluation_on_8_devices_matches), so verify's bit-equal re-test
+    # must run on the recorded device count, or it reports DIFFERS for an intact run.
+    from cfsl_jax.experiments import verify
+    spec = TaskSpec(nss=3, nc=2, ks=1, kt=2, cci=1, overwrite=False, target_mode="per_class")
+    learner, params = build("init_tune", spec, filters=4)
+    recorded = evaluation.evaluate(learner, params, split, num_tasks=5, batch_size=2,
+                                   cost_metrics=False, mesh=cpu_mesh(1), per_task=True)
+    mesh = verify.tested_mesh(recorded)
+    assert mesh is not None and mesh.size == 1
+    again = evaluation.evaluate(learner, params, split, num_tasks=5, batch_size=2,
+                                cost_metrics=False, mesh=mesh, per_task=True)
+    assert again.per_task == recorded.per_task and again.ce_mean == recorded.ce_mean
+    assert verify.tested_mesh(recorded.replace(devices=FAKE_DEVICES + 1)) is None

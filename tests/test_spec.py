@@ -50,6 +50,15 @@ def test_type_presets_and_overrides():
     assert TaskSpec.preset("C", nc=3, kt=2).num_outputs == 3
 
 
+def test_nss1_cci1_is_every_type_a_b_c():
+    # Rule 1 of the CFSL specification: CCI = 1, NSS = 1 generates the same task type whatever
+    # overwrite is; A1 and B1 parse, so C1 (overwrite=True, CCI=1) must too
+    for name in ("A1", "B1", "C1"):
+        spec = TaskSpec.parse(name)
+        assert (spec.nss, spec.cci, spec.overwrite) == (1, 1, name != "B1")
+    assert TaskSpec.preset("C", nss=1) == TaskSpec.preset("A", nss=1)
+
+
 @pytest.mark.parametrize("name, overrides, message", [
     ("B", dict(cci=2), "task type B"),
     ("C", dict(overwrite=False), "task type C"),

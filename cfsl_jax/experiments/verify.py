@@ -143,7 +143,8 @@ def verify(workdir: str, metrics: bool = True, data_dir: str | None = None,
                                    batch_size=config.eval_batch, cost_metrics=False,
                                    per_task=stored.per_task is not None,
                                    ensemble=runs.selects_epochs(config, learner),
-                                   tasks_in_turn=tested_in_turn(stored, recorded))
+                                   tasks_in_turn=tested_in_turn(stored, recorded),
+                                   mesh=tested_mesh(stored))
         report = retest(params)
         relative = _relative_differences(report, stored)
         if relative and stored.pack_runs:  # tested by its pack (results.json's test_in_pack)
@@ -211,6 +212,19 @@ def cost_differences(config: TrainConfig, learner, splits, recorded: dict) -> li
                            f"recounted with jax {jax.__version__}, whose XLA may count "
                            f"otherwise; recount with jax {recorded['jax_version']}")
     return differences
+
+
+def tested_mesh(stored):
+    """The mesh of as many devices as the run's test had (``EvalRecord.devices``) where this
+    process sees that many (a single host), else None (all devices): the 1- and N-device
+    programs are partitioned differently and may round differently, even at the same
+    per-device batch, so a bit-equal re-test runs on the recorded device count."""
+    from cfsl_jax.runtime import parallel
+    wanted = stored.devices
+    if (isinstance(wanted, int) and 1 <= wanted <= jax.device_count()
+            and jax.process_count() == 1):
+        return parallel.make_mesh(wanted)
+    return None
 
 
 def _relative_differences(report, stored) -> dict[str, float]:

@@ -234,7 +234,10 @@ class TaskSpec:
             raise ValueError(f"unknown TaskSpec field(s) {sorted(unknown)} for preset {name!r}")
         fields.update(overrides)
         spec = cls(**fields)
-        if spec.task_type != kind:
+        # Rule 1 of the specification: CCI = 1, NSS = 1 is the same task whatever overwrite
+        # is, so it is every one of types A, B and C (task_type names it A or B)
+        same_task = spec.nss == 1 and spec.cci == 1 and kind in "ABC"
+        if spec.task_type != kind and not same_task:
             raise ValueError(
                     f"preset {name!r} is task type {kind} ({_TYPE_RULES[kind]}), but "
                     f"nss={spec.nss}, cci={spec.cci}, overwrite={spec.overwrite} is "

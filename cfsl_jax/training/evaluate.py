@@ -21,9 +21,11 @@ holds ``batch_size * devices`` tasks; each device samples, gathers and runs
 its own (one at a time on CPU, one vmap on an accelerator: ``episode.sequential``),
 and the per-task metrics come back to every host. XLA compiles a program per
 per-device batch and may round differently in each, so a task's numbers depend
-on the per-device batch but not on the device count: two device counts that run
-the same per-device batch (e.g. 600 tasks, 50 per device, on 1 or 8 devices)
-give bit-identical numbers; otherwise they agree to float rounding.
+on the per-device batch: two device counts that run the same per-device batch
+(e.g. 600 tasks, 50 per device, on 1 or 8 devices) give bit-identical numbers for
+ProtoNets, while a learner that fine-tunes per task (init_tune) can differ by float
+rounding, the 1- and N-device programs being partitioned differently (``launch.verify``
+re-tests on the recorded device count); otherwise they agree to float rounding.
 Long tasks bound the per-device batch: at most ``PIXELS_IN_FLIGHT`` target
 pixels (``min(T, episode.TARGET_CHUNK) * H * W`` per task) -- 50 tasks of
 the paper's largest Omniglot cell, 12 of an NSS=640 type-C task.

@@ -134,6 +134,7 @@ def meta_train_pack(config: TrainConfig, seeds: Sequence[int], workdirs: Sequenc
         held.enter_context(train.emptied_if_refused(created))  # while the locks are held
         for c, w in todo:
             runs.check_workdir_config(w, c)
+            sessions.check_data(w, splits)  # a resume on changed data is refused, as alone
         by_step = collections.defaultdict(list)
         for c, w in todo:
             latest = checkpoints.Checkpoints(w, c.keep_best)  # a damaged newest checkpoint:

@@ -272,6 +272,24 @@ def per_task_meta_step_macs(config: TrainConfig, learner: Learner, params: Any,
     return episode.meta_step_macs(learner, params, image_shape)
 
 
+def check_test_data(workdir: str, test: data.Split) -> None:
+    """UserError when ``workdir``'s results.json records a test-data digest
+    (``test_data_sha256``) other than ``test``'s: the dataset changed since the run was tested,
+    so a re-test would give other numbers (and record the new digest as if nothing changed)."""
+    from cfsl_jax.training.evaluate import data_digest
+    stored = results.read_json(files.join(workdir, "results.json"), default={})
+    recorded = stored.get("test_data_sha256")
+    if recorded is None:  # a record from before the digest: nothing to compare
+        return
+    now = data_digest(test)
+    if now != recorded:
+        raise UserError(
+            f"--workdir={workdir} was tested on other test data than {test.info.source} now "
+            f"holds (results.json records SHA-256 {recorded[:12]}, now {now[:12]}): the dataset "
+            f"changed since, and a re-test would give other numbers; give the --data_dir of the "
+            f"data it was tested on, or re-prepare that data")
+
+
 def evaluate_run(workdir: str, num_tasks: int | None = None,
                  mesh: Mesh | None = None) -> dict[str, Any]:
     """Re-test a finished run from its checkpoints (the same numbers as its training wrote).
@@ -282,6 +300,7 @@ def evaluate_run(workdir: str, num_tasks: int | None = None,
     config = load_config(workdir)
     with progress.stage("[evaluate] loading the data and building the learner", quiet_below=1.0):
         learner, splits = build(config)
+    check_test_data(workdir, splits["test"])
     ensemble = selects_epochs(config, learner)
     with progress.stage(f"[evaluate] restoring the {'best checkpoints' if ensemble else 'params'}",
                         quiet_below=1.0):

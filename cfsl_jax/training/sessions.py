@@ -34,6 +34,7 @@ class Open(NamedTuple):
 
 
 _OPEN: dict[str, Open] = {}  # workdir -> its open session
+_DATA: dict[str, dict[str, str]] = {}  # workdir -> its splits' data digests (``check_data``)
 
 
 def earlier(workdir: str) -> dict[str, float]:
@@ -50,9 +51,40 @@ def record(workdir: str, config: TrainConfig, before: dict[str, float], seconds:
     (refused) gets nothing. Recording the same session again replaces its seconds."""
     path = files.join(workdir, "config.json")
     if files.exists(path) and not config_differences(results.read_json(path), config):
+        digests = _DATA.get(workdir) or results.read_json(
+            files.join(workdir, FILE), default={}).get("data_sha256")
         results.write_json(files.join(workdir, FILE), {
             "seconds": round(before["seconds"] + seconds, 3),
-            "sessions": before["sessions"] + 1, "matmul_precision": backend.precision()})
+            "sessions": before["sessions"] + 1, "matmul_precision": backend.precision(),
+            **({"data_sha256": digests} if digests else {})})
+
+
+def check_data(workdir: str, splits: dict) -> None:
+    """UserError when the run in ``workdir`` kept steps trained on other data than ``splits``
+    hold (``evaluate.data_digest`` of each split, recorded in sessions.json by its earlier
+    sessions): a resume would train and test on another dataset than the steps before it (a
+    re-prepared or edited dataset, another --data_dir) and silently give other numbers.
+    Otherwise the digests are recorded with this session."""
+    from cfsl_jax.training.evaluate import data_digest
+    now = {name: data_digest(split) for name, split in splits.items()}
+    stored = results.read_json(files.join(workdir, FILE), default={}).get("data_sha256") or {}
+    changed = [name for name in now if name in stored and stored[name] != now[name]]
+    if changed and _kept(workdir):
+        source = splits[changed[0]].info.source
+        raise UserError(
+            f"workdir {workdir} holds a run trained on other data than {source} now holds "
+            f"(SHA-256 of the {', '.join(changed)} split{'s' if len(changed) > 1 else ''} other "
+            f"than its earlier sessions recorded in {FILE}): the dataset changed since; give "
+            f"the --data_dir of the data it was "
+            f"trained on to resume it, or use a new workdir")
+    _DATA[workdir] = now
+
+
+def _kept(workdir: str) -> bool:
+    """Whether ``workdir`` keeps any checkpoint (steps a resume continues from)."""
+    root = files.join(workdir, "checkpoints")
+    return any(name.isdigit() for series in ("latest", "best", "pretrained")
+               for name in files.listdir(files.join(root, series)))
 
 
 def check_precision(workdir: str) -> None:
@@ -85,6 +117,7 @@ def opened(runs: Sequence[tuple[TrainConfig, str]]) -> Iterator[dict[str, dict[s
         for config, workdir in runs:
             _OPEN.pop(workdir, None)
             record(workdir, config, before[workdir], time.perf_counter() - started)
+            _DATA.pop(workdir, None)
 
 
 def checkpointed(workdir: str) -> None:

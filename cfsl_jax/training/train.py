@@ -256,6 +256,7 @@ def _train_and_evaluate(config: TrainConfig, workdir: str, stop_after_steps: int
     mesh = mesh or parallel.make_mesh()
     learner, splits = build(config)
     check_workdir_config(workdir, config)
+    sessions.check_data(workdir, splits)
     params = init_params(learner, splits["train"], config.seed)
     ckpt = checkpoints.Checkpoints(workdir, config.keep_best)
     tracking = Tracking(workdir, config.tensorboard, config.wandb_project, config.to_json())
