@@ -75,8 +75,7 @@ def check_data(workdir: str, splits: dict) -> None:
             f"workdir {workdir} holds a run trained on other data than {source} now holds "
             f"(SHA-256 of the {', '.join(changed)} split{'s' if len(changed) > 1 else ''} other "
             f"than its earlier sessions recorded in {FILE}): the dataset changed since; give "
-            f"the --data_dir of the data it was "
-            f"trained on to resume it, or use a new workdir")
+            f"the --data_dir of the data it was trained on to resume it, or use a new workdir")
     _DATA[workdir] = now
 
 
@@ -93,10 +92,7 @@ def check_precision(workdir: str) -> None:
     record only the last)."""
     stored = results.read_json(files.join(workdir, FILE), default={}).get("matmul_precision")
     now = backend.precision()
-    root = files.join(workdir, "checkpoints")
-    kept = any(name.isdigit() for series in ("latest", "best", "pretrained")
-               for name in files.listdir(files.join(root, series)))
-    if stored is not None and stored != now and kept:
+    if stored is not None and stored != now and _kept(workdir):
         raise UserError(f"workdir {workdir} holds a run trained at --precision={stored}; this "
                         f"command computes at --precision={now}: give --precision={stored} to "
                         f"resume it, or use a new workdir")
